@@ -1,0 +1,5 @@
+"""`python -m alignflow` = the `alignflow` command."""
+
+from alignflow.cli import main
+
+main()

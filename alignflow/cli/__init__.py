@@ -1,0 +1,69 @@
+"""The `alignflow` command line (typer + rich).
+
+Each command group lives in its own module with a `register(app)` function; heavy imports (torch, MindSpore,
+Prefect) happen inside the commands so that `alignflow --help` stays fast. Only the CLI chooses exit codes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import typer
+from rich.console import Console
+
+from alignflow.errors import AlignflowError
+
+app = typer.Typer(
+    name="alignflow",
+    help="Training-precision alignment experiments: MindSpore/MindFormers on Ascend vs Megatron-LM on CUDA.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+@app.callback()
+def _root() -> None:
+    """Training-precision alignment experiments: MindSpore/MindFormers on Ascend vs Megatron-LM on CUDA."""
+
+
+# Command modules, in help order. A module that is not there yet is skipped.
+_COMMAND_MODULES = (
+    "run", "validate", "preflight", "hosts", "convert", "compare", "reference", "hash", "db", "history", "serve",
+)
+
+
+def _register_all() -> None:
+    for name in _COMMAND_MODULES:
+        module_name = f"alignflow.cli.{name}"
+        if importlib.util.find_spec(module_name) is None:
+            continue
+        importlib.import_module(module_name).register(app)
+
+
+_register_all()
+
+
+def main() -> None:
+    """Console-script entry point: run the app and map alignflow errors to their exit codes."""
+    err = Console(stderr=True)
+    try:
+        app(standalone_mode=False)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except AlignflowError as exc:
+        err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        sys.exit(130)
+    except Exception as exc:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.exceptions.Abort):
+            sys.exit(130)
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
+        raise

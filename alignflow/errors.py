@@ -1,0 +1,157 @@
+"""The one exception hierarchy of alignflow.
+
+```
+AlignflowError                      retryable?
+ +-- ConfigError                    no   file:line and key named
+ +-- TransportError(host)           yes  connect / auth / channel failure
+ |    +-- CommandTimeout            yes
+ |    +-- HostUnreachable           yes  the host did not answer within its connect timeout
+ |    +-- HostKeyRejected           no   "trust it with: alignflow hosts trust NAME"
+ +-- PathNotAllowed                 no   a remote path outside the host's workdir
+ +-- RemoteCommandError(result)     no   "<host>: `<cmd>` exited 1" + stderr tail
+ +-- RemoteJobError(handle, state)  no   failed / lost / cancelled, with the job dir
+ +-- ConversionError(problems)      no   every problem listed
+ +-- LogParseError(source, line)    no
+ +-- SentinelError                  no   a framework line that invalidates a run that exited 0
+ +-- FingerprintMismatch            no
+ +-- StoreError                     no
+ +-- PipelineError                  no   a step cannot run (missing upstream artifact, unknown step)
+```
+
+Third-party exceptions (paramiko, SQLAlchemy, yaml, pydantic) are translated into these at the edge that
+calls the library. A failed *alignment* is a verdict, never an exception. Prefect retry rules read
+`exc.retryable`; only the CLI chooses exit codes (`exit_code`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+class AlignflowError(Exception):
+    """Base of every error alignflow raises on purpose."""
+
+    retryable: bool = False
+    exit_code: int = 1
+
+
+class ConfigError(AlignflowError):
+    """A configuration file is malformed, mistyped or inconsistent.
+
+    `problems` holds one `(path, line, message)` per problem so that a validator can print them all;
+    `str(err)` renders them as `PATH:LINE: message` lines.
+    """
+
+    exit_code = 1
+
+    def __init__(self, problems: Sequence[tuple[str, int | None, str]] | str) -> None:
+        if isinstance(problems, str):
+            problems = [("", None, problems)]
+        self.problems: list[tuple[str, int | None, str]] = list(problems)
+        super().__init__("\n".join(self.format_problem(p) for p in self.problems))
+
+    @staticmethod
+    def format_problem(problem: tuple[str, int | None, str]) -> str:
+        path, line, message = problem
+        if not path:
+            return message
+        return f"{path}:{line}: {message}" if line is not None else f"{path}: {message}"
+
+
+class TransportError(AlignflowError):
+    """Reaching a host failed (connect, authentication, channel). Safe to retry."""
+
+    retryable = True
+
+    def __init__(self, message: str, *, host: str) -> None:
+        self.host = host
+        super().__init__(f"{host}: {message}")
+
+
+class CommandTimeout(TransportError):
+    """A command did not finish within its timeout."""
+
+
+class HostUnreachable(TransportError):
+    """The host did not accept a connection within its connect timeout."""
+
+
+class HostKeyRejected(TransportError):
+    """The host presented a key that is not in the managed known_hosts file (or a changed one)."""
+
+    retryable = False
+
+    def __init__(self, message: str, *, host: str) -> None:
+        super().__init__(f"{message}; if the key is right, trust it with: alignflow hosts trust {host}", host=host)
+
+
+class PathNotAllowed(AlignflowError):
+    """A remote path resolves outside the host's declared workdir."""
+
+    def __init__(self, path: str, *, host: str, workdir: str) -> None:
+        self.path, self.host, self.workdir = path, host, workdir
+        super().__init__(f"{host}: path {path!r} is outside the host's workdir {workdir!r}")
+
+
+class RemoteCommandError(AlignflowError):
+    """A command ran and exited non-zero. `result` is the transport's `Completed` value."""
+
+    def __init__(self, result: Any, *, tail_lines: int = 20) -> None:
+        self.result = result
+        cmd = " ".join(result.argv) if isinstance(result.argv, list | tuple) else str(result.argv)
+        if len(cmd) > 300:
+            cmd = cmd[:300] + " ..."
+        stderr = (result.stderr or "").rstrip().splitlines()[-tail_lines:]
+        detail = ("\n" + "\n".join("    " + line for line in stderr)) if stderr else ""
+        super().__init__(f"{result.host}: `{cmd}` exited {result.exit_code}{detail}")
+
+
+class RemoteJobError(AlignflowError):
+    """A detached job ended badly: failed (non-zero exit), lost (process gone, no exit file) or cancelled."""
+
+    def __init__(self, message: str, *, handle: Any = None, state: Any = None) -> None:
+        self.handle, self.state = handle, state
+        super().__init__(message)
+
+
+class ConversionError(AlignflowError):
+    """A checkpoint conversion found problems; every one of them is listed, nothing was written."""
+
+    def __init__(self, problems: Sequence[str], *, header: str = "conversion failed") -> None:
+        self.problems = list(problems)
+        body = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{header} ({len(self.problems)} problem(s)):\n{body}")
+
+
+class LogParseError(AlignflowError):
+    """A training log cannot be parsed (no step lines, unreadable file, a malformed step line)."""
+
+    def __init__(self, message: str, *, source: str = "", line: int | None = None) -> None:
+        self.source, self.line = source, line
+        where = f"{source}:{line}: " if source and line is not None else (f"{source}: " if source else "")
+        super().__init__(f"{where}{message}")
+
+
+class SentinelError(AlignflowError):
+    """A run is invalid even though its process exited 0 (e.g. Megatron's silent non-strict load)."""
+
+    def __init__(self, message: str, *, sentinels: Sequence[Any] = ()) -> None:
+        self.sentinels = list(sentinels)
+        super().__init__(message)
+
+
+class FingerprintMismatch(AlignflowError):
+    """A file's sha256 differs from the one expected (declared in config, or computed at the source)."""
+
+    def __init__(self, message: str, *, expected: str | None = None, actual: str | None = None) -> None:
+        self.expected, self.actual = expected, actual
+        super().__init__(message)
+
+
+class StoreError(AlignflowError):
+    """The store (database) cannot be opened, migrated or written."""
+
+
+class PipelineError(AlignflowError):
+    """A pipeline step cannot run: unknown step, missing upstream artifact, inconsistent request."""

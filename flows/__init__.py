@@ -1,0 +1,1 @@
+"""Prefect flows: the alignment flow, the nightly regression flow, and their deployments."""
