@@ -22,6 +22,8 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+import pandas as pd
+
 from alignflow.compare.comparison import Comparison, CriterionResult
 from alignflow.compare.formatting import fmt_number, fmt_percent, fmt_stat, step_ranges
 from alignflow.logs.schema import ParsedLog, Sentinel
@@ -64,7 +66,7 @@ def write_report(
         from alignflow.compare.plots import png_name
 
         png_paths[metric] = _atomic_write(out / png_name(metric), data)
-    csv_path = _atomic_write(out / CSV_NAME, comparison.aligned.to_csv(float_format="%.12g").encode())
+    csv_path = _atomic_write(out / CSV_NAME, aligned_csv(comparison.aligned).encode())
     json_doc = comparison.to_json()
     if fingerprints:
         json_doc["fingerprints"] = dict(fingerprints)
@@ -76,6 +78,21 @@ def write_report(
         comparison, title=title, labels=labels, fingerprints=fingerprints, pngs=pngs).encode())
     log.info("report written to %s (verdict %s)", out, comparison.verdict)
     return ReportFiles(html=html_path, markdown=md_path, csv=csv_path, json=json_path, pngs=png_paths)
+
+
+def aligned_csv(aligned: pd.DataFrame) -> str:
+    """The aligned frame as CSV: `step`, then every column; flags as 0/1, values to 12 significant digits, a
+    missing value as `nan`.
+
+    Why not `DataFrame.to_csv`: it formats each cell through Python objects and takes ~3x longer, which at
+    100,000 steps is most of the report's budget; one `%`-format per row does the same job in C.
+    """
+    columns = list(aligned.columns)
+    data = [aligned[c].to_numpy(dtype=float).tolist() for c in columns]
+    fmt = ",".join(["%d"] + ["%d" if aligned[c].dtype == bool else "%.12g" for c in columns])
+    header = ",".join(["step", *columns])
+    body = "\n".join([fmt % row for row in zip(aligned.index.tolist(), *data, strict=True)])
+    return header + "\n" + body + "\n"
 
 
 def _atomic_write(path: Path, data: bytes) -> Path:

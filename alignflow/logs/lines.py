@@ -7,7 +7,7 @@ number (with its resolution) without importing each other.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from alignflow.logs.schema import Resolution
@@ -23,17 +23,45 @@ FLOAT32 = Resolution("significant", 7)
 
 @dataclass(slots=True)
 class StepLine:
-    """One parsed step line of either framework (internal; the frame is built from these)."""
+    """One parsed step line of either framework (transient: `StepRecords` keeps only its values dict).
+
+    The lists are None until needed: a 100k-step parse should not allocate 200k empty lists.
+    """
 
     step: int
     values: dict[str, float]
-    resolutions: dict[str, Resolution]
     variant: str
     max_steps: int | None = None
+    resolutions: dict[str, Resolution] | None = None  # only on lines sampled for resolution
     not_last_stage: bool = False
-    non_finite: list[str] = field(default_factory=list)
-    unreadable: list[str] = field(default_factory=list)
-    text: str | None = None  # kept only for lines that produce a sentinel
+    non_finite: list[str] | None = None
+    unreadable: list[str] | None = None
+
+    def mark_non_finite(self, column: str) -> None:
+        if self.non_finite is None:
+            self.non_finite = []
+        self.non_finite.append(column)
+
+    def mark_unreadable(self, column: str) -> None:
+        if self.unreadable is None:
+            self.unreadable = []
+        self.unreadable.append(column)
+
+    def set_resolution(self, column: str, token: str) -> None:
+        res = token_resolution(token)
+        if res is not None:
+            if self.resolutions is None:
+                self.resolutions = {}
+            self.resolutions[column] = res
+
+    def check_finite(self) -> None:
+        """Mark NaN/inf values; one C-level sum tells whether any is there."""
+        values = self.values
+        total = sum(values.values())
+        if total - total != 0.0:
+            for column, value in values.items():
+                if value - value != 0.0:
+                    self.mark_non_finite(column)
 
 
 def token_resolution(token: str) -> Resolution | None:

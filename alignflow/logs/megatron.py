@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from alignflow.logs.lines import StepLine, snake, token_resolution
+from alignflow.logs.lines import StepLine, snake
 from alignflow.logs.sentinels import LineRule, Marker
 
 _ITER = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|(.*)$")
@@ -71,27 +71,33 @@ def parse_step(text: str, *, with_resolution: bool = True) -> StepLine | str | N
     rest = m.group(3)
     if not rest.rstrip().endswith("|"):
         return "the line ends inside a field (every field ends with `|`)"
-    rec = StepLine(step=int(m.group(1)), values={}, resolutions={}, variant="megatron", max_steps=int(m.group(2)))
-    values = rec.values
-    for key, token in _FIELD.findall(rest):
-        column = _COLUMN_CACHE.get(key)
-        if column is None:
-            column = _COLUMN_CACHE[key] = column_for(key)
-        try:
-            value = float(token)
-        except ValueError:
-            continue  # non-numeric fields (RL packing info) are not tracked
-        values[column] = value
-        if value - value != 0.0:  # NaN or +-inf
-            rec.non_finite.append(column)
-        elif with_resolution:
-            res = token_resolution(token)
-            if res is not None:
-                rec.resolutions[column] = res
+    pairs = _FIELD.findall(rest)
+    cache = _COLUMN_CACHE
+    try:  # fast path: every field numeric
+        values = {(cache.get(k) or _learn(k)): float(t) for k, t in pairs}
+    except ValueError:
+        values = {}
+        for key, token in pairs:
+            try:
+                values[cache.get(key) or _learn(key)] = float(token)
+            except ValueError:
+                continue  # non-numeric fields (RL packing info) are not tracked
+    rec = StepLine(step=int(m.group(1)), values=values, variant="megatron", max_steps=int(m.group(2)))
+    rec.check_finite()
+    if with_resolution:
+        for key, token in pairs:
+            column = cache[key]
+            if column in values and values[column] - values[column] == 0.0:
+                rec.set_resolution(column, token)
     return rec
 
 
 _COLUMN_CACHE: dict[str, str] = {}
+
+
+def _learn(key: str) -> str:
+    column = _COLUMN_CACHE[key] = column_for(key)
+    return column
 
 RULES: tuple[LineRule, ...] = (
     LineRule("megatron_nonstrict_load", "load_return:", True,

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import re
 
-from alignflow.logs.lines import FLOAT32, NUM, StepLine, snake, token_resolution
-from alignflow.logs.schema import Resolution
+from alignflow.logs.lines import FLOAT32, NUM, StepLine, snake
 from alignflow.logs.sentinels import LineRule, Marker
 
 PYNATIVE_ANCHOR = "{ step:["
@@ -64,8 +63,20 @@ def parse_step(text: str, *, with_resolution: bool = True) -> StepLine | str:
     if m is None:
         return "a `{ step:[` line without its closing `}`"
     body = m.group(3)
-    rec = StepLine(step=int(m.group(1)), values={}, resolutions={}, variant="", max_steps=int(m.group(2)))
-    _read_pairs(body, _PYNATIVE_CACHE, PYNATIVE_COLUMNS, frozenset(), rec, with_resolution)
+    rec = StepLine(step=int(m.group(1)), values={}, variant="", max_steps=int(m.group(2)))
+    pairs = _KV.findall(body)
+    cache = _PYNATIVE_CACHE
+    try:  # fast path: a last-stage line whose values are all plain numbers (`NaN` included)
+        rec.values = {(cache.get(k) or _learn(cache, PYNATIVE_COLUMNS, k)): float(t) for k, t in pairs}
+    except ValueError:
+        _read_pairs(pairs, cache, PYNATIVE_COLUMNS, frozenset(), rec, with_resolution)
+    else:
+        rec.check_finite()
+        if with_resolution:
+            for key, token in pairs:
+                column = cache[key]
+                if rec.values[column] - rec.values[column] == 0.0:
+                    rec.set_resolution(column, token)
     if "lm_loss" not in rec.values and not rec.not_last_stage:
         return "no readable `loss` value"
     rec.variant = "pynative-g3" if "consumed_samples:" in body else (
@@ -79,10 +90,9 @@ def _parse_legacy(text: str, with_resolution: bool) -> StepLine | str:
         return "a `{ Epoch:[` line without `step:[n/m]`"
     epoch, epochs, step, per_epoch = (int(m.group(i)) for i in range(1, 5))
     body = m.group(5)
-    rec = StepLine(step=(epoch - 1) * per_epoch + step, values={}, resolutions={}, variant="legacy",
-                   max_steps=epochs * per_epoch)
-    _read_pairs(body, _LEGACY_CACHE, LEGACY_COLUMNS, LEGACY_FLOAT32, rec, with_resolution)
-    if "grad_norm" not in rec.values and "grad_norm" not in rec.unreadable and "global_norm" in body:
+    rec = StepLine(step=(epoch - 1) * per_epoch + step, values={}, variant="legacy", max_steps=epochs * per_epoch)
+    _read_pairs(_KV.findall(body), _LEGACY_CACHE, LEGACY_COLUMNS, LEGACY_FLOAT32, rec, with_resolution)
+    if "grad_norm" not in rec.values and "grad_norm" not in (rec.unreadable or ()) and "global_norm" in body:
         lenient = _LENIENT_NORM.search(body)
         if lenient is not None:
             _store(rec, "grad_norm", lenient.group(1), float32=True, with_resolution=with_resolution)
@@ -91,7 +101,7 @@ def _parse_legacy(text: str, with_resolution: bool) -> StepLine | str:
     if "lm_loss" not in rec.values and "total_loss" in rec.values:
         # No separate losses printed: the only loss is the LM loss (reference §2.5).
         rec.values["lm_loss"] = rec.values["total_loss"]
-        if "total_loss" in rec.resolutions:
+        if rec.resolutions and "total_loss" in rec.resolutions:
             rec.resolutions["lm_loss"] = rec.resolutions["total_loss"]
     return rec
 
@@ -100,14 +110,17 @@ _PYNATIVE_CACHE: dict[str, str] = {}
 _LEGACY_CACHE: dict[str, str] = {}
 
 
+def _learn(cache: dict[str, str], columns: dict[str, str], key: str) -> str:
+    column = cache[key] = columns.get(key.strip()) or snake(key)
+    return column
+
+
 def _read_pairs(
-    body: str, cache: dict[str, str], columns: dict[str, str], float32: frozenset[str], rec: StepLine,
-    with_resolution: bool,
+    pairs: list[tuple[str, str]], cache: dict[str, str], columns: dict[str, str], float32: frozenset[str],
+    rec: StepLine, with_resolution: bool,
 ) -> None:
-    for key, token in _KV.findall(body):
-        column = cache.get(key)
-        if column is None:
-            column = cache[key] = columns.get(key.strip()) or snake(key)
+    for key, token in pairs:
+        column = cache.get(key) or _learn(cache, columns, key)
         if token == "N/A":
             if column in ("lm_loss", "total_loss"):
                 rec.not_last_stage = True
@@ -126,15 +139,17 @@ def _store(rec: StepLine, column: str, token: str, *, float32: bool, with_resolu
     try:
         value = float(token)
     except ValueError:
-        rec.unreadable.append(column)
+        rec.mark_unreadable(column)
         return
     rec.values[column] = value
     if value - value != 0.0:  # NaN or +-inf
-        rec.non_finite.append(column)
+        rec.mark_non_finite(column)
     elif with_resolution:
-        res: Resolution | None = FLOAT32 if float32 else token_resolution(token)
-        if res is not None:
-            rec.resolutions[column] = res
+        if float32:
+            rec.resolutions = rec.resolutions or {}
+            rec.resolutions[column] = FLOAT32
+        else:
+            rec.set_resolution(column, token)
 
 
 # Counters a checkpoint may hold that no network parameter matches (reference §4.1): harmless when unloaded.

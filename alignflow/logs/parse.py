@@ -7,10 +7,7 @@ Ranks: torchrun `--tee` writes `[default3]:` before each line (any role name; `[
 template), `srun --label` writes `3: `. Lines are grouped by that prefix. The default rank is the highest one
 that printed real losses — the last pipeline stage, which is the one whose loss is valid (Megatron prints only
 there; MindFormers prints `loss: N/A` elsewhere). Text sentinels are collected from every rank: a failed load
-on any rank invalidates the run.
-
-Restarts: a run resumed into the same log repeats steps. The last occurrence wins (it is what the resumed run
-computed); every repeated step and every place the counter went back is reported, never silently merged.
+on any rank invalidates the run. Restarts and the frame itself: `alignflow.logs.steps`.
 """
 
 from __future__ import annotations
@@ -21,24 +18,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-import numpy as np
-import numpy.typing as npt
-import pandas as pd
-
 from alignflow.errors import LogParseError
 from alignflow.logs import megatron, mindformers
 from alignflow.logs.lines import StepLine
-from alignflow.logs.schema import (
-    INTEGER_COLUMNS,
-    LogFormat,
-    ParsedLog,
-    Resolution,
-    Restart,
-    Sentinel,
-    column_order,
-    is_loss,
-)
+from alignflow.logs.schema import LogFormat, ParsedLog, Sentinel
 from alignflow.logs.sentinels import SentinelScanner, clip_text
+from alignflow.logs.steps import StepRecords
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +59,7 @@ def parse_log(
         raise LogParseError(f"unknown log format {fmt!r}; use auto, mindformers or megatron", source=source)
     scanner = SentinelScanner(
         (*mindformers.RULES, *megatron.RULES), (*mindformers.MARKERS, *megatron.MARKERS))
-    steps: dict[LogFormat, dict[int | None, list[tuple[int, StepLine]]]] = {"mindformers": {}, "megatron": {}}
+    steps: dict[LogFormat, dict[int | None, StepRecords]] = {"mindformers": {}, "megatron": {}}
     bad: dict[LogFormat, list[_Bad]] = {"mindformers": [], "megatron": []}
     not_last_stage: dict[int | None, int] = {}
     check_mf = fmt in ("auto", "mindformers")
@@ -113,10 +98,11 @@ def parse_log(
         if rec.not_last_stage:
             not_last_stage[r] = not_last_stage.get(r, 0) + 1
             continue
-        if _flagged(rec):
-            rec.text = text
         last_step_text = text
-        steps[which].setdefault(r, []).append((line_no, rec))
+        group = steps[which].get(r)
+        if group is None:
+            group = steps[which][r] = StepRecords()
+        group.add(line_no, rec, text)
     scanner.finish()
     where = source or "log"
     fatal = [x for x in scanner.sentinels if x.fatal]
@@ -126,35 +112,33 @@ def parse_log(
     chosen = _choose_format(fmt, steps, bad, where, hint, bool(not_last_stage), other_format_lines)
     by_rank = steps[chosen]
     rank_used = _choose_rank(by_rank, rank, not_last_stage, where, chosen, hint)
-    records = by_rank.get(rank_used, [])
+    records = by_rank[rank_used] if rank_used in by_rank else StepRecords()
     # An unterminated last line of a file that otherwise has newlines may be a line still being written. PyNative
     # (`}`) and Megatron (`|`) lines show whether they are whole; a legacy line has no terminator, so one that
     # does not end like a whole line (`]` of global_norm, `T` of throughput) is left out.
     sentinels = list(scanner.sentinels)
-    if (newline_seen and not last_had_newline and records and records[-1][0] == line_no
+    if (newline_seen and not last_had_newline and len(records) and records.line_nos[-1] == line_no
             and not last_step_text.rstrip().endswith(("]", "T", "}", "|"))):
-        lno, _ = records.pop()
-        sentinels.append(Sentinel(lno, clip_text(last_step_text), "truncated_step_line", False,
+        sentinels.append(Sentinel(records.pop(), clip_text(last_step_text), "truncated_step_line", False,
                                   "the last line has no line end (log still being written?): ignored", rank_used))
-    if not records:
+    if not len(records):
         raise LogParseError(f"no {chosen} step lines for rank {rank_used}{hint}", source=where)
-    sentinels += _bad_line_sentinels(bad[chosen], records, rank_used)
-    kept, repeated, restarts = _deduplicate(records)
-    frame, line_numbers, resolution, value_sentinels = _build_frame(kept, rank_used)
-    sentinels += value_sentinels
-    variants = sorted({rec.variant for _, rec in kept})
-    max_steps = max((rec.max_steps for _, rec in kept if rec.max_steps), default=None)
-    last_step = int(frame.index.max())
-    if max_steps is not None and last_step < max_steps:
-        sentinels.append(Sentinel(int(line_numbers.iloc[-1]), "", "incomplete_run", False,
-                                  f"log ends at step {last_step} of {max_steps} (truncated, stopped early or still "
-                                  "running)", rank_used))
-    sentinels.sort(key=lambda s: s.line_no)
+    sentinels += [records.classify_bad(b.line_no, b.text, b.reason, rank_used) for b in bad[chosen]
+                  if b.rank == rank_used]
+    built = records.build(rank_used)
+    sentinels += built.sentinels
+    last_step = int(built.frame.index.max())
+    if built.max_steps is not None and last_step < built.max_steps:
+        sentinels.append(Sentinel(int(built.line_numbers.iloc[-1]), "", "incomplete_run", False,
+                                  f"log ends at step {last_step} of {built.max_steps} (truncated, stopped early or "
+                                  "still running)", rank_used))
+    sentinels.sort(key=lambda x: x.line_no)
     ranks = sorted(r for r in {*by_rank, *not_last_stage} if r is not None)
     parsed = ParsedLog(
-        frame=frame, fmt=chosen, variant="+".join(variants), resolution=resolution, sentinels=tuple(sentinels),
-        repeated_steps=tuple(repeated), restarts=tuple(restarts), line_numbers=line_numbers, source=source,
-        rank=rank_used, ranks=tuple(ranks), max_steps=max_steps, markers=dict(scanner.markers), lines_read=line_no,
+        frame=built.frame, fmt=chosen, variant=built.variant, resolution=built.resolution,
+        sentinels=tuple(sentinels), repeated_steps=tuple(built.repeated_steps), restarts=tuple(built.restarts),
+        line_numbers=built.line_numbers, source=source, rank=rank_used, ranks=tuple(ranks),
+        max_steps=built.max_steps, markers=dict(scanner.markers), lines_read=line_no,
     )
     log.debug("%s", parsed.summary())
     return parsed
@@ -176,7 +160,7 @@ def parse_log_file(path: str | Path, **kwargs: object) -> ParsedLog:
 
 
 def _choose_format(
-    fmt: FormatChoice, steps: dict[LogFormat, dict[int | None, list[tuple[int, StepLine]]]],
+    fmt: FormatChoice, steps: dict[LogFormat, dict[int | None, StepRecords]],
     bad: dict[LogFormat, list[_Bad]], where: str, fatal_hint: str, mf_not_last_stage: bool, other_lines: int,
 ) -> LogFormat:
     # Lines of a non-last MindFormers pipeline stage (`loss: N/A`) identify the format even though they are dropped.
@@ -193,7 +177,7 @@ def _choose_format(
             f"no step lines (neither MindFormers `{{ step:[` / `{{ Epoch:[` nor Megatron `iteration N/M |`)"
             f"{_bad_hint(anchors)}; is this the last pipeline stage's training log?{fatal_hint}", source=where)
     if len(found) == 2:
-        first = {k: min((lines[0][0] for lines in steps[k].values()), default=0) for k in found}
+        first = {k: min((group.line_nos[0] for group in steps[k].values()), default=0) for k in found}
         raise LogParseError(
             f"both MindFormers (first at line {first['mindformers']}) and Megatron (first at line "
             f"{first['megatron']}) step lines; choose one with format mindformers or megatron", source=where)
@@ -207,7 +191,7 @@ def _bad_hint(bad: list[_Bad]) -> str:
 
 
 def _choose_rank(
-    by_rank: dict[int | None, list[tuple[int, StepLine]]], rank: int | None, not_last_stage: dict[int | None, int],
+    by_rank: dict[int | None, StepRecords], rank: int | None, not_last_stage: dict[int | None, int],
     where: str, fmt: LogFormat, fatal_hint: str,
 ) -> int | None:
     with_steps = sorted(r for r in by_rank if r is not None)
@@ -228,118 +212,3 @@ def _choose_rank(
     stages = sum(not_last_stage.values())
     raise LogParseError(f"only non-last pipeline stage lines ({stages} with `loss: N/A`); parse the last stage's "
                         f"log (its worker_<rank>.log){fatal_hint}", source=where)
-
-
-def _bad_line_sentinels(
-    bad: list[_Bad], records: list[tuple[int, StepLine]], rank: int | None
-) -> list[Sentinel]:
-    """A bad step line is truncation when no readable step follows it before a restart; otherwise it is fatal."""
-    out: list[Sentinel] = []
-    mine = [b for b in bad if b.rank == rank]
-    if not mine:
-        return out
-    line_nos = [lno for lno, _ in records]
-    step_at = [rec.step for _, rec in records]
-    for b in mine:
-        i = int(np.searchsorted(line_nos, b.line_no))
-        last_before = step_at[i - 1] if i > 0 else None
-        first_after = step_at[i] if i < len(step_at) else None
-        truncated = first_after is None or (last_before is not None and first_after <= last_before)
-        if truncated:
-            out.append(Sentinel(b.line_no, clip_text(b.text), "truncated_step_line", False,
-                                f"step line cut short ({b.reason}) before the log ended or restarted: ignored", rank))
-        else:
-            out.append(Sentinel(b.line_no, clip_text(b.text), "malformed_step_line", True,
-                                f"unreadable step line in the middle of the run: {b.reason}", rank))
-    return out
-
-
-def _deduplicate(
-    records: list[tuple[int, StepLine]]
-) -> tuple[list[tuple[int, StepLine]], list[int], list[Restart]]:
-    last: dict[int, tuple[int, StepLine]] = {}
-    seen_twice: set[int] = set()
-    restarts: list[Restart] = []
-    prev: int | None = None
-    for line_no, rec in records:
-        if rec.step in last:
-            seen_twice.add(rec.step)
-        if prev is not None and rec.step < prev:
-            restarts.append(Restart(line_no, prev, rec.step))
-        last[rec.step] = (line_no, rec)
-        prev = rec.step
-    kept = [last[s] for s in sorted(last)]
-    return kept, sorted(seen_twice), restarts
-
-
-def _build_frame(
-    kept: list[tuple[int, StepLine]], rank: int | None
-) -> tuple[pd.DataFrame, pd.Series, dict[str, Resolution], list[Sentinel]]:
-    steps = np.fromiter((rec.step for _, rec in kept), dtype=np.int64, count=len(kept))
-    line_nos = np.fromiter((lno for lno, _ in kept), dtype=np.int64, count=len(kept))
-    frame = pd.DataFrame.from_records([rec.values for _, rec in kept], index=pd.Index(steps, name="step"))
-    resolution: dict[str, Resolution] = {}
-    sentinels: list[Sentinel] = []
-    for line_no, rec in kept:
-        for col, res in rec.resolutions.items():
-            resolution[col] = res.coarser(resolution.get(col))
-        if rec.text is None:
-            continue
-        text = clip_text(rec.text)
-        bad_values = [c for c in rec.non_finite if is_loss(c) or c == "grad_norm"]
-        if bad_values:
-            sentinels.append(Sentinel(line_no, text, "non_finite_value", True,
-                                      f"{', '.join(bad_values)} is NaN or inf", rank))
-        if rec.unreadable:
-            sentinels.append(Sentinel(line_no, text, "unreadable_value", False,
-                                      f"value of {', '.join(rec.unreadable)} unreadable: left out", rank))
-        for col, kind, fatal, message in COUNTER_RULES:
-            count = rec.values.get(col, 0.0)
-            if count > 0:
-                sentinels.append(Sentinel(line_no, text, kind, fatal, message.format(int(count)), rank))
-    sentinels = _all_nan_grad_norm(frame, sentinels, line_nos)
-    frame = frame[column_order(list(frame.columns))]
-    for col in INTEGER_COLUMNS & set(frame.columns):
-        values = frame[col]
-        if values.dropna().mod(1).eq(0).all():
-            frame[col] = values.astype("Int64")
-    return frame, pd.Series(line_nos, index=frame.index, name="line"), resolution, sentinels
-
-
-# Per-step counters that flag a step: (column, sentinel kind, fatal, message with the count).
-COUNTER_RULES: tuple[tuple[str, str, bool, str], ...] = (
-    ("nan_iterations", "nan_iterations", True, "number of nan iterations: {}"),
-    ("skipped", "skipped_iterations", False, "number of skipped iterations: {} (optimizer step skipped)"),
-    ("overflow", "overflow", False, "overflow cond: True (loss-scale overflow, update skipped)"),
-)
-
-
-_COUNTER_COLUMNS = tuple(rule[0] for rule in COUNTER_RULES)
-
-
-def _flagged(rec: StepLine) -> bool:
-    """Whether a step line will produce a sentinel (so its text must be kept)."""
-    if rec.non_finite or rec.unreadable:
-        return True
-    get = rec.values.get
-    for column in _COUNTER_COLUMNS:  # noqa: SIM110 - a plain loop: this runs once per step line
-        if get(column, 0.0) > 0:
-            return True
-    return False
-
-
-def _all_nan_grad_norm(
-    frame: pd.DataFrame, sentinels: list[Sentinel], line_nos: npt.NDArray[np.int64]
-) -> list[Sentinel]:
-    """MindFormers prints `grad_norm: NaN` on every step when it does not compute the norm: not a divergence."""
-    if "grad_norm" not in frame.columns or len(frame) < 2 or frame["grad_norm"].notna().any():
-        return sentinels
-    frame.drop(columns="grad_norm", inplace=True)
-    kept = []
-    for s in sentinels:
-        if s.kind == "non_finite_value" and s.message == "grad_norm is NaN or inf":
-            continue
-        kept.append(s)
-    kept.append(Sentinel(int(line_nos[0]), "", "grad_norm_not_reported", False,
-                         "grad_norm is NaN on every step: the norm was not computed; column dropped"))
-    return kept
