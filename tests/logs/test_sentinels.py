@@ -108,3 +108,17 @@ def test_many_fatal_lines_are_summarised_in_the_message_but_all_kept() -> None:
         check_sentinels(parsed)
     assert len(info.value.sentinels) == 300
     assert "... and 100 more fatal line(s)" in str(info.value)
+
+
+def test_skipped_iterations_and_loss_scale_overflow_are_warnings() -> None:
+    from alignflow.logs.render import megatron_line, mindformers_legacy_line
+
+    mg = [megatron_line(s, 3, consumed_samples=s, elapsed_ms=1.0, lr=1e-4, global_batch_size=1,
+                        losses={"lm loss": 2.0}, grad_norm=1.0, skipped=int(s == 2)) + "\n" for s in (1, 2, 3)]
+    parsed = parse_log(mg)
+    assert [(s.line_no, s.kind, s.fatal) for s in parsed.sentinels] == [(2, "skipped_iterations", False)]
+    legacy = [mindformers_legacy_line(1, 1, s, 3, loss=2.0, step_time_ms=5, lr=1e-5, global_norm=1.0,
+                                      overflow=s == 3, loss_scale="65536.0") + "\n" for s in (1, 2, 3)]
+    parsed = parse_log(legacy)
+    assert [(s.line_no, s.kind, s.fatal) for s in parsed.sentinels] == [(3, "overflow", False)]
+    check_sentinels(parsed)
