@@ -49,7 +49,8 @@ def main() -> None:
     """Console-script entry point: run the app and map alignflow errors to their exit codes."""
     err = Console(stderr=True)
     try:
-        app(standalone_mode=False)
+        # Non-standalone click returns the code of a `typer.Exit` instead of raising it.
+        rc = app(standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except AlignflowError as exc:
@@ -61,9 +62,13 @@ def main() -> None:
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
         import click
 
-        if isinstance(exc, click.exceptions.Abort):
+        if isinstance(exc, click.exceptions.Abort | typer.Abort):
             sys.exit(130)
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
+        # typer >= 0.29 vendors click (typer._click): its exceptions are not `click.ClickException`s, so
+        # recognise a click error by its interface (show + exit_code; usage errors carry exit code 2).
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            sys.exit(code)
         raise
+    sys.exit(rc if isinstance(rc, int) else 0)
