@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,28 +46,32 @@ def megatron_version() -> str:
 
 
 @contextmanager
-def model_parallel(device: str, port: int = 29517) -> Iterator[None]:
-    """A world of one (gloo on CPU, nccl on CUDA) with TP = PP = 1; torn down on exit."""
+def model_parallel(device: str) -> Iterator[None]:
+    """A world of one (gloo on CPU, nccl on CUDA) with TP = PP = 1; torn down on exit.
+
+    The rendezvous is a file store in a private temporary directory, not a TCP port: tests run beside other
+    processes on shared machines, and a fixed MASTER_PORT collides.
+    """
     import torch.distributed as dist
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(port))
     if device == "cuda":
         torch.cuda.set_device(0)
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
-    if device == "cuda":
-        model_parallel_cuda_manual_seed(1234)
-    try:
-        yield
-    finally:
-        parallel_state.destroy_model_parallel()
+    with tempfile.TemporaryDirectory(prefix="mcore-world-") as tmp:
+        created = not dist.is_initialized()
         if created:
-            dist.destroy_process_group()
+            dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{tmp}/store",
+                                    rank=0, world_size=1)
+        parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+        if device == "cuda":
+            model_parallel_cuda_manual_seed(1234)
+        try:
+            yield
+        finally:
+            parallel_state.destroy_model_parallel()
+            if created:
+                dist.destroy_process_group()
 
 
 def transformer_config(model: ModelConfig, *, device: str, dispatcher: str | None = None) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,9 @@ def _load(file: Path) -> Any:
         return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError:
         try:
-            import megatron.core  # noqa: F401 - registers Megatron's weights_only safe globals
+            with warnings.catch_warnings():  # its import chain warns about TE/Apex and torch.jit deprecations
+                warnings.simplefilter("ignore")
+                import megatron.core  # noqa: F401 - registers Megatron's weights_only safe globals
         except ImportError:
             raise
         log.info("%s: retrying torch.load after importing megatron.core for its safe globals", file)
