@@ -89,8 +89,8 @@ def convert_bf16(src: Path, dst: Path, *, progress: ProgressFn | None = None,
             out_dir.mkdir()
             metadata = {"format": "pt", "producer": "alignflow convert bf16"}
             with StreamingSafetensorsWriter(out_dir / file_name, layout, metadata) as writer:
-                for name, meta in layout:
-                    writer.write(name, ckpt.read(name).to(meta.dtype))
+                for name, _ in layout:
+                    writer.write(name, ckpt.read(name))  # cast by the writer, chunk by chunk
                     done += ckpt.tensors[name].nbytes
                     if progress is not None:
                         progress(done, total)

@@ -13,14 +13,13 @@ import json
 import logging
 import math
 import re
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from alignflow.convert.tensor_io import TensorMeta, open_safetensors, read_layout
+from alignflow.convert.tensor_io import TensorMeta, read_layout, read_tensor
 from alignflow.errors import ConversionError
 
 log = logging.getLogger(__name__)
@@ -83,8 +82,6 @@ class MindFormersCheckpoint:
         self.files: list[Path] = []
         self._chunks: dict[str, tuple[_Chunk, ...]] = {}
         self._memory: dict[str, torch.Tensor] = {}  # legacy .ckpt only
-        self._stack = ExitStack()
-        self._handles: dict[Path, Any] = {}
 
     def __enter__(self) -> MindFormersCheckpoint:
         return self
@@ -93,8 +90,6 @@ class MindFormersCheckpoint:
         self.close()
 
     def close(self) -> None:
-        self._stack.close()
-        self._handles.clear()
         self._memory.clear()
 
     def read(self, name: str) -> torch.Tensor:
@@ -103,18 +98,12 @@ class MindFormersCheckpoint:
             return self._memory[name]
         meta, chunks = self.tensors[name], self._chunks[name]
         if len(chunks) == 1 and chunks[0].shape == meta.shape:
-            whole: torch.Tensor = self._handle(chunks[0].file).get_tensor(name)
-            return whole
+            return read_tensor(chunks[0].file, name)
         full = torch.empty(meta.shape, dtype=meta.dtype)
         for chunk in chunks:
-            part = self._handle(chunk.file).get_tensor(name)
+            part = read_tensor(chunk.file, name)
             full[tuple(slice(o, o + s) for o, s in zip(chunk.offset, chunk.shape, strict=True))] = part
         return full
-
-    def _handle(self, file: Path) -> Any:
-        if file not in self._handles:
-            self._handles[file] = self._stack.enter_context(open_safetensors(file))
-        return self._handles[file]
 
 
 def open_mindformers(src: Path) -> MindFormersCheckpoint:
