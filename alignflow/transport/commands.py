@@ -51,10 +51,14 @@ def render_prologue(
 
 
 def wrap_command(argv: Sequence[str], prologue: str) -> list[str]:
-    """`bash -c '<prologue>; exec "$@"' alignflow ARGV...`: the argv travels as positional parameters."""
+    """`bash -c '<prologue>; "$@"; exit $?' alignflow ARGV...`: the argv travels as positional parameters.
+
+    Not `exec "$@"`: a command killed by a signal would then end the SSH session with an exit *signal*,
+    which paramiko cannot tell from a dropped connection; bash turns it into the exit status 128+N.
+    """
     if not argv:
         raise ValueError("empty argv")
-    return ["bash", "-c", f"{prologue}\nexec \"$@\"" if prologue else 'exec "$@"', ARGV0, *argv]
+    return ["bash", "-c", f'{prologue}\n"$@"\nexit $?', ARGV0, *argv]
 
 
 def render_job_script(argv: Sequence[str], prologue: str, *, header: str) -> str:

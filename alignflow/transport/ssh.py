@@ -230,7 +230,14 @@ class SSHTransport(ShellTransport):
                 err.append(chan.recv_stderr(_CHUNK))
                 busy = True
             if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                return b"".join(out), b"".join(err), chan.recv_exit_status()
+                code = chan.recv_exit_status()
+                if code == -1:  # paramiko's "no exit-status came": the channel closed without one
+                    tr = chan.get_transport()
+                    if tr is None or not tr.is_active():
+                        raise EOFError("the connection closed before the command's exit status arrived")
+                    code = 255
+                    err.append(b"\nalignflow: the command ended without an exit status (killed by a signal?)\n")
+                return b"".join(out), b"".join(err), code
             tr = chan.get_transport()
             if chan.closed or tr is None or not tr.is_active():
                 raise EOFError("channel closed before the command's exit status arrived")

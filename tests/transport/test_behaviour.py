@@ -368,3 +368,8 @@ def test_a_file_changed_between_hashing_and_copying_is_refused_at_the_destinatio
     assert info.value.expected == recorded.sha256
     assert not transport.exists(f"{area}/copy.json")
     assert sorted(transport.run(["ls", "-A", area]).stdout.split()) == ["w.json"]
+
+
+def test_a_command_killed_by_a_signal_reports_128_plus_the_signal(transport: ShellTransport) -> None:
+    done = transport.run(["bash", "-c", "kill -KILL $$"], check=False)
+    assert done.exit_code == 128 + 9
