@@ -12,11 +12,12 @@ Every copy follows the same five steps, whatever the route:
 
 Routes (a table keyed by the two transports' types): local -> local: rsync; controller/local host <-> SSH host:
 rsync over the host's OpenSSH master connection; SSH host -> same host: rsync there; SSH host -> another SSH
-host: "direct" - rsync runs ON the source host and writes straight to the destination (the bytes cross the
-network once; the destination's key is lent to the source for the copy's duration through a forwarded
-ssh-agent, never written to the source's disk; the destination's host key is checked against the
-controller's known_hosts) - or, when the source cannot reach the destination or no key can be lent, "relay":
-a tar stream through the controller (twice the network traffic, no trust between hosts needed).
+host: "direct" (payloads from 32 MiB on) - rsync runs ON the source host and writes straight to the
+destination (the bytes cross the network once; the destination's key is lent to the source for the copy's
+duration through a forwarded ssh-agent, never written to the source's disk; the destination's host key is
+checked against the controller's known_hosts) - or, for small payloads, when the source cannot reach the
+destination, or when no key can be lent, "relay": a tar stream through the controller (twice the network
+traffic, no trust between hosts needed).
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ RSYNC = ("rsync", "-rLpt", "-s", "--info=progress2")
 # rsync exit codes that mean "the connection failed" rather than "this file could not be written".
 _RSYNC_CONNECTION_CODES = {5, 10, 12, 30, 35, 255}
 _PIPE_CHUNK = 1 << 20
+# Below this size "auto" relays: setting up the direct route (agent, a second SSH hop, a probe) costs ~0.5 s,
+# more than sending a small file twice.
+DIRECT_MIN_BYTES = 32 << 20
 _LOG_EVERY_S = 10.0
 Sender = Callable[[ShellTransport, str, ShellTransport, str, Fingerprint, ProgressFn | None], str]
 
@@ -203,6 +207,8 @@ def _direct_or_relay(src: ShellTransport, s_path: str, dst: ShellTransport, stag
                      progress: ProgressFn | None) -> str:
     assert isinstance(src, SSHTransport)
     assert isinstance(dst, SSHTransport)
+    if want.size < DIRECT_MIN_BYTES:
+        return _relay(src, s_path, dst, staging, want, progress)
     with DirectRoute(src, dst) as route:
         if route.usable():
             a, b = _src_dst(s_path, staging, want)

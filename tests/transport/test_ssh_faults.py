@@ -16,7 +16,7 @@ from alignflow.errors import (
     TransportError,
 )
 from alignflow.fingerprint import fingerprint
-from alignflow.transport import JobSpec, JobState, SSHTransport, copy_between, open_transport
+from alignflow.transport import JobSpec, JobState, SSHTransport, copy_between, open_transport, transfer
 from tests.lab.sshd import SSHLab
 
 pytestmark = pytest.mark.integration
@@ -156,7 +156,7 @@ def _weird_tree(t: SSHTransport, area: str) -> str:
     return root
 
 
-@pytest.mark.parametrize("route", ["auto", "relay"])
+@pytest.mark.parametrize("route", ["direct", "relay", "auto"])
 def test_host_to_host_copy_is_verified_on_the_destination(ssh_lab: SSHLab, route: str) -> None:
     area = f"h2h-{route}"
     with _ssh(ssh_lab, "ascend") as a, _ssh(ssh_lab, "cpu") as c:
@@ -170,11 +170,13 @@ def test_host_to_host_copy_is_verified_on_the_destination(ssh_lab: SSHLab, route
         assert c.run(["ls", "-A", f"{area}/in"]).stdout.split() == ["ckpt"]
         assert c.run(["bash", "-c", "find . -name 'PWNED*'"]).stdout == ""
         assert a.run(["bash", "-c", "find . -name 'PWNED*' -o -name 'known_hosts-*'"]).stdout == ""
-        if route == "auto":
-            assert a.peer_routes == {"cpu": None}  # the direct route (rsync on ascend) was usable
+        # direct: rsync ran on ascend and was usable; auto relays a payload this small without probing
+        assert a.peer_routes == ({"cpu": None} if route == "direct" else {})
 
 
-def test_direct_copy_falls_back_to_the_relay_when_the_source_cannot_run_it(ssh_lab: SSHLab) -> None:
+def test_direct_copy_falls_back_to_the_relay_when_the_source_cannot_run_it(ssh_lab: SSHLab,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(transfer, "DIRECT_MIN_BYTES", 0)  # try direct even for a tiny file
     home = ssh_lab.hosts["ascend"].home
     with _ssh(ssh_lab, "ascend", workdir=str(home / "work dir")) as a, _ssh(ssh_lab, "cpu") as c:
         a.write_text("x.txt", "relayed")
