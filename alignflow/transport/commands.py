@@ -37,13 +37,15 @@ def render_prologue(
     Order matters: the host's `env` first, so that a setup line (e.g. CANN's set_env.sh) can build on it;
     the per-call env last, so that a step can override both. A failing setup line stops the command with
     exit status 125 and says which line failed, instead of running the command in a half-set-up shell.
+    What setup lines print goes to stderr (CANN's set_env.sh and conda hooks chat): a command's stdout - a
+    JSON answer, a hash manifest - stays the command's own.
     """
     check_env_names(host_env)
     check_env_names(env or {})
     lines = [f"export {k}={shlex.quote(v)}" for k, v in host_env.items()]
     for i, line in enumerate(setup, 1):
         msg = shlex.quote(f"alignflow: host setup line {i} failed: {line}")
-        lines.append(f"{{ {line}\n}} || {{ printf '%s\\n' {msg} >&2; exit {SETUP_FAILED_EXIT}; }}")
+        lines.append(f"{{ {line}\n}} >&2 || {{ printf '%s\\n' {msg} >&2; exit {SETUP_FAILED_EXIT}; }}")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in (env or {}).items()]
     if cwd is not None:
         lines.append(f"cd -- {shlex.quote(cwd)} || exit {SETUP_FAILED_EXIT}")

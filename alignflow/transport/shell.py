@@ -280,7 +280,7 @@ class ShellTransport(ABC):
         raw = self._exec(argv, input=_module_source(fp_module.__file__))
         raise_if_escaped(raw.exit_code, raw.text("stderr"), host=self.host.name, workdir=wd.declared)
         if raw.exit_code == MISSING_EXIT:
-            raise PathMissing(raw.text("stderr").strip().splitlines()[0], host=self.host.name)
+            raise PathMissing(raw.text("stderr").strip().splitlines()[-1], host=self.host.name)
         if raw.exit_code != 0:
             raise self._op_failed("sha256", " ".join(absolute), raw)
         try:

@@ -163,6 +163,7 @@ class SSHLab:
             for name in names:
                 lab.hosts[name] = lab._create_host(name, tag)
             lab.known_hosts.write_text("".join(lab.known_hosts_line(n) for n in lab.hosts))
+            lab._check_python(next(iter(lab.hosts)))
             for name in lab.hosts:
                 lab.start_sshd(name)
         except BaseException:
@@ -194,6 +195,16 @@ class SSHLab:
         host = LabHost(name, role, address, _free_port(address), user, pw.pw_uid, home, home / "work", sshd_dir)
         (sshd_dir / "sshd_config").write_text(_sshd_config(host))
         return host
+
+    def _check_python(self, name: str) -> None:
+        probe = self.run_as(name, ["env", f"PYTHONPATH={self.pythonpath}", self.python, "-c",
+                                   "import alignflow.fingerprint"])
+        if probe.returncode != 0:
+            raise LabUnavailable(
+                f"lab user {self.hosts[name].user} cannot run {self.python} with the checkout {self.pythonpath}: "
+                f"{probe.stderr.strip()[-500:]}; the interpreter, its packages and the checkout must be readable "
+                "by other users"
+            )
 
     def known_hosts_line(self, name: str) -> str:
         h = self.hosts[name]

@@ -49,3 +49,9 @@ def transport(make_transport: MakeTransport) -> ShellTransport:
 def area() -> str:
     """A fresh relative directory name: lab hosts are shared by the session's tests."""
     return f"t-{secrets.token_hex(4)}"
+
+
+@pytest.fixture(autouse=True)
+def _controller_memo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """put/get hash controller files with the controller's memo: keep it out of the real home."""
+    monkeypatch.setenv("ALIGNFLOW_HASH_MEMO", str(tmp_path / "controller-memo.sqlite"))

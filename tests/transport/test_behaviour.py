@@ -106,8 +106,13 @@ def test_timeout_kills_the_command(transport: ShellTransport, area: str) -> None
 
 def test_host_env_and_setup_lines_apply_to_every_command(make_transport: MakeTransport) -> None:
     t = make_transport(env={"HCCL_DETERMINISTIC": "true"},
-                       setup=["export FROM_SETUP=\"$HCCL_DETERMINISTIC-ok\"", "cd /"])
-    assert t.run(["printenv", "FROM_SETUP"]).stdout.strip() == "true-ok"
+                       setup=["export FROM_SETUP=\"$HCCL_DETERMINISTIC-ok\"", "cd /", "echo chatty set_env.sh"])
+    done = t.run(["printenv", "FROM_SETUP"])
+    assert done.stdout == "true-ok\n"  # what setup lines print goes to stderr
+    assert "chatty set_env.sh" in done.stderr
+    t.write_text("f.txt", "x")
+    assert t.sha256(["f.txt"])["f.txt"].size == 1
+    assert t.snapshot().error is None
     assert t.run(["printenv", "HCCL_DETERMINISTIC"], env={"HCCL_DETERMINISTIC": "false"}).stdout.strip() == "false"
     assert t.run(["pwd"]).stdout.strip() == t.workdir().real  # the command's cwd wins over a setup line's cd
     handle = t.launch(JobSpec(["printenv", "FROM_SETUP"], name="env"))
