@@ -46,6 +46,12 @@ _KINDS: dict[str, Literal["file", "dir", "other"]] = {
 }
 
 
+# Deadline of the short control commands (status, tail, small files, launch). A peer that vanished without
+# closing TCP would otherwise hang a poll until the kernel gives up (~15 min); on expiry the connection is
+# dropped and `wait` reconnects.
+CONTROL_TIMEOUT_S = 120.0
+
+
 def utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -151,7 +157,8 @@ class ShellTransport(ABC):
                 script = 'w=$1; case $w in "~") w=$HOME;; "~/"*) w=$HOME/${w#"~/"};; esac\n' + (
                     'mkdir -p -m 700 -- "$w" && cd -- "$w" && pwd -P && printf "%s\\n%s\\n" "$w" "$HOME"'
                 )
-                raw = self._exec(["bash", "-c", script, commands.ARGV0, self.host.workdir])
+                raw = self._exec(["bash", "-c", script, commands.ARGV0, self.host.workdir],
+                                 timeout_s=CONTROL_TIMEOUT_S)
                 lines = raw.text().splitlines()
                 if raw.exit_code != 0 or len(lines) < 3:
                     raise TransportError(
@@ -178,7 +185,7 @@ class ShellTransport(ABC):
 
     def _op(self, op: str, *args: str, input: bytes | None = None) -> RawResult:
         wd = self.workdir()
-        raw = self._exec(op_argv(op, wd.real, *args), input=input)
+        raw = self._exec(op_argv(op, wd.real, *args), input=input, timeout_s=CONTROL_TIMEOUT_S)
         raise_if_escaped(raw.exit_code, raw.text("stderr"), host=self.host.name, workdir=wd.declared)
         return raw
 
@@ -336,7 +343,7 @@ class ShellTransport(ABC):
                   "host": self.host.name, "started_at": now.isoformat()}
         raw = self._exec(["bash", "-c", jobs.LAUNCH_SH, commands.ARGV0, job_dir,
                           commands.render_job_script(spec.argv, prologue, header=header), jobs.SUPERVISOR_SH,
-                          json.dumps(record, indent=1)])
+                          json.dumps(record, indent=1)], timeout_s=CONTROL_TIMEOUT_S)
         if raw.exit_code == 98:
             raise RemoteJobError(f"{self.host.name}: job {job_id} already exists in {job_dir}; job ids are never "
                                  "reused (attach to it, or launch with a new id)")
@@ -349,7 +356,7 @@ class ShellTransport(ABC):
     def attach(self, job_id: str) -> JobHandle:
         """The handle of an existing job, from its job dir (for a controller that restarted)."""
         job_dir = self._job_dir(job_id)
-        raw = self._exec(["bash", "-c", jobs.ATTACH_SH, commands.ARGV0, job_dir])
+        raw = self._exec(["bash", "-c", jobs.ATTACH_SH, commands.ARGV0, job_dir], timeout_s=CONTROL_TIMEOUT_S)
         if raw.exit_code == MISSING_EXIT:
             raise RemoteJobError(f"{self.host.name}: no job {job_id} (no {job_dir}/spec.json)")
         if raw.exit_code != 0:
@@ -360,7 +367,7 @@ class ShellTransport(ABC):
 
     def status(self, handle: JobHandle) -> JobState:
         job_dir = self._checked_job_dir(handle)
-        raw = self._exec(["bash", "-c", jobs.STATUS_SH, commands.ARGV0, job_dir])
+        raw = self._exec(["bash", "-c", jobs.STATUS_SH, commands.ARGV0, job_dir], timeout_s=CONTROL_TIMEOUT_S)
         return self._state(handle, raw)
 
     def _state(self, handle: JobHandle, raw: RawResult) -> JobState:
@@ -376,7 +383,8 @@ class ShellTransport(ABC):
         if stream not in ("stdout", "stderr"):
             raise ValueError(f"stream must be 'stdout' or 'stderr', not {stream!r}")
         job_dir = self._checked_job_dir(handle)
-        raw = self._exec(["bash", "-c", jobs.TAIL_SH, commands.ARGV0, job_dir, str(int(n_bytes)), stream])
+        raw = self._exec(["bash", "-c", jobs.TAIL_SH, commands.ARGV0, job_dir, str(int(n_bytes)), stream],
+                         timeout_s=CONTROL_TIMEOUT_S)
         if raw.exit_code != 0:
             raise RemoteJobError(f"{self.host.name}: cannot read {stream} of job {handle.job_id}", handle=handle)
         return raw.text()
@@ -384,7 +392,9 @@ class ShellTransport(ABC):
     def cancel(self, handle: JobHandle, *, grace_s: float = 10.0) -> JobState:
         """TERM the job's whole process group, KILL it after `grace_s`; returns the final state."""
         job_dir = self._checked_job_dir(handle)
-        raw = self._exec(["bash", "-c", jobs.CANCEL_SH, commands.ARGV0, job_dir, str(max(0, round(grace_s)))])
+        grace = max(0, round(grace_s))
+        raw = self._exec(["bash", "-c", jobs.CANCEL_SH, commands.ARGV0, job_dir, str(grace)],
+                         timeout_s=grace + CONTROL_TIMEOUT_S)
         state = self._state(handle, raw)
         log.info("%s: cancelled job %s -> %s", self.host.name, handle.job_id, state)
         return state

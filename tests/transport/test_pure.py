@@ -97,3 +97,16 @@ def test_ssh_config_pins_known_hosts_and_never_reads_user_config() -> None:
     assert "PasswordAuthentication no" in text
     assert known_host_name(host) == "[10.0.0.1]:2222"
     assert known_host_name(host.model_copy(update={"port": 22})) == "10.0.0.1"
+
+
+def test_both_transports_satisfy_the_protocol_and_connect_lazily() -> None:
+    from alignflow.transport import LocalTransport, SSHTransport, Transport, open_transport
+
+    local = open_transport(Host(name="l", role="cpu", transport="local", workdir="/nonexistent/never/created"))
+    remote = open_transport(Host(name="r", role="cpu", transport="ssh", address="192.0.2.1", user="u", workdir="/w"))
+    assert isinstance(local, LocalTransport)
+    assert isinstance(remote, SSHTransport)
+    assert isinstance(local, Transport)
+    assert isinstance(remote, Transport)
+    assert remote.python() == "python3"  # nothing connected, nothing created: constructors have no side effects
+    remote.close()
