@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from alignflow.config.hosts import Host
 from alignflow.errors import CommandTimeout, TransportError
-from alignflow.transport.shell import RawResult, ShellTransport
+from alignflow.transport.shell import RawResult, ShellTransport, Spawned
 
 
 class LocalTransport(ShellTransport):
@@ -46,6 +46,36 @@ class LocalTransport(ShellTransport):
             _kill_group(proc)
             raise
         return RawResult(proc.returncode, out, err, time.perf_counter() - start)
+
+
+    def _spawn(self, argv: Sequence[str]) -> Spawned:
+        try:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            raise TransportError(f"cannot start {argv[0]!r}: {exc.strerror or exc}", host=self.host.name) from exc
+        return _LocalSpawned(proc, self.host.name)
+
+
+class _LocalSpawned:
+    def __init__(self, proc: subprocess.Popen[bytes], host: str) -> None:
+        self.proc, self.host, self.start = proc, host, time.perf_counter()
+
+    def send(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def finish(self, timeout_s: float | None = None) -> RawResult:
+        try:
+            out, err = self.proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise CommandTimeout(f"command timed out after {timeout_s} s and was killed", host=self.host) from None
+        return RawResult(self.proc.returncode, out, err, time.perf_counter() - self.start)
+
+    def kill(self) -> None:
+        _kill_group(self.proc)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

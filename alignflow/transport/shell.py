@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from alignflow.config.hosts import Host
 from alignflow.errors import (
@@ -69,6 +69,16 @@ class RawResult:
         return (self.stdout if stream == "stdout" else self.stderr).decode("utf-8", errors="replace")
 
 
+class Spawned(Protocol):
+    """A host command that runs while the controller does something else (see `ShellTransport.follow_sha256`)."""
+
+    def send(self, data: bytes) -> None: ...
+
+    def finish(self, timeout_s: float | None = None) -> RawResult: ...
+
+    def kill(self) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Workdir:
     declared: str  # `~` expanded, normalized
@@ -102,6 +112,10 @@ class ShellTransport(ABC):
     @abstractmethod
     def _exec(self, argv: Sequence[str], *, input: bytes | None = None, timeout_s: float | None = None) -> RawResult:
         """Run `argv` on the host (no shell added); raise `TransportError` if the host cannot be reached."""
+
+    @abstractmethod
+    def _spawn(self, argv: Sequence[str]) -> Spawned:
+        """Start `argv` on the host with its stdin open; the caller sends, then finishes or kills it."""
 
     @abstractmethod
     def _default_python(self) -> str: ...
@@ -296,6 +310,19 @@ class ShellTransport(ABC):
         except (ValueError, KeyError, TypeError) as exc:
             raise self._op_failed(f"sha256 (unreadable output: {exc})", " ".join(absolute), raw) from None
 
+    def follow_sha256(self, p: str) -> FollowedHash:
+        """Start hashing `p` on the host while it is being written (a copy's staging dir); see follow_hash.py."""
+        from alignflow import fingerprint as fp_module
+        from alignflow.transport import follow_hash
+
+        path = self.path(p)
+        wd = self.workdir()
+        prologue = render_prologue(host_env=self.host.env, setup=self.host.setup, env=None, cwd=wd.real)
+        script = CONFINE_SH + 'W=$1; shift; af_confine "$W" "$4"\n"$@"\nexit $?'
+        argv = ["bash", "-c", f"{prologue}\n{script}", commands.ARGV0, wd.real, self.python(), "-c",
+                _module_source(follow_hash.__file__).decode(), path, _module_source(fp_module.__file__).decode()]
+        return FollowedHash(self, path, self._spawn(argv))
+
     def snapshot(self) -> HostSnapshot:
         """Python, framework versions, declared repos' commit + dirty flag, accelerators, env (issue 3, item 5)."""
         from alignflow.transport import snapshot_probe
@@ -457,3 +484,28 @@ class ShellTransport(ABC):
         from alignflow.transport.transfer import get
 
         return get(self, remote, local, progress=progress, overwrite=overwrite)
+
+
+class FollowedHash:
+    """A hash that runs on the host while a copy arrives; `result()` after the copy, `abort()` if it failed."""
+
+    def __init__(self, transport: ShellTransport, path: str, spawned: Spawned) -> None:
+        self.transport, self.path, self._spawned = transport, path, spawned
+
+    def result(self) -> Fingerprint:
+        t = self.transport
+        raw = self._spawned.finish()
+        raise_if_escaped(raw.exit_code, raw.text("stderr"), host=t.host.name, workdir=t.workdir().declared)
+        if raw.exit_code != 0:
+            raise t._op_failed("sha256 (following a copy)", self.path, raw)
+        try:
+            return Fingerprint.from_json(json.loads(raw.text()))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise t._op_failed(f"sha256 (unreadable output: {exc})", self.path, raw) from None
+
+    def abort(self) -> None:
+        try:
+            self._spawned.send(b"abort\n")
+            self._spawned.finish(timeout_s=30)
+        except Exception:  # the copy's own error matters more; make sure nothing keeps running
+            self._spawned.kill()

@@ -32,7 +32,7 @@ from alignflow.errors import (
     TransportError,
 )
 from alignflow.transport.openssh import KEEPALIVE_S, OpenSSHClient, identity_path, known_hosts_path
-from alignflow.transport.shell import RawResult, ShellTransport, utc_now
+from alignflow.transport.shell import RawResult, ShellTransport, Spawned, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +207,16 @@ class SSHTransport(ShellTransport):
                                  host=self.host.name) from None
         return RawResult(code, out, err, time.perf_counter() - start)
 
+    def _spawn(self, argv: Sequence[str]) -> Spawned:
+        tr = self.connect()
+        try:
+            chan = tr.open_session(timeout=self.host.connect_timeout_s)
+            chan.exec_command(shlex.join(argv))
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            self._drop()
+            raise TransportError(f"connection lost starting a command: {exc}", host=self.host.name) from None
+        return _SSHSpawned(self, chan)
+
     def _pump(self, chan: paramiko.Channel, data: bytes | None, timeout_s: float | None) -> tuple[bytes, bytes, int]:
         """Feed stdin and drain stdout/stderr together (no deadlock on large outputs) until the exit status."""
         deadline = None if timeout_s is None else time.perf_counter() + timeout_s
@@ -248,3 +258,27 @@ class SSHTransport(ShellTransport):
             if not busy:
                 wait = 0.5 if deadline is None else min(0.5, deadline - now)
                 select.select([chan], [], [], wait if pending is None else min(wait, 0.01))
+
+
+class _SSHSpawned:
+    def __init__(self, transport: SSHTransport, chan: paramiko.Channel) -> None:
+        self.transport, self.chan, self.start = transport, chan, time.perf_counter()
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.chan.sendall(data)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError(f"connection lost: {exc}", host=self.transport.host.name) from None
+
+    def finish(self, timeout_s: float | None = None) -> RawResult:
+        try:
+            out, err, code = self.transport._pump(self.chan, None, timeout_s)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            self.transport._drop()
+            raise TransportError(f"connection lost during a command: {exc}", host=self.transport.host.name) from None
+        finally:
+            self.chan.close()
+        return RawResult(code, out, err, time.perf_counter() - self.start)
+
+    def kill(self) -> None:
+        self.chan.close()

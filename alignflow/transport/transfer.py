@@ -32,6 +32,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import IO, Literal
 
 from alignflow.errors import FingerprintMismatch, PathExists, RemoteCommandError, TransportError
@@ -54,7 +55,8 @@ _PIPE_CHUNK = 1 << 20
 # more than sending a small file twice.
 DIRECT_MIN_BYTES = 32 << 20
 _LOG_EVERY_S = 10.0
-Sender = Callable[[ShellTransport, str, ShellTransport, str, Fingerprint, ProgressFn | None], str]
+# A sender puts the source at `<staging>/payload` on the destination.
+Sender = Callable[[ShellTransport, str, ShellTransport, str, Fingerprint, ProgressFn | None], None]
 
 
 def put(dst: ShellTransport, local: str, remote: str, *, progress: ProgressFn | None = None,
@@ -89,9 +91,15 @@ def copy_between(
     "auto" tries direct, then relay; "direct"/"relay" force one.
     """
     s_path, d_final = src.path(src_path), dst.path(dst_path)
-    want = expected or src.sha256([s_path])[s_path]
+    if expected is None:
+        with ThreadPoolExecutor(max_workers=1) as pool:  # hash the source while the destination is looked at
+            hashing = pool.submit(src.sha256, [s_path])
+            exists = dst.stat(d_final) is not None
+            want = hashing.result()[s_path]
+    else:
+        want, exists = expected, dst.stat(d_final) is not None
     name = f"{src.host.name}:{s_path} -> {dst.host.name}:{d_final}"
-    if dst.stat(d_final) is not None:
+    if exists:
         have = dst.sha256([d_final])[d_final]
         if (have.kind, have.sha256) == (want.kind, want.sha256):
             log.info("%s: already there (sha256 %s), nothing copied", name, want.sha256[:12])
@@ -105,10 +113,19 @@ def copy_between(
     dst.mkdir(staging)
     sender = _sender(src, dst, route)
     reporter = _Reporter(name, want.size, progress)
+    staged = posixpath.join(staging, "payload")
     start = time.perf_counter()
     try:
-        staged = sender(src, s_path, dst, staging, want, reporter)
-        got = dst.sha256([staged], memo=False)[staged]
+        # A directory is hashed on the destination while it arrives (file by file, as each is complete);
+        # a single file can only be hashed once it is all there.
+        follower = dst.follow_sha256(staged) if want.kind == "dir" else None
+        try:
+            sender(src, s_path, dst, staging, want, reporter)
+        except BaseException:
+            if follower is not None:
+                follower.abort()
+            raise
+        got = follower.result() if follower is not None else dst.sha256([staged], memo=False)[staged]
         if (got.kind, got.sha256) != (want.kind, want.sha256):
             raise FingerprintMismatch(
                 f"{dst.host.name}: copy of {src.host.name}:{s_path} refused - the bytes that arrived do not match "
@@ -157,41 +174,37 @@ def _src_dst(s_path: str, staging: str, want: Fingerprint) -> tuple[str, str]:
 
 
 def _local_rsync(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
-                 progress: ProgressFn | None) -> str:
+                 progress: ProgressFn | None) -> None:
     a, b = _src_dst(s_path, staging, want)
     run_streaming([*RSYNC, "--", a, b], host=dst.host.name, progress=progress, total=want.size)
-    return staging + "/payload"
 
 
 def _push(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
-          progress: ProgressFn | None) -> str:
+          progress: ProgressFn | None) -> None:
     assert isinstance(dst, SSHTransport)
     a, b = _src_dst(s_path, staging, want)
     run_streaming([*RSYNC, "-e", dst.openssh.rsh(), "--", a, dst.openssh.remote(b)], host=dst.host.name,
                   progress=progress, total=want.size)
-    return staging + "/payload"
 
 
 def _pull(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
-          progress: ProgressFn | None) -> str:
+          progress: ProgressFn | None) -> None:
     assert isinstance(src, SSHTransport)
     a, b = _src_dst(s_path, staging, want)
     run_streaming([*RSYNC, "-e", src.openssh.rsh(), "--", src.openssh.remote(a), b], host=src.host.name,
                   progress=progress, total=want.size)
-    return staging + "/payload"
 
 
 def _on_host(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
-             progress: ProgressFn | None) -> str:
+             progress: ProgressFn | None) -> None:
     a, b = _src_dst(s_path, staging, want)
     dst.run(["rsync", "-rLpt", "--", a, b])
     if progress is not None:
         progress(want.size, want.size)
-    return staging + "/payload"
 
 
 def _direct(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
-            progress: ProgressFn | None) -> str:
+            progress: ProgressFn | None) -> None:
     assert isinstance(src, SSHTransport)
     assert isinstance(dst, SSHTransport)
     a, b = _src_dst(s_path, staging, want)
@@ -200,34 +213,39 @@ def _direct(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str,
             raise TransportError(f"direct copy to {dst.host.name} impossible: {route.reason}", host=src.host.name)
         argv = src.openssh.ssh_argv(shlex.join(direct_rsync_argv(route, [*RSYNC], a, b)), forward_agent=True)
         run_streaming(argv, host=src.host.name, progress=progress, total=want.size, env=route.env())
-    return staging + "/payload"
 
 
 def _direct_or_relay(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
-                     progress: ProgressFn | None) -> str:
+                     progress: ProgressFn | None) -> None:
     assert isinstance(src, SSHTransport)
     assert isinstance(dst, SSHTransport)
     if want.size < DIRECT_MIN_BYTES:
-        return _relay(src, s_path, dst, staging, want, progress)
+        _relay(src, s_path, dst, staging, want, progress)
+        return
     with DirectRoute(src, dst) as route:
         if route.usable():
             a, b = _src_dst(s_path, staging, want)
             argv = src.openssh.ssh_argv(shlex.join(direct_rsync_argv(route, [*RSYNC], a, b)), forward_agent=True)
             run_streaming(argv, host=src.host.name, progress=progress, total=want.size, env=route.env())
-            return staging + "/payload"
+            return
         log.info("%s -> %s: direct copy not possible (%s); relaying through the controller",
                  src.host.name, dst.host.name, route.reason)
-    return _relay(src, s_path, dst, staging, want, progress)
+    _relay(src, s_path, dst, staging, want, progress)
 
 
 def _relay(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
-           progress: ProgressFn | None) -> str:
+           progress: ProgressFn | None) -> None:
     """tar on the source | this process | tar on the destination: hosts need no route or trust between them."""
     assert isinstance(src, SSHTransport)
     assert isinstance(dst, SSHTransport)
-    parent, base = posixpath.split(s_path)
-    send = src.openssh.ssh_argv(shlex.join(["tar", "-C", parent, "-chf", "-", "--", base]))
-    recv = dst.openssh.ssh_argv(shlex.join(["tar", "-C", staging, "-xpf", "-"]))
+    payload = posixpath.join(staging, "payload")
+    if want.kind == "dir":
+        send = src.openssh.ssh_argv(shlex.join(["tar", "-C", s_path, "-chf", "-", "."]))
+        recv = dst.openssh.ssh_argv(shlex.join(["bash", "-c", 'mkdir -p -- "$1" && exec tar -C "$1" -xpf -',
+                                                "alignflow", payload]))
+    else:
+        send = src.openssh.ssh_argv(shlex.join(["cat", "--", s_path]))
+        recv = dst.openssh.ssh_argv(shlex.join(["bash", "-c", 'exec cat > "$1"', "alignflow", payload]))
     sender = subprocess.Popen(send, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     receiver = subprocess.Popen(recv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert sender.stdout is not None
@@ -256,7 +274,6 @@ def _relay(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, 
     for code, err, host, argv in ((s_code, s_err, src.host.name, send), (r_code, r_err, dst.host.name, recv)):
         if code != 0:
             _raise_process_error(argv, code, err, host)
-    return posixpath.join(staging, base)
 
 
 def _place(dst: ShellTransport, staged: str, final: str, *, overwrite: bool) -> None:

@@ -378,3 +378,33 @@ def test_a_file_changed_between_hashing_and_copying_is_refused_at_the_destinatio
 def test_a_command_killed_by_a_signal_reports_128_plus_the_signal(transport: ShellTransport) -> None:
     done = transport.run(["bash", "-c", "kill -KILL $$"], check=False)
     assert done.exit_code == 128 + 9
+
+
+def test_hashing_while_a_copy_arrives_reports_the_final_bytes(transport: ShellTransport, area: str) -> None:
+    root = f"{area}/incoming"
+    follower = transport.follow_sha256(root)
+    transport.write_text(f"{root}/a.txt", "first")
+    transport.write_text(f"{root}/.tmp-in-progress", "ignored until the end")
+    time.sleep(0.6)  # the follower hashes a.txt now ...
+    transport.run(["bash", "-c", f"printf FIRST > {root}/a.txt"])  # ... and it is rewritten (same size) later
+    transport.run(["bash", "-c", f"printf partial > {root}/b.bin; sleep 0.5; printf more >> {root}/b.bin"])
+    got = follower.result()
+    assert got == transport.sha256([root], memo=False)[root]
+    assert {f.path for f in got.files} == {"a.txt", ".tmp-in-progress", "b.bin"}
+
+
+def test_an_aborted_follower_stops_at_once(transport: ShellTransport, area: str) -> None:
+    follower = transport.follow_sha256(f"{area}/never")
+    follower.abort()
+    assert f"{area}/never" not in transport.run(["ps", "-eo", "args"]).stdout  # the follower is gone
+
+
+def test_a_directory_changed_after_it_was_fingerprinted_is_refused_and_the_diff_named(
+        transport: ShellTransport, area: str) -> None:
+    transport.write_text(f"{area}/ckpt/a.json", "1")
+    transport.write_text(f"{area}/ckpt/b.json", "2")
+    recorded = transport.sha256([f"{area}/ckpt"])[f"{area}/ckpt"]
+    transport.write_text(f"{area}/ckpt/b.json", "3")
+    with pytest.raises(FingerprintMismatch, match=r"differing files: b\.json"):
+        copy_between(transport, f"{area}/ckpt", transport, f"{area}/copy", expected=recorded)
+    assert not transport.exists(f"{area}/copy")
