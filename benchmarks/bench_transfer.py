@@ -45,13 +45,13 @@ for i in range(n):
 """
 
 
-def _baseline(src: SSHTransport, dst: SSHTransport, src_dir: str, dst_dir: str) -> float:
-    """Plain `rsync -a -e ssh` on the source host (default ciphers, no hashing), with the same lent key."""
+def _baseline(src: SSHTransport, dst: SSHTransport, src_dir: str, dst_dir: str, cipher: str | None = None) -> float:
+    """Plain `rsync -a -e ssh` on the source host (no hashing, no staging), with the same lent key."""
     with DirectRoute(src, dst) as route:
         assert route.usable(), route.reason
         h = dst.host
         rsh = (f"ssh -F /dev/null -o StrictHostKeyChecking=yes -o UserKnownHostsFile={route.known_hosts_file}"
-               f" -o BatchMode=yes -p {h.port} -l {h.user}")
+               f" -o BatchMode=yes -p {h.port} -l {h.user}" + (f" -c {cipher}" if cipher else ""))
         cmd = ["rsync", "-a", "-e", rsh, src_dir + "/", f"{h.address}:{dst_dir}/"]
         argv = src.openssh.ssh_argv(shlex.join(cmd), forward_agent=True)
         start = time.perf_counter()
@@ -82,22 +82,26 @@ def main() -> int:
             src = a.path("data")
             t_hash_cold = _timed(lambda: a.sha256([src]))
             c.mkdir("in")
-            times: dict[str, list[float]] = {"rsync": [], "alignflow": [], "relay": []}
+            times: dict[str, list[float]] = {"rsync": [], "rsync-aes": [], "alignflow": [], "relay": []}
             for r in range(args.rounds):
                 methods = {
                     "rsync": lambda r=r: _baseline(a, c, src, c.path(f"in/rsync-{r}")),
+                    "rsync-aes": lambda r=r: _baseline(a, c, src, c.path(f"in/aes-{r}"), "aes128-gcm@openssh.com"),
                     "alignflow": lambda r=r: _timed(lambda: copy_between(a, "data", c, f"in/af-{r}", route="direct")),
                     "relay": lambda r=r: _timed(lambda: copy_between(a, "data", c, f"in/relay-{r}", route="relay")),
                 }
-                order = ["rsync", "alignflow", "relay"] if r % 2 == 0 else ["alignflow", "rsync", "relay"]
+                order = ["rsync", "rsync-aes", "alignflow", "relay"]
+                order = order if r % 2 == 0 else order[::-1]
                 for key in order:
                     os.sync()  # no dirty pages of the previous copy written back during this one
                     times[key].append(methods[key]())
-                c.run(["rm", "-rf", f"in/rsync-{r}", f"in/af-{r}", f"in/relay-{r}"])
+                c.run(["rm", "-rf", f"in/rsync-{r}", f"in/aes-{r}", f"in/af-{r}", f"in/relay-{r}"])
                 print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()), flush=True)
             mbps = {k: size / statistics.median(v) / 1e6 for k, v in times.items()}
             print(f"\nhost -> host, {args.size_mib} MiB in {args.files} files, median of {args.rounds} rounds")
-            print(f"  plain rsync -a -e ssh (on the source): {mbps['rsync']:8.1f} MB/s")
+            print(f"  plain rsync -a -e ssh (on the source): {mbps['rsync']:8.1f} MB/s  (OpenSSH's default cipher)")
+            print(f"  same, ssh -c aes128-gcm@openssh.com  : {mbps['rsync-aes']:8.1f} MB/s  "
+                  f"(alignflow's first cipher) -> alignflow = {mbps['alignflow'] / mbps['rsync-aes']:.2f}x this")
             print(f"  alignflow copy_between (direct)      : {mbps['alignflow']:8.1f} MB/s  "
                   f"= {mbps['alignflow'] / mbps['rsync']:.2f}x rsync (goal >= 0.85x)")
             print(f"  alignflow copy_between (relay)       : {mbps['relay']:8.1f} MB/s  "

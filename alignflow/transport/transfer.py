@@ -6,7 +6,8 @@ Every copy follows the same five steps, whatever the route:
 2. if the destination already holds identical content, nothing moves (re-running a step is free);
 3. the bytes go to a staging name in the destination's directory (`.af-partial-...`);
 4. the destination host hashes the staged copy and compares it with step 1: a file that changed between
-   hashing and copying, or was corrupted on the way, is refused here and the staged copy deleted;
+   hashing and copying, or was corrupted on the way, is refused here and the staged copy deleted (a
+   directory is hashed file by file while it arrives, see follow_hash.py, so this costs little extra time);
 5. only then is the staged copy renamed to its final name, without replacing anything that appeared
    meanwhile. So a partial or wrong copy never sits at the final path.
 
