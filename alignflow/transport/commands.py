@@ -109,20 +109,25 @@ OPS: dict[str, str] = {
     ),
     # $1: staged copy, $2: final path, $3: "1" to replace what is there. Never replaces anything otherwise:
     # rename(2) of a directory fails on a non-empty target, link(2) of a file fails on any target. Exit 6 when
-    # the final path is taken.
+    # the final path is taken. On success the staging directory that held $1 is removed if it is now empty.
     "place": (
         'af_confine "$W" "$1" "$2"\n'
-        'if [ -e "$2" ] || [ -L "$2" ]; then\n'
-        '  [ "$3" = 1 ] || exit 6\n'
-        '  old="$(dirname -- "$2")/.af-replaced-$$-$(basename -- "$2")"\n'
-        '  mv -T -- "$2" "$old" || exit 1\n'
-        '  mv -T -- "$1" "$2" || { mv -T -- "$old" "$2"; exit 1; }\n'
-        '  rm -rf -- "$old"; exit 0\n'
-        'fi\n'
-        'if [ -d "$1" ] && [ ! -L "$1" ]; then mv -T -- "$1" "$2" 2>/dev/null && exit 0; [ -e "$2" ] && exit 6; '
-        'exit 1; fi\n'
-        'ln -T -- "$1" "$2" 2>/dev/null && { rm -f -- "$1"; exit 0; }\n'
-        '[ -e "$2" ] && exit 6\n'
-        'mv -n -T -- "$1" "$2" && [ ! -e "$1" ] || exit 6'
+        'af_place() {\n'
+        '  if [ -e "$2" ] || [ -L "$2" ]; then\n'
+        '    [ "$3" = 1 ] || return 6\n'
+        '    old="$(dirname -- "$2")/.af-replaced-$$-$(basename -- "$2")"\n'
+        '    mv -T -- "$2" "$old" || return 1\n'
+        '    mv -T -- "$1" "$2" || { mv -T -- "$old" "$2"; return 1; }\n'
+        '    rm -rf -- "$old"; return 0\n'
+        '  fi\n'
+        '  if [ -d "$1" ] && [ ! -L "$1" ]; then mv -T -- "$1" "$2" 2>/dev/null && return 0; [ -e "$2" ] && return 6; '
+        'return 1; fi\n'
+        '  ln -T -- "$1" "$2" 2>/dev/null && { rm -f -- "$1"; return 0; }\n'
+        '  [ -e "$2" ] && return 6\n'
+        '  mv -n -T -- "$1" "$2" && [ ! -e "$1" ] || return 6\n'
+        '}\n'
+        'af_place "$@"; rc=$?\n'
+        '[ "$rc" = 0 ] && rmdir -- "$(dirname -- "$1")" 2>/dev/null\n'
+        'exit "$rc"'
     ),
 }

@@ -116,6 +116,7 @@ def copy_between(
     reporter = _Reporter(name, want.size, progress)
     staged = posixpath.join(staging, "payload")
     start = time.perf_counter()
+    placed = False
     try:
         # A directory is hashed on the destination while it arrives (file by file, as each is complete);
         # a single file can only be hashed once it is all there.
@@ -136,12 +137,14 @@ def copy_between(
                 expected=want.sha256,
                 actual=got.sha256,
             )
-        _place(dst, staged, d_final, overwrite=overwrite)
+        _place(dst, staged, d_final, overwrite=overwrite)  # also removes the emptied staging dir
+        placed = True
     finally:
-        try:
-            dst.remove(staging, recursive=True)
-        except Exception as exc:  # cleanup must not mask the copy's own error
-            log.warning("%s: could not remove staging dir %s: %s", dst.host.name, staging, exc)
+        if not placed:
+            try:
+                dst.remove(staging, recursive=True)
+            except Exception as exc:  # cleanup must not mask the copy's own error
+                log.warning("%s: could not remove staging dir %s: %s", dst.host.name, staging, exc)
     elapsed = time.perf_counter() - start
     log.info("%s: %d bytes in %.2f s (%.1f MB/s), sha256 %s verified on %s", name, want.size, elapsed,
              want.size / max(elapsed, 1e-9) / 1e6, want.sha256[:12], dst.host.name)
