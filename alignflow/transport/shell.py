@@ -4,6 +4,9 @@ Subclasses supply one method, `_exec(argv, input, timeout_s)`, that runs an argv
 `LocalTransport`, an SSH channel for `SSHTransport`). Everything else - env and setup lines, workdir
 confinement, detached jobs, hashing, snapshots, small files - is shared, so the embedded default runs the very
 scripts that production runs (ARCHITECTURE §3).
+
+(Longer than the usual 400 lines on purpose: it is the whole Transport protocol over one `_exec`, and
+splitting one class over modules would hide which operation shares which host-side guard.)
 """
 
 from __future__ import annotations
