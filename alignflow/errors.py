@@ -7,7 +7,10 @@ AlignflowError                      retryable?
  |    +-- CommandTimeout            yes
  |    +-- HostUnreachable           yes  the host did not answer within its connect timeout
  |    +-- HostKeyRejected           no   "trust it with: alignflow hosts trust NAME"
+ |    +-- AuthenticationFailed      no   the host refused our key (or the agent had none it accepts)
  +-- PathNotAllowed                 no   a remote path outside the host's workdir
+ +-- PathMissing                    no   a path that must exist on a host does not
+ +-- PathExists                     no   a copy would overwrite different content at its destination
  +-- RemoteCommandError(result)     no   "<host>: `<cmd>` exited 1" + stderr tail
  +-- RemoteJobError(handle, state)  no   failed / lost / cancelled, with the job dir
  +-- ConversionError(problems)      no   every problem listed
@@ -86,12 +89,34 @@ class HostKeyRejected(TransportError):
         super().__init__(f"{message}; if the key is right, trust it with: alignflow hosts trust {host}", host=host)
 
 
+class AuthenticationFailed(TransportError):
+    """The host refused every key offered (identity file or agent). Retrying does not help."""
+
+    retryable = False
+
+
 class PathNotAllowed(AlignflowError):
     """A remote path resolves outside the host's declared workdir."""
 
     def __init__(self, path: str, *, host: str, workdir: str) -> None:
         self.path, self.host, self.workdir = path, host, workdir
         super().__init__(f"{host}: path {path!r} is outside the host's workdir {workdir!r}")
+
+
+class PathMissing(AlignflowError):
+    """A path that must exist on a host does not."""
+
+    def __init__(self, path: str, *, host: str) -> None:
+        self.path, self.host = path, host
+        super().__init__(f"{host}: no such file or directory: {path!r}")
+
+
+class PathExists(AlignflowError):
+    """A transfer's destination already holds different content; nothing was overwritten."""
+
+    def __init__(self, message: str, *, path: str, host: str) -> None:
+        self.path, self.host = path, host
+        super().__init__(f"{host}: {message}")
 
 
 class RemoteCommandError(AlignflowError):
