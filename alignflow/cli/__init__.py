@@ -49,7 +49,9 @@ def main() -> None:
     """Console-script entry point: run the app and map alignflow errors to their exit codes."""
     err = Console(stderr=True)
     try:
-        app(standalone_mode=False)
+        # Non-standalone click *returns* the code of a `typer.Exit` raised in a command instead of raising it.
+        result = app(standalone_mode=False)
+        sys.exit(result if isinstance(result, int) else 0)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except AlignflowError as exc:
@@ -58,12 +60,13 @@ def main() -> None:
     except KeyboardInterrupt:
         err.print("interrupted")
         sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.exceptions.Abort):
-            sys.exit(130)
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
+    except typer.Abort:
+        sys.exit(130)
+    except Exception as exc:  # usage errors arrive here in non-standalone mode
+        # typer >= 0.22 vendors click (`typer._click`), so these are not `click.ClickException`s: match the
+        # interface both share instead of a private class.
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            sys.exit(code)
         raise
