@@ -152,15 +152,31 @@ class HashMemo:
 
     def get(self, path: str, st: os.stat_result) -> str | None:
         """The memoized digest of `path` if its stat still matches and the entry is not racy, else None."""
+        return self.get_many([(path, st)]).get(path)
+
+    def get_many(self, items: Sequence[tuple[str, os.stat_result]]) -> dict[str, str]:
+        """`path -> sha256` for every item whose memo entry still matches its stat and is not racy.
+
+        One query per 500 paths: a directory of thousands of small files costs a few queries, not thousands.
+        """
+        rows: list[tuple[Any, ...]] = []
+        paths = list(dict.fromkeys(p for p, _ in items))
         with self._lock:
-            row = self._connect().execute(
-                "SELECT dev, ino, size, mtime_ns, ctime_ns, hashed_at_ns, sha256 FROM memo WHERE path = ?", (path,)
-            ).fetchone()
-        if row is None or tuple(row[:5]) != _stat_key(st):
-            return None
-        if int(row[5]) - st.st_mtime_ns < RACY_WINDOW_NS:
-            return None  # hashed too soon after its last write: a same-tick rewrite would be invisible
-        return str(row[6])
+            conn = self._connect()
+            for i in range(0, len(paths), 500):
+                chunk = paths[i:i + 500]
+                rows += conn.execute(
+                    "SELECT path, dev, ino, size, mtime_ns, ctime_ns, hashed_at_ns, sha256 FROM memo"
+                    f" WHERE path IN ({','.join('?' * len(chunk))})", chunk
+                ).fetchall()
+        stats = dict(items)
+        hits: dict[str, str] = {}
+        for path, *key, hashed_at_ns, sha256 in rows:
+            st = stats[path]
+            # Not trusted if hashed too soon after its last write: a same-tick rewrite would be invisible.
+            if tuple(key) == _stat_key(st) and int(hashed_at_ns) - st.st_mtime_ns >= RACY_WINDOW_NS:
+                hits[path] = str(sha256)
+        return hits
 
     def put(self, path: str, st: os.stat_result, sha256: str, *, hashed_at_ns: int | None = None) -> None:
         """Remember `sha256` for `path` in the state `st`; `hashed_at_ns` is when reading it began."""
@@ -211,35 +227,33 @@ class Fingerprinter:
 
     def file(self, path: str | Path) -> str:
         """sha256 of one file (memo first)."""
-        return self._file(path, defer=None)[0]
+        return self._single(path)[0]
 
-    def _file(
-        self, path: str | Path, *, defer: list[tuple[str, os.stat_result, str, int]] | None
-    ) -> tuple[str, int]:
-        """(sha256, size) of one file; memo writes go to `defer` (batched by the caller) when given."""
-        real = os.path.realpath(path)
-        st = os.stat(real)
-        if not stat_module.S_ISREG(st.st_mode):
-            raise OSError(f"{path}: not a regular file")
+    def _single(self, path: str | Path) -> tuple[str, int]:
+        """(sha256, size) of one file, both from the same stat."""
+        real, st = _regular_file(path)
         if self.memo is not None:
             hit = self.memo.get(real, st)
             if hit is not None:
                 return hit, st.st_size
+        pending: list[tuple[str, os.stat_result, str, int]] = []
+        digest = self._hash(str(path), real, st, pending)
+        if self.memo is not None:
+            self.memo.put_many(pending)
+        return digest, st.st_size
+
+    def _hash(self, label: str, real: str, st: os.stat_result, pending: list[tuple[str, os.stat_result, str, int]]
+              ) -> str:
+        """Read and hash one file whose stat is `st`; append its memo row to `pending` (written by the caller)."""
         started_ns = time.time_ns()
         digest = sha256_file_uncached(real)
-        after = os.stat(real)
-        if _stat_key(after) != _stat_key(st):
-            raise FileChangedError(f"{path}: changed while being hashed; hash it again once it is written completely")
+        if _stat_key(os.stat(real)) != _stat_key(st):
+            raise FileChangedError(f"{label}: changed while being hashed; hash it again once it is written completely")
         with self._count_lock:
             self.hashed_bytes += st.st_size
             self.hashed_files += 1
-        if self.memo is not None:
-            row = (real, st, digest, started_ns)
-            if defer is None:
-                self.memo.put_many([row])
-            else:
-                defer.append(row)
-        return digest, st.st_size
+        pending.append((real, st, digest, started_ns))  # list.append is atomic: safe from pool threads
+        return digest
 
     def fingerprint(self, path: str | Path) -> Fingerprint:
         """Fingerprint of a file or a directory (manifest included for directories)."""
@@ -250,29 +264,42 @@ class Fingerprinter:
             if p.is_symlink():
                 raise FileNotFoundError(f"{p}: dangling symbolic link")
             raise FileNotFoundError(f"{p}: no such file or directory")
-        digest, size = self._file(p, defer=None)
+        digest, size = self._single(p)
         return Fingerprint(kind="file", sha256=digest, size=size)
 
     def _directory(self, root: Path) -> Fingerprint:
-        files = _list_files(root)
+        files: list[tuple[str, str, str, os.stat_result]] = []  # (relative path, label, real path, stat)
+        for rel, path in _list_files(root):
+            real, st = _regular_file(path)
+            files.append((rel, str(path), real, st))
+        hits = self.memo.get_many([(real, st) for _, _, real, st in files]) if self.memo is not None else {}
         # Largest first: with N workers, a big shard started last would run alone on one core.
-        sized = sorted(files, key=lambda rp: -rp[1].stat().st_size)
+        unique = {real: (label, st) for _, label, real, st in files if real not in hits}
+        todo = sorted(unique.items(), key=lambda item: -item[1][1].st_size)
         pending: list[tuple[str, os.stat_result, str, int]] = []
         try:
-            if len(sized) > 1 and self.workers > 1:
-                with ThreadPoolExecutor(max_workers=min(self.workers, len(sized))) as pool:
-                    results = list(pool.map(lambda rp: self._file(rp[1], defer=pending), sized))
+            if len(todo) > 1 and self.workers > 1:
+                with ThreadPoolExecutor(max_workers=min(self.workers, len(todo))) as pool:
+                    digests = list(pool.map(lambda item: self._hash(item[1][0], item[0], item[1][1], pending), todo))
             else:
-                results = [self._file(p, defer=pending) for _, p in sized]
+                digests = [self._hash(label, real, st, pending) for real, (label, st) in todo]
         finally:
             if self.memo is not None:
                 self.memo.put_many(pending)  # what was hashed stays memoized even if another file failed
-        entries = tuple(
-            sorted((FileEntry(rel, d, n) for (rel, _), (d, n) in zip(sized, results, strict=True)),
-                   key=lambda e: e.path)
-        )
+        hits.update({real: d for (real, _), d in zip(todo, digests, strict=True)})
+        entries = tuple(sorted((FileEntry(rel, hits[real], st.st_size) for rel, _, real, st in files),
+                               key=lambda e: e.path))
         digest = hashlib.sha256(canonical_manifest(entries)).hexdigest()
         return Fingerprint(kind="dir", sha256=digest, size=sum(e.size for e in entries), files=entries)
+
+
+def _regular_file(path: str | Path) -> tuple[str, os.stat_result]:
+    """(real path, stat) of a regular file; the memo is keyed by the real path."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    if not stat_module.S_ISREG(st.st_mode):
+        raise OSError(f"{path}: not a regular file")
+    return real, st
 
 
 def _list_files(root: Path) -> list[tuple[str, Path]]:
