@@ -108,9 +108,18 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Runs recorded in the store, newest first (id, experiment, parent, trigger, status, verdict, started,
         duration); with a RUN id, that run's steps, artifacts and comparison."""
-        from alignflow.store import Store
+        from alignflow.state import database_url
+        from alignflow.store import Store, database
 
-        with Store.open() as store:
+        url = database_url()
+        missing = database.missing_sqlite_file(url)
+        if missing is not None:  # a read-only command does not create a store as a side effect
+            if run_id is not None:
+                typer.echo(f"no store at {missing}; nothing has been recorded yet", err=True)
+                raise typer.Exit(1)
+            typer.echo("[]" if as_json else f"no runs recorded: no store at {missing} yet")
+            return
+        with Store.open(url) as store:
             if run_id is not None:
                 _show_run(store, run_id, as_json)
                 return

@@ -70,6 +70,15 @@ def mask_url(url: str | URL) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
+def missing_sqlite_file(url: str) -> Path | None:
+    """The SQLite file `url` names if it does not exist yet (None for PostgreSQL or an existing file)."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    path = Path(parsed.database).expanduser()
+    return None if path.exists() else path
+
+
 def create_store_engine(url: str) -> Engine:
     """An engine for the store at `url`, set up for safe concurrent use (see the module docstring)."""
     parsed = parse_url(url)
@@ -216,7 +225,10 @@ def new_revision(message: str) -> Path:
         try:
             upgrade(engine)
             with engine.begin() as conn:
-                script = command.revision(alembic_config(conn), message=message, autogenerate=True)
+                head = head_revision()
+                # Sequential ids (0001, 0002, ...) keep the versions folder in migration order.
+                rev_id = f"{int(head) + 1:04d}" if head.isdigit() else None
+                script = command.revision(alembic_config(conn), message=message, autogenerate=True, rev_id=rev_id)
         finally:
             engine.dispose()
     scripts = script if isinstance(script, list) else [script]

@@ -151,9 +151,19 @@ def test_history_of_an_unknown_experiment_or_run_fails_clearly(
 
 
 def test_history_on_an_empty_store_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    code, out, _ = _invoke(["history"], monkeypatch, f"sqlite:///{tmp_path / 'store.sqlite'}")
+    url = f"sqlite:///{tmp_path / 'store.sqlite'}"
+    Store.open(url).close()
+    code, out, _ = _invoke(["history"], monkeypatch, url)
     assert code == 0
     assert out.startswith("no runs recorded in sqlite:///")
+
+
+def test_history_does_not_create_a_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'state' / 'store.sqlite'}"
+    code, out, _ = _invoke(["history"], monkeypatch, url)
+    assert (code, out.strip()) == (0, f"no runs recorded: no store at {tmp_path / 'state' / 'store.sqlite'} yet")
+    assert _invoke(["history", "--json"], monkeypatch, url)[:2] == (0, "[]\n")
+    assert not (tmp_path / "state").exists()
 
 
 @pytest.mark.slow
