@@ -81,7 +81,7 @@ class StoreBase:
     @contextmanager
     def _write(self, what: str) -> Iterator[Session]:
         try:
-            with Session(self._engine, expire_on_commit=False) as session, session.begin():
+            with Session(self._engine, expire_on_commit=False, info={"write": True}) as session, session.begin():
                 yield session
         except IntegrityError as exc:
             raise StoreError(f"{self.url}: {what}: rejected by the database: {_first_line(exc)}") from exc
@@ -110,9 +110,9 @@ class StoreBase:
     def _resolve(s: Session, model: type[Run] | type[StepRun], ident: str, what: str) -> str:
         """The full id for a full id or a unique prefix; RecordNotFound otherwise (listing the candidates)."""
         check_id_prefix(ident, what)
-        if s.get(model, ident) is not None:
-            return ident
         matches = list(s.scalars(select(model.id).where(model.id.startswith(ident)).order_by(model.id).limit(6)))
+        if ident in matches:
+            return ident
         if not matches:
             raise RecordNotFound(f"{what} {ident!r}: no such id - see `alignflow history`")
         if len(matches) > 1:
@@ -120,13 +120,22 @@ class StoreBase:
             raise RecordNotFound(f"{what} {ident!r}: ambiguous prefix, matches {shown}; give more characters")
         return matches[0]
 
+    @staticmethod
+    def _locked(s: Session) -> bool:
+        # In a write transaction every run / step-run row is read FOR UPDATE (PostgreSQL; SQLite's BEGIN IMMEDIATE
+        # already serializes writers): a step cannot be started in a run that another process is finishing.
+        return bool(s.info.get("write"))
+
     def _run_row(self, s: Session, run_id: str) -> Run:
-        row = s.get(Run, self._resolve(s, Run, run_id, "run"))
+        lock = self._locked(s)
+        row = s.get(Run, self._resolve(s, Run, run_id, "run"), with_for_update=lock, populate_existing=lock)
         assert row is not None
         return row
 
     def _step_row(self, s: Session, step_run_id: str) -> StepRun:
-        row = s.get(StepRun, self._resolve(s, StepRun, step_run_id, "step run"))
+        lock = self._locked(s)
+        row = s.get(StepRun, self._resolve(s, StepRun, step_run_id, "step run"), with_for_update=lock,
+                    populate_existing=lock)
         assert row is not None
         return row
 

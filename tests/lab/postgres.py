@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 SERVER_USER = "postgres"  # the OS user when running as root, and the database superuser in every case
+BASE_PREFIX = "alignflow-pg-"
 
 
 def find_bindir() -> Path:
@@ -106,11 +107,30 @@ def _run(argv: list[str], what: str, log: Path | None = None) -> None:
                     f"{out.stdout}\n{out.stderr}\n{tail}", pytrace=False)
 
 
+def _reap_orphans(bindir: Path, prefix: list[str]) -> None:
+    """Stop servers left by test sessions that were killed before their teardown (their owner pid is gone)."""
+    for owner_file in Path(tempfile.gettempdir()).glob(f"{BASE_PREFIX}*/owner.pid"):
+        try:
+            owner = int(owner_file.read_text().strip())
+            os.kill(owner, 0)
+            continue  # its session is still running
+        except ProcessLookupError:
+            pass
+        except (OSError, ValueError):
+            continue  # not ours to judge (another user's, or being written)
+        base = owner_file.parent
+        subprocess.run([*prefix, str(bindir / "pg_ctl"), "-D", str(base / "data"), "-m", "immediate", "-w", "stop"],
+                       capture_output=True, check=False, timeout=120)
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def start_server() -> PostgresServer:
     bindir = find_bindir()
     prefix = _as_server_user()
+    _reap_orphans(bindir, prefix)
     # Not under pytest's basetemp: that is mode 0700 and owned by the test user, which `postgres` cannot enter.
-    base = Path(tempfile.mkdtemp(prefix="alignflow-pg-"))
+    base = Path(tempfile.mkdtemp(prefix=BASE_PREFIX))
+    (base / "owner.pid").write_text(str(os.getpid()))
     socket_dir = base / "sock"
     socket_dir.mkdir()
     if prefix:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from alignflow.errors import ImmutableRecord
 from alignflow.store import RunStatus, StepStatus, Store
 from tests.store.conftest import CONFIG, CONFIG_SHA
 
@@ -111,3 +112,37 @@ def test_two_processes_finishing_one_run_leave_exactly_one_outcome(
         run = store.get_run(run_id)
     winner = "pass" if outcomes[0][0].strip() == "finished" else "fail"
     assert (run.status, run.verdict) == (status, winner)
+
+
+@pytest.mark.integration
+def test_a_step_cannot_start_in_a_run_that_another_transaction_is_finishing(postgres_url: str) -> None:
+    """PostgreSQL runs writers concurrently: start_step must wait for the run row, then see it finished."""
+    from sqlalchemy import create_engine, text
+
+    with Store.open(postgres_url) as store:
+        store.ensure_experiment("demo", config=CONFIG, config_sha256=CONFIG_SHA)
+        run_id = store.create_run("demo", trigger="cli", code_version="v", params={}).id
+        finisher = create_engine(postgres_url)
+        observer = create_engine(postgres_url)
+        pool = ThreadPoolExecutor(max_workers=1)
+        try:
+            with finisher.begin() as conn:  # another process finishing the run: holds the row until commit
+                conn.execute(text("SELECT id FROM runs WHERE id = :id FOR UPDATE"), {"id": run_id})
+                attempt = pool.submit(store.start_step, run_id, "gpu_train", host="cuda", command="c",
+                                      cache_key="k", inputs={})
+                deadline = time.monotonic() + 60
+                with observer.connect() as obs:
+                    while not obs.execute(text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    )).scalar():
+                        assert not attempt.done(), f"start_step did not wait for the run row: {attempt.result()}"
+                        assert time.monotonic() < deadline, "start_step never blocked on the run row"
+                        time.sleep(0.01)
+                conn.execute(text("UPDATE runs SET status = 'cancelled' WHERE id = :id"), {"id": run_id})
+            with pytest.raises(ImmutableRecord, match="is cancelled; cannot start step gpu_train"):
+                attempt.result(timeout=60)
+        finally:
+            pool.shutdown(wait=True)
+            finisher.dispose()
+            observer.dispose()
+        assert store.steps(run_id) == []
