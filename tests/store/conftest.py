@@ -3,23 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from alignflow.store import Store
-
-
-class TickingClock:
-    """A clock that advances one second per reading, so that order by time is deterministic in tests."""
-
-    def __init__(self, start: datetime = datetime(2026, 1, 1, tzinfo=UTC)) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        self.now += timedelta(seconds=1)
-        return self.now
+from tests.store.sample import TickingClock
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
@@ -38,9 +27,3 @@ def clock() -> TickingClock:
 def store(db_url: str, clock: TickingClock) -> Iterator[Store]:
     with Store.open(db_url, clock=clock) as s:
         yield s
-
-
-CONFIG = {"name": "demo", "model": {"hidden_size": 64}}
-CONFIG_SHA = "a" * 64
-SHA_B = "b" * 64
-SHA_C = "c" * 64

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from alignflow.cli import app
 from alignflow.store import Store, database
 from tests.lab.postgres import PostgresServer
-from tests.store.conftest import CONFIG, CONFIG_SHA, SHA_C, TickingClock
+from tests.store.sample import CONFIG, CONFIG_SHA, SHA_C, TickingClock
 
 runner = CliRunner()
 

@@ -13,7 +13,7 @@ import pytest
 
 from alignflow.errors import ImmutableRecord
 from alignflow.store import RunStatus, StepStatus, Store
-from tests.store.conftest import CONFIG, CONFIG_SHA
+from tests.store.sample import CONFIG, CONFIG_SHA
 
 PER_WRITER = 25
 

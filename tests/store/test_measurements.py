@@ -10,7 +10,7 @@ import pytest
 
 from alignflow.errors import ImmutableRecord, StoreError
 from alignflow.store import Store
-from tests.store.conftest import CONFIG, CONFIG_SHA
+from tests.store.sample import CONFIG, CONFIG_SHA
 
 
 def _run(store: Store) -> str:

@@ -10,7 +10,7 @@ import pytest
 from alignflow.errors import ImmutableRecord, RecordNotFound, StoreError
 from alignflow.store import PASS_VERDICT, RunStatus, StepStatus, Store
 from alignflow.store import base as store_base
-from tests.store.conftest import CONFIG, CONFIG_SHA, SHA_B, SHA_C
+from tests.store.sample import CONFIG, CONFIG_SHA, SHA_B, SHA_C
 
 
 def _run(store: Store, **kw: object) -> str:
