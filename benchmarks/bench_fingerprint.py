@@ -11,7 +11,8 @@ prints MB/s (10^6 bytes/s) and ratios for:
 3. re-hashing the unchanged directory through the memo vs the first (memo-filling) pass   goal >= 50x faster
 
 Every file is read once before timing, so all tools hash from the page cache: the figures compare hashing,
-not the disk. Each figure is the best of `--repeat` runs (least disturbed by other load on a shared machine).
+not the disk. The tools take turns in `--repeat` rounds and each figure is a tool's best round (the one least
+disturbed by other load on a shared machine; the load average is printed).
 """
 
 from __future__ import annotations
@@ -48,13 +49,25 @@ def _warm(paths: list[Path]) -> None:
                 pass
 
 
-def _best(repeat: int, fn: Callable[[], object]) -> float:
-    times = []
+def _best_interleaved(
+    repeat: int, contenders: dict[str, Callable[[], object]]
+) -> dict[str, tuple[float, float]]:
+    """(best wall time, CPU seconds of this process in that round) of each contender over `repeat` rounds, the
+    contenders taking turns within each round.
+
+    Taking turns spreads the load of a shared machine over all contenders instead of letting a busy minute fall
+    on one of them; the best time is the one least disturbed. CPU/wall of an in-process contender shows how many
+    cores it actually got (external tools run in child processes, not counted).
+    """
+    best = dict.fromkeys(contenders, (float("inf"), 0.0))
     for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
+        for name, fn in contenders.items():
+            cpu, start = time.process_time(), time.perf_counter()
+            fn()
+            wall = time.perf_counter() - start
+            if wall < best[name][0]:
+                best[name] = (wall, time.process_time() - cpu)
+    return best
 
 
 def _tool(argv: list[str]) -> Callable[[], object]:
@@ -67,7 +80,7 @@ def _tool(argv: list[str]) -> Callable[[], object]:
 def _row(label: str, nbytes: int, seconds: float, baseline: float | None) -> None:
     mbps = nbytes / seconds / 1e6
     ratio = f"{baseline / seconds:6.2f}x openssl" if baseline else ""
-    print(f"  {label:<44} {seconds:8.3f} s {mbps:9.0f} MB/s   {ratio}")
+    print(f"  {label:<50} {seconds:8.3f} s {mbps:9.0f} MB/s   {ratio}")
 
 
 def main() -> int:
@@ -103,10 +116,13 @@ def main() -> int:
         print(f"openssl: {subprocess.run(['openssl', 'version'], capture_output=True, text=True).stdout.strip()}")
 
         print(f"\n1. one file, {total / 2**20:.0f} MiB")
-        t_ossl = _best(args.repeat, _tool(["openssl", "dgst", "-sha256", str(big)]))
-        t_sum = _best(args.repeat, _tool(["sha256sum", str(big)]))
-        t_af = _best(args.repeat, lambda: sha256_file_uncached(big))
-        t_cli = _best(args.repeat, _tool([sys.executable, "-m", "alignflow.fingerprint", "--no-memo", str(big)]))
+        t = _best_interleaved(args.repeat, {
+            "openssl": _tool(["openssl", "dgst", "-sha256", str(big)]),
+            "sha256sum": _tool(["sha256sum", str(big)]),
+            "alignflow": lambda: sha256_file_uncached(big),
+            "cli": _tool([sys.executable, "-m", "alignflow.fingerprint", "--no-memo", str(big)]),
+        })
+        t_ossl, t_sum, t_af, t_cli = (t[k][0] for k in ("openssl", "sha256sum", "alignflow", "cli"))
         _row("openssl dgst -sha256", total, t_ossl, t_ossl)
         _row("sha256sum", total, t_sum, t_ossl)
         _row("alignflow (library)", total, t_af, t_ossl)
@@ -115,14 +131,18 @@ def main() -> int:
 
         print(f"\n2. directory, {args.files} files, {shard_bytes / 2**20:.0f} MiB")
         names = [str(p) for p in shards]
-        d_ossl = _best(args.repeat, _tool(["openssl", "dgst", "-sha256", *names]))
-        d_sum = _best(args.repeat, _tool(["sha256sum", *names]))
-        d_one = _best(args.repeat, lambda: Fingerprinter(workers=1).fingerprint(shard_dir))
-        d_par = _best(args.repeat, lambda: Fingerprinter(workers=cores).fingerprint(shard_dir))
+        d = _best_interleaved(args.repeat, {
+            "openssl": _tool(["openssl", "dgst", "-sha256", *names]),
+            "sha256sum": _tool(["sha256sum", *names]),
+            "one": lambda: Fingerprinter(workers=1).fingerprint(shard_dir),
+            "parallel": lambda: Fingerprinter(workers=cores).fingerprint(shard_dir),
+        })
+        d_ossl, d_sum, d_one, d_par = (d[k][0] for k in ("openssl", "sha256sum", "one", "parallel"))
         _row("openssl dgst -sha256 (one stream)", shard_bytes, d_ossl, d_ossl)
         _row("sha256sum (one stream)", shard_bytes, d_sum, d_ossl)
         _row("alignflow, 1 worker", shard_bytes, d_one, d_ossl)
         _row(f"alignflow, {cores} workers", shard_bytes, d_par, d_ossl)
+        print(f"  (alignflow, {cores} workers: CPU/wall {d['parallel'][1] / d_par:.2f} - the cores it actually got)")
         dir_ratio = d_ossl / d_par
 
         print("\n3. memo: re-hashing the unchanged directory")
@@ -144,7 +164,7 @@ def main() -> int:
             m_again = min(m_again, time.perf_counter() - start)
             assert again.hashed_bytes == 0, "the memo missed on unchanged files"
         _row("first pass (hash + fill the memo)", shard_bytes, m_first, None)
-        print(f"  {'second pass (memo hits, 0 bytes read)':<44} {m_again:8.4f} s   {m_first / m_again:9.0f}x faster")
+        print(f"  {'second pass (memo hits, 0 bytes read)':<50} {m_again:8.4f} s   {m_first / m_again:9.0f}x faster")
         memo_ratio = m_first / m_again
 
         print("\nsummary (goal):")
