@@ -106,8 +106,7 @@ def register(app: typer.Typer) -> None:
         limit: int = typer.Option(50, "--limit", "-n", min=1, help="At most this many runs."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     ) -> None:
-        """Runs recorded in the store, newest first (id, experiment, parent, trigger, status, verdict, started,
-        duration); with a RUN id, that run's steps, artifacts and comparison."""
+        """Runs recorded in the store, newest first; with a RUN id, that run's steps, artifacts and comparison."""
         from alignflow.state import database_url
         from alignflow.store import Store, database
 
