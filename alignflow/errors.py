@@ -17,7 +17,10 @@ AlignflowError                      retryable?
  +-- LogParseError(source, line)    no
  +-- SentinelError                  no   a framework line that invalidates a run that exited 0
  +-- FingerprintMismatch            no
- +-- StoreError                     no
+ +-- StoreError                     no   the database cannot be opened, migrated or written
+ |    +-- StoreSchemaError          no   schema behind ("run `alignflow db upgrade`") or from a newer alignflow
+ |    +-- RecordNotFound            no   unknown id, ambiguous id prefix, unknown experiment
+ |    +-- ImmutableRecord           no   a finished run / step run cannot change; a re-run makes new rows
  +-- PipelineError                  no   a step cannot run (missing upstream artifact, unknown step)
 ```
 
@@ -176,6 +179,18 @@ class FingerprintMismatch(AlignflowError):
 
 class StoreError(AlignflowError):
     """The store (database) cannot be opened, migrated or written."""
+
+
+class StoreSchemaError(StoreError):
+    """The database schema is behind this alignflow (run `alignflow db upgrade`) or was made by a newer one."""
+
+
+class RecordNotFound(StoreError):
+    """No record has the requested id, or an id prefix matches several records."""
+
+
+class ImmutableRecord(StoreError):
+    """A finished record cannot change: nothing recorded is overwritten, a re-run creates new records."""
 
 
 class PipelineError(AlignflowError):

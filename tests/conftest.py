@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
+# Lab fixtures with real processes: `postgres_server` (session), `postgres_url` (an empty database per test).
+pytest_plugins = ["tests.lab.postgres"]
+
 
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
