@@ -76,6 +76,7 @@ def write_tokens(path: str | Path, tokens: npt.NDArray[Any]) -> str:
     try:
         with os.fdopen(fd, "wb") as f:
             np.save(f, np.ascontiguousarray(tokens, dtype=TOKEN_DTYPE), allow_pickle=False)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; the data file is meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -97,6 +97,10 @@ def train(cfg: MindFormersConfig, *, clock: Callable[[], float] = time.perf_coun
     ms.set_seed(tr.seed)
     np.random.seed(tr.seed)
     log.info("Running MindFormers in PYNATIVE_MODE.", extra={"site": "trainer"})
+    gbs, mbs = tr.global_batch_size, tr.local_batch_size
+    data = load_data(cfg.data_file, seq_length=spec.seq_length, seed=cfg.train_dataset.dataloader.config.seed,
+                     vocab_size=spec.vocab_size, samples_needed=tr.steps * gbs, expected_sha256=cfg.twin.data_sha256,
+                     where=WHERE)
 
     net = TwinGPTMindSpore(spec)
     settings = OptimSettings(schedule=cfg.lr_schedule(), weight_decay=cfg.optimizer.weight_decay,
@@ -113,10 +117,6 @@ def train(cfg: MindFormersConfig, *, clock: Callable[[], float] = time.perf_coun
         optimizer.load_state(loaded_opt, where=WHERE)
     else:
         optimizer.round_params_to_bf16()
-    gbs, mbs = tr.global_batch_size, tr.local_batch_size
-    data = load_data(cfg.data_file, seq_length=spec.seq_length, seed=cfg.train_dataset.dataloader.config.seed,
-                     vocab_size=spec.vocab_size, samples_needed=tr.steps * gbs, expected_sha256=cfg.twin.data_sha256,
-                     where=WHERE)
     grad_fn = ms.value_and_grad(net, None, net.trainable_params(), has_aux=True)
     norm_fn, update_fn = global_norm, optimizer
     if cfg.twin.jit:

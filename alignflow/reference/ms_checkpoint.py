@@ -147,4 +147,5 @@ def _write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; a tracker is as readable as the checkpoint it names
     os.replace(tmp, path)

@@ -16,7 +16,9 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -130,7 +132,7 @@ def save_checkpoint(
     *,
     optimizer: dict[str, Any] | None,
     microseconds: bool,
-    now: Any,
+    now: Callable[[], datetime],
 ) -> Path:
     """Write `iter_%07d/mp_rank_00/model_optim_rng.pt` and then the tracker (tensors and primitives only)."""
     log.info(fmt.megatron_saving_line(now(), str(save_dir), iteration, microseconds=microseconds))
@@ -158,4 +160,5 @@ def _write_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; a tracker is as readable as the checkpoint it names
     os.replace(tmp, path)

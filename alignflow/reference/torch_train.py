@@ -63,7 +63,7 @@ def train(ns: argparse.Namespace, *, clock: Callable[[], float] = time.perf_coun
 
     spec = twin_spec(model_config_from_megatron(ns))
     version = ns.twin_megatron_version
-    micros = timestamp_has_microseconds(version)
+    micros = first_print = timestamp_has_microseconds(version)  # both changed in megatron-core 0.16
     device = torch.device("cuda" if ns.twin_device == "cuda" or (ns.twin_device == "auto"
                                                                   and torch.cuda.is_available()) else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on the GPU too
@@ -72,13 +72,15 @@ def train(ns: argparse.Namespace, *, clock: Callable[[], float] = time.perf_coun
         torch.use_deterministic_algorithms(True)
     torch.manual_seed(ns.seed)
     orig_vocab, padded = padded_vocab_size(ns)
+    gbs = ns.global_batch_size or ns.micro_batch_size
+    data = load_data(data_file(ns), seq_length=spec.seq_length, seed=ns.seed, vocab_size=orig_vocab,
+                     samples_needed=ns.train_iters * gbs, expected_sha256=ns.twin_data_sha256, where=WHERE)
     log.info(fmt.megatron_padded_vocab_line(orig_vocab, padded))
     model = TwinGPTTorch(spec, mtp_inner_name=mtp_inner_name(version))
     names = list(model.state_dict())
     layout = megatron_layout(names, ns.transformer_impl, grouped_gemm=ns.moe_grouped_gemm)
     log.info(f" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): "
              f"{sum(p.numel() for p in model.parameters())}")
-    gbs = ns.global_batch_size or ns.micro_batch_size
     settings = OptimSettings(
         schedule=LRSchedule(max_lr=ns.lr, min_lr=ns.min_lr, warmup_steps=ns.lr_warmup_iters,
                             decay_steps=ns.lr_decay_iters or ns.train_iters, style=ns.lr_decay_style,
@@ -99,8 +101,6 @@ def train(ns: argparse.Namespace, *, clock: Callable[[], float] = time.perf_coun
         optimizer.load_state_dict(opt_state, where=WHERE)
     else:
         optimizer.round_params_to_bf16()
-    data = load_data(data_file(ns), seq_length=spec.seq_length, seed=ns.seed, vocab_size=orig_vocab,
-                     samples_needed=ns.train_iters * gbs, expected_sha256=ns.twin_data_sha256, where=WHERE)
     log.info("training ...")
     micro = gbs // ns.micro_batch_size
     moe_layers = model.moe_layers()
@@ -134,16 +134,20 @@ def train(ns: argparse.Namespace, *, clock: Callable[[], float] = time.perf_coun
         model.update_expert_bias(counts)
         iters_in_interval += 1
         out.append({"iteration": it, "grad_norm": norm, "lr": settings.schedule(it), **dict(interval.averages())})
-        if it % ns.log_interval == 0 or it == iteration + 1:
+        # megatron-core >= 0.16 also prints the first iteration but does not reset its accumulators then, so
+        # the next line averages the first interval including iteration 1 (with --log-interval 1: iteration 2
+        # shows the mean of iterations 1 and 2), as training.py's `should_reset = not is_first_iteration`.
+        first = first_print and it == iteration + 1
+        if it % ns.log_interval == 0 or first:
             elapsed = (clock() - t_interval) * 1000.0 / iters_in_interval
             log.info(fmt.megatron_iteration_line(
                 now=now(), microseconds=micros, iteration=it, train_iters=ns.train_iters,
                 consumed_samples=it * gbs, elapsed_ms=elapsed, lr=settings.schedule(it), global_batch_size=gbs,
                 losses=interval.averages(), grad_norm=norm if math.isfinite(norm) else None,
                 skipped_iterations=skipped, nan_iterations=nans))
-            if it != iteration + 1:  # Megatron keeps accumulating after the first iteration's print
+            if not first:
                 interval, skipped, nans = _Interval(), 0, 0
-            t_interval, iters_in_interval = clock(), 0
+                t_interval, iters_in_interval = clock(), 0
         if ns.save and (it == ns.train_iters or (ns.save_interval and it % ns.save_interval == 0)):
             model.to("cpu")
             save_checkpoint(model, Path(ns.save), it, layout, microseconds=micros, now=now,
