@@ -49,7 +49,8 @@ def main() -> None:
     """Console-script entry point: run the app and map alignflow errors to their exit codes."""
     err = Console(stderr=True)
     try:
-        app(standalone_mode=False)
+        # In non-standalone mode click *returns* the code of a `typer.Exit` raised by a command.
+        rc = app(standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except AlignflowError as exc:
@@ -67,3 +68,4 @@ def main() -> None:
             exc.show()
             sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
         raise
+    sys.exit(rc if isinstance(rc, int) else 0)
