@@ -22,7 +22,8 @@ def test_generation_is_reproducible_and_seed_dependent(tmp_path: Path) -> None:
 
 def test_tokens_have_learnable_structure() -> None:
     tokens = generate_tokens(50_000, seed=3).astype(np.int64)
-    assert tokens.min() >= 0 and tokens.max() == 255  # 255 = end of document
+    assert tokens.min() >= 0
+    assert tokens.max() == 255
     counts = np.zeros((256, 256))
     np.add.at(counts, (tokens[:-1], tokens[1:]), 1)
     p_next = counts / np.maximum(counts.sum(1, keepdims=True), 1)

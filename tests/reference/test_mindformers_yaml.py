@@ -28,15 +28,19 @@ def _cfg(name: str = "twin-moe", **kw: object) -> dict[str, object]:
 def test_rendered_yaml_reads_back_as_the_same_model(tmp_path: Path, name: str) -> None:
     cfg = load_mindformers_config(_write(tmp_path, _cfg(name)))
     assert twin_spec(model_config_from_mindformers(cfg)) == twin_spec(preset(name))
-    assert cfg.checkpoint.load_path == "ckpt" and cfg.checkpoint.no_load_optim
-    assert cfg.twin.data_sha256 == "a" * 64 and cfg.data_file == "d.tokens"
+    assert cfg.checkpoint.load_path == "ckpt"
+    assert cfg.checkpoint.no_load_optim
+    assert cfg.twin.data_sha256 == "a" * 64
+    assert cfg.data_file == "d.tokens"
 
 
 def test_schedule_keys_map_to_megatron_s_schedule(tmp_path: Path) -> None:
     cfg = load_mindformers_config(_write(tmp_path, _cfg(lr_decay_style="cosine", min_lr=1e-4)))
     schedule = cfg.lr_schedule()
     assert (schedule.style, schedule.warmup_steps, schedule.decay_steps, schedule.min_lr) == ("cosine", 3, 30, 1e-4)
-    assert schedule(0) == 0.0 and schedule(3) == 1e-3 and schedule(30) == pytest.approx(1e-4)
+    assert schedule(0) == 0.0
+    assert schedule(3) == 1e-3
+    assert schedule(30) == pytest.approx(1e-4)
 
 
 def test_unknown_keys_are_rejected_with_file_line_and_path(tmp_path: Path) -> None:
@@ -50,7 +54,8 @@ def test_unknown_keys_are_rejected_with_file_line_and_path(tmp_path: Path) -> No
     assert set(problems) == {"training.sed", "model.model_config.num_expert"}
     lines = path.read_text().splitlines()
     for key, (where, line) in problems.items():
-        assert where == str(path) and line is not None
+        assert where == str(path)
+        assert line is not None
         assert lines[line - 1].strip().startswith(key.rsplit(".", 1)[1] + ":")
 
 

@@ -15,8 +15,11 @@ def test_default_preset_is_the_issue_model() -> None:
     assert spec.moe is not None
     assert (spec.moe.num_experts, spec.moe.topk, spec.moe.ffn_hidden_size, spec.moe.shared_ffn_hidden_size) == (
         4, 2, 64, 64)
-    assert spec.moe.shared_expert_gate and spec.moe.score_function == "softmax" and not spec.moe.expert_bias
-    assert spec.mtp_num_layers == 1 and spec.mtp_inner_is_moe
+    assert spec.moe.shared_expert_gate
+    assert spec.moe.score_function == "softmax"
+    assert not spec.moe.expert_bias
+    assert spec.mtp_num_layers == 1
+    assert spec.mtp_inner_is_moe
     assert spec.qkv_rows == 256
     # Megatron divides the logged aux loss by decoder MoE layers + MTP layers
     assert spec.num_moe_layers_for_logging == 4
@@ -24,9 +27,13 @@ def test_default_preset_is_the_issue_model() -> None:
 
 def test_bias_and_dense_presets() -> None:
     bias = twin_spec(preset("twin-moe-bias"))
-    assert bias.moe is not None and bias.moe.score_function == "sigmoid" and bias.moe.expert_bias
+    assert bias.moe is not None
+    assert bias.moe.score_function == "sigmoid"
+    assert bias.moe.expert_bias
     dense = twin_spec(preset("twin-dense"))
-    assert dense.moe is None and not any(dense.moe_layers) and not dense.mtp_inner_is_moe
+    assert dense.moe is None
+    assert not any(dense.moe_layers)
+    assert not dense.mtp_inner_is_moe
     assert set(PRESETS) == {"twin-moe", "twin-moe-bias", "twin-dense"}
 
 

@@ -38,7 +38,8 @@ def test_mtp_inner_layer_name_follows_the_megatron_core_version() -> None:
 def test_transformer_engine_names_are_the_contract_s() -> None:
     layout = megatron_layout(_model().state_dict(), "transformer_engine")
     m = layout.to_checkpoint
-    assert m["decoder.layers.0.input_layernorm.weight"] == "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight"
+    assert m["decoder.layers.0.input_layernorm.weight"] == (
+        "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight")
     assert m["decoder.layers.0.pre_mlp_layernorm.weight"] == "decoder.layers.0.mlp.linear_fc1.layer_norm_weight"
     assert m["decoder.layers.1.pre_mlp_layernorm.weight"] == "decoder.layers.1.pre_mlp_layernorm.weight"  # MoE keeps it
     assert m["decoder.layers.2.mlp.experts.local_experts.3.linear_fc2.weight"] == (
@@ -58,12 +59,14 @@ def test_saved_checkpoints_load_strictly_with_weights_only(tmp_path: Path, flavo
     source, target = _model(seed=1), _model(seed=2)
     path = _save(source, tmp_path, flavour)
     state = torch.load(path, weights_only=True)
-    assert state["checkpoint_version"] == 3.0 and state["iteration"] == 1
+    assert state["checkpoint_version"] == 3.0
+    assert state["iteration"] == 1
     assert (tmp_path / TRACKER).read_text() == "1"
     layout = megatron_layout(target.state_dict(), flavour)  # type: ignore[arg-type]
     with caplog.at_level(logging.INFO):
         result = load_checkpoint(target, tmp_path, layout, finetune=True, where="t")
-    assert result.strict and result.iteration == 0
+    assert result.strict
+    assert result.iteration == 0
     assert "load_return:" not in caplog.text
     assert f"  successfully loaded checkpoint from {tmp_path} [ t 1/1, gtp_remat 1/1, p 1/1 ] at iteration 0" in (
         caplog.text)
@@ -105,7 +108,7 @@ def test_a_shape_mismatch_is_fatal(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = preset().model_copy(update={"vocab_size": 384})
     target = TwinGPTTorch(twin_spec(model))
-    with pytest.raises(ConfigError, match="size mismatch for embedding.word_embeddings.weight"):
+    with pytest.raises(ConfigError, match=r"size mismatch for embedding\.word_embeddings\.weight"):
         load_checkpoint(target, tmp_path, megatron_layout(target.state_dict(), "local"), finetune=True, where="t")
 
 
