@@ -62,10 +62,13 @@ def main() -> None:
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
         import click
 
-        if isinstance(exc, click.exceptions.Abort):
+        if isinstance(exc, click.exceptions.Abort | typer.Abort):
             sys.exit(130)
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
+        # typer >= 0.29 vendors click (typer._click): its exceptions are not `click.ClickException`s, so
+        # recognise a click error by its interface (show + exit_code; usage errors carry exit code 2).
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            sys.exit(code)
         raise
     sys.exit(rc if isinstance(rc, int) else 0)
