@@ -137,9 +137,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_megatron_args(argv: Sequence[str]) -> argparse.Namespace:
-    """Parse a Megatron command line; unknown flags and unsupported values raise `ConfigError` naming them."""
+def parse_megatron_args(argv: Sequence[str], *, strict: bool = True) -> argparse.Namespace:
+    """Parse a Megatron command line; unknown flags and unsupported values raise `ConfigError` naming them.
+
+    `strict=False` reads a real Megatron command line (preflight): flags this parser does not know are kept in
+    `ns.unknown_args` instead of raising, and the twin's own limits (data file, split, parallelism, ...) are not
+    checked; missing required flags and malformed values still raise.
+    """
     ns, unknown = _parser().parse_known_args(list(argv))
+    ns.unknown_args = list(unknown)
+    if not strict:
+        return ns
     problems = [f"unknown flag {u!r} (not a Megatron flag the twin implements)" for u in unknown
                 if u.startswith("-")]
     problems += [f"unexpected argument {u!r}" for u in unknown if not u.startswith("-")]

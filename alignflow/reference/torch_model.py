@@ -166,8 +166,13 @@ class Router(nn.Module):
             aux_scores = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
         if m.topk_scaling_factor:
             probs = probs * m.topk_scaling_factor
-        dense = torch.zeros_like(logits).scatter(1, top, probs)
-        routed = torch.zeros_like(logits).scatter(1, top, 1.0)
+        if torch.are_deterministic_algorithms_enabled():  # as megatron's topk_routing_with_score_function
+            rows = torch.arange(logits.shape[0], device=logits.device).unsqueeze(1)
+            dense = torch.zeros_like(logits).index_put_((rows, top), probs)
+            routed = torch.zeros_like(logits).index_put_((rows, top), torch.ones_like(probs))
+        else:
+            dense = torch.zeros_like(logits).scatter(1, top, probs)
+            routed = torch.zeros_like(logits).scatter(1, top, 1.0)
         _, aux_top = torch.topk(aux_scores, m.topk, dim=1)
         aux_counts = torch.zeros_like(logits).scatter(1, aux_top, 1.0).sum(0)
         n = x.shape[0]

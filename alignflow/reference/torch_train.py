@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -69,7 +70,10 @@ def train(ns: argparse.Namespace, *, clock: Callable[[], float] = time.perf_coun
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on the GPU too
     torch.backends.cudnn.allow_tf32 = False
     if ns.deterministic_mode:
-        torch.use_deterministic_algorithms(True)
+        # cuBLAS needs a fixed workspace for reproducible GEMMs (read when the first handle is created); ops
+        # without a deterministic kernel warn instead of ending the run
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     torch.manual_seed(ns.seed)
     orig_vocab, padded = padded_vocab_size(ns)
     gbs = ns.global_batch_size or ns.micro_batch_size

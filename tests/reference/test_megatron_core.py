@@ -40,7 +40,9 @@ from alignflow.reference.torch_model import TwinGPTTorch  # noqa: E402
 @pytest.fixture(scope="module")
 def megatron_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     store = tmp_path_factory.mktemp("mcore") / "store"
-    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    created = not torch.distributed.is_initialized()
+    if created:
+        torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(torch.cuda, "current_device", lambda: "cpu")
@@ -48,7 +50,8 @@ def megatron_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         mp.setattr(moe_utils, "te_general_gemm", None, raising=False)
         yield
     parallel_state.destroy_model_parallel()
-    torch.distributed.destroy_process_group()
+    if created:
+        torch.distributed.destroy_process_group()
 
 
 def _megatron_model(name: str) -> Any:

@@ -87,3 +87,11 @@ def test_twin_extensions_are_rendered_only_for_the_twin() -> None:
     real = _argv(twin=False)
     assert not any(a.startswith("--twin-") for a in real)
     assert "--moe-grouped-gemm" in _argv(transformer_impl="transformer_engine")
+
+
+def test_lenient_mode_reads_a_real_megatron_command_line() -> None:
+    argv = [*_argv(), "--use-flash-attn", "--recompute-granularity", "full", "--tensor-model-parallel-size", "8"]
+    ns = parse_megatron_args(argv, strict=False)
+    assert ns.unknown_args == ["--use-flash-attn", "--recompute-granularity", "full"]
+    assert ns.tensor_model_parallel_size == 8
+    assert model_config_from_megatron(ns).moe is not None
