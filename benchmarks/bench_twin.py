@@ -39,7 +39,8 @@ from alignflow.reference.render import megatron_args, mindformers_config  # noqa
 
 
 def _run(argv: list[str], cwd: Path) -> tuple[list[str], float]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "GLOG_v": "3", "LOCAL_DEFAULT_PATH": str(cwd / "output")}
+    pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": pythonpath, "GLOG_v": "3", "LOCAL_DEFAULT_PATH": str(cwd / "output")}
     start = time.perf_counter()
     done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
