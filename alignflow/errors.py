@@ -7,14 +7,20 @@ AlignflowError                      retryable?
  |    +-- CommandTimeout            yes
  |    +-- HostUnreachable           yes  the host did not answer within its connect timeout
  |    +-- HostKeyRejected           no   "trust it with: alignflow hosts trust NAME"
+ |    +-- AuthenticationFailed      no   the host refused our key (or the agent had none it accepts)
  +-- PathNotAllowed                 no   a remote path outside the host's workdir
+ +-- PathMissing                    no   a path that must exist on a host does not
+ +-- PathExists                     no   a copy would overwrite different content at its destination
  +-- RemoteCommandError(result)     no   "<host>: `<cmd>` exited 1" + stderr tail
  +-- RemoteJobError(handle, state)  no   failed / lost / cancelled, with the job dir
  +-- ConversionError(problems)      no   every problem listed
  +-- LogParseError(source, line)    no
  +-- SentinelError                  no   a framework line that invalidates a run that exited 0
  +-- FingerprintMismatch            no
- +-- StoreError                     no
+ +-- StoreError                     no   the database cannot be opened, migrated or written
+ |    +-- StoreSchemaError          no   schema behind ("run `alignflow db upgrade`") or from a newer alignflow
+ |    +-- RecordNotFound            no   unknown id, ambiguous id prefix, unknown experiment
+ |    +-- ImmutableRecord           no   a finished run / step run cannot change; a re-run makes new rows
  +-- PipelineError                  no   a step cannot run (missing upstream artifact, unknown step)
 ```
 
@@ -86,12 +92,34 @@ class HostKeyRejected(TransportError):
         super().__init__(f"{message}; if the key is right, trust it with: alignflow hosts trust {host}", host=host)
 
 
+class AuthenticationFailed(TransportError):
+    """The host refused every key offered (identity file or agent). Retrying does not help."""
+
+    retryable = False
+
+
 class PathNotAllowed(AlignflowError):
     """A remote path resolves outside the host's declared workdir."""
 
     def __init__(self, path: str, *, host: str, workdir: str) -> None:
         self.path, self.host, self.workdir = path, host, workdir
         super().__init__(f"{host}: path {path!r} is outside the host's workdir {workdir!r}")
+
+
+class PathMissing(AlignflowError):
+    """A path that must exist on a host does not."""
+
+    def __init__(self, path: str, *, host: str) -> None:
+        self.path, self.host = path, host
+        super().__init__(f"{host}: no such file or directory: {path!r}")
+
+
+class PathExists(AlignflowError):
+    """A transfer's destination already holds different content; nothing was overwritten."""
+
+    def __init__(self, message: str, *, path: str, host: str) -> None:
+        self.path, self.host = path, host
+        super().__init__(f"{host}: {message}")
 
 
 class RemoteCommandError(AlignflowError):
@@ -151,6 +179,18 @@ class FingerprintMismatch(AlignflowError):
 
 class StoreError(AlignflowError):
     """The store (database) cannot be opened, migrated or written."""
+
+
+class StoreSchemaError(StoreError):
+    """The database schema is behind this alignflow (run `alignflow db upgrade`) or was made by a newer one."""
+
+
+class RecordNotFound(StoreError):
+    """No record has the requested id, or an id prefix matches several records."""
+
+
+class ImmutableRecord(StoreError):
+    """A finished record cannot change: nothing recorded is overwritten, a re-run creates new records."""
 
 
 class PipelineError(AlignflowError):

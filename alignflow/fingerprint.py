@@ -1,31 +1,45 @@
-"""SHA256 fingerprints of files and directories, memoized on (path, size, mtime_ns, inode).
+"""SHA256 fingerprints of files and directories, memoized on (path, dev, inode, size, mtime_ns, ctime_ns).
 
 A directory's fingerprint is the sha256 of its canonical manifest: the JSON list of `[relative path, sha256,
 size]` for every regular file below it, sorted by path (POSIX separators). So the digest is independent of
-file-creation order and changes with any byte, any rename and any added or removed file.
+file-creation order and changes with any byte, any rename and any added or removed file. Symbolic links are
+followed (a checkpoint is what a reader of the directory sees); a dangling link, a link loop or a special file
+(FIFO, socket, device) is an error rather than something silently left out of the digest.
 
 Runnable on any host with nothing but the standard library, which is how the transports hash artifacts where
 they live (checkpoints never cross the network to be hashed):
 
-    python -m alignflow.fingerprint PATH... --json [--manifest] [--memo FILE]
+    python -m alignflow.fingerprint PATH... --json [--manifest] [--memo FILE | --no-memo]
     -> {"PATH": "<sha256 hex>", ...}                       (--json)
     -> {"PATH": {"kind": "file"|"dir", "sha256": ..., "size": ..., "files": [[rel, sha256, size], ...]}}
                                                            (--json --manifest; "files" only for directories)
+    exit status 1 when any path could not be hashed (one `WHERE: reason` line each on stderr; the others are
+    still printed).
 
 Why memoize: a cache key of a pipeline step includes the sha256 of its inputs; without a memo, every run would
 re-read multi-GB checkpoints (ARCHITECTURE §4, orchestration reference §2.6). The memo is a small SQLite file
-keyed like DVC's state DB.
+keyed like DVC's state DB, plus git's "racy clean" rule: an entry whose file was modified less than
+`RACY_WINDOW_NS` before it was hashed is not trusted, because a same-size rewrite inside one timestamp tick
+(1 s on Lustre and some NFS servers) would leave every stat field unchanged.
+
+Why this reads files the way it does (measured by `benchmarks/bench_fingerprint.py`): a 4 MiB `readinto`
+buffer and `POSIX_FADV_SEQUENTIAL` keep one stream as fast as `openssl dgst`; hashlib releases the GIL on
+large updates, so a thread pool hashes several files on several cores; the largest files are started first so
+that one big shard does not end up alone on one core at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import sqlite3
+import stat as stat_module
 import sys
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -34,6 +48,13 @@ from typing import Any, Literal
 
 BUFFER_BYTES = 4 * 1024 * 1024
 MEMO_ENV = "ALIGNFLOW_HASH_MEMO"
+# A memo entry is trusted only if the file's mtime was at least this much older than the moment it was hashed.
+RACY_WINDOW_NS = 2_000_000_000
+_MEMO_SCHEMA_VERSION = 2
+
+
+class FileChangedError(OSError):
+    """A file changed (size, mtime or ctime) while it was being hashed: its digest would describe no real state."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +93,10 @@ def sha256_file_uncached(path: str | Path, *, buffer_bytes: int = BUFFER_BYTES) 
     buf = bytearray(buffer_bytes)
     view = memoryview(buf)
     with open(path, "rb", buffering=0) as fh:
+        if hasattr(os, "posix_fadvise"):
+            # Doubles the kernel's read-ahead on Linux; a hint only, so any failure is irrelevant.
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         while True:
             n = fh.readinto(buf)
             if not n:
@@ -81,13 +106,25 @@ def sha256_file_uncached(path: str | Path, *, buffer_bytes: int = BUFFER_BYTES) 
 
 
 def canonical_manifest(files: Iterable[FileEntry]) -> bytes:
-    """The bytes whose sha256 is a directory's digest."""
+    """The bytes whose sha256 is a directory's digest.
+
+    Names that are not valid UTF-8 keep their raw bytes (surrogateescape), so every name has one encoding.
+    """
     rows = sorted(([f.path, f.sha256, f.size] for f in files), key=lambda r: str(r[0]))
-    return json.dumps(rows, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return json.dumps(rows, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class HashMemo:
-    """`(path, dev, inode, size, mtime_ns) -> sha256`, persisted in SQLite; safe across threads and processes."""
+    """`(path, dev, inode, size, mtime_ns, ctime_ns) -> sha256`, persisted in SQLite; safe across threads and
+    processes (WAL, 30 s busy timeout).
+
+    It is a cache: an older memo layout is dropped and rebuilt, and losing the last entries on a power cut only
+    costs a re-hash (hence `synchronous=NORMAL`).
+    """
 
     def __init__(self, db_path: str | Path) -> None:
         self.db_path = Path(db_path).expanduser()
@@ -99,28 +136,66 @@ class HashMemo:
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.db_path, timeout=30, check_same_thread=False, isolation_level=None)
             conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS memo (path TEXT PRIMARY KEY, dev INTEGER, ino INTEGER, size INTEGER,"
-                " mtime_ns INTEGER, sha256 TEXT NOT NULL)"
-            )
+            conn.execute("PRAGMA synchronous=NORMAL")
+            if conn.execute("PRAGMA user_version").fetchone()[0] != _MEMO_SCHEMA_VERSION:
+                conn.execute("BEGIN IMMEDIATE")
+                if conn.execute("PRAGMA user_version").fetchone()[0] != _MEMO_SCHEMA_VERSION:
+                    conn.execute("DROP TABLE IF EXISTS memo")
+                    conn.execute(
+                        "CREATE TABLE memo (path TEXT PRIMARY KEY, dev INTEGER, ino INTEGER, size INTEGER,"
+                        " mtime_ns INTEGER, ctime_ns INTEGER, hashed_at_ns INTEGER, sha256 TEXT NOT NULL)"
+                    )
+                    conn.execute(f"PRAGMA user_version={_MEMO_SCHEMA_VERSION}")
+                conn.execute("COMMIT")
             self._conn = conn
         return self._conn
 
     def get(self, path: str, st: os.stat_result) -> str | None:
-        with self._lock:
-            row = self._connect().execute(
-                "SELECT dev, ino, size, mtime_ns, sha256 FROM memo WHERE path = ?", (path,)
-            ).fetchone()
-        if row and tuple(row[:4]) == (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns):
-            return str(row[4])
-        return None
+        """The memoized digest of `path` if its stat still matches and the entry is not racy, else None."""
+        return self.get_many([(path, st)]).get(path)
 
-    def put(self, path: str, st: os.stat_result, sha256: str) -> None:
+    def get_many(self, items: Sequence[tuple[str, os.stat_result]]) -> dict[str, str]:
+        """`path -> sha256` for every item whose memo entry still matches its stat and is not racy.
+
+        One query per 500 paths: a directory of thousands of small files costs a few queries, not thousands.
+        """
+        rows: list[tuple[Any, ...]] = []
+        paths = list(dict.fromkeys(p for p, _ in items))
         with self._lock:
-            self._connect().execute(
-                "INSERT OR REPLACE INTO memo VALUES (?, ?, ?, ?, ?, ?)",
-                (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, sha256),
-            )
+            conn = self._connect()
+            for i in range(0, len(paths), 500):
+                chunk = paths[i:i + 500]
+                rows += conn.execute(
+                    "SELECT path, dev, ino, size, mtime_ns, ctime_ns, hashed_at_ns, sha256 FROM memo"
+                    f" WHERE path IN ({','.join('?' * len(chunk))})", chunk
+                ).fetchall()
+        stats = dict(items)
+        hits: dict[str, str] = {}
+        for path, *key, hashed_at_ns, sha256 in rows:
+            st = stats[path]
+            # Not trusted if hashed too soon after its last write: a same-tick rewrite would be invisible.
+            if tuple(key) == _stat_key(st) and int(hashed_at_ns) - st.st_mtime_ns >= RACY_WINDOW_NS:
+                hits[path] = str(sha256)
+        return hits
+
+    def put(self, path: str, st: os.stat_result, sha256: str, *, hashed_at_ns: int | None = None) -> None:
+        """Remember `sha256` for `path` in the state `st`; `hashed_at_ns` is when reading it began."""
+        self.put_many([(path, st, sha256, hashed_at_ns if hashed_at_ns is not None else time.time_ns())])
+
+    def put_many(self, rows: Sequence[tuple[str, os.stat_result, str, int]]) -> None:
+        """Remember many `(path, stat, sha256, hashed_at_ns)` in one transaction (one fsync, not one per file)."""
+        if not rows:
+            return
+        values = [(p, *_stat_key(st), at, digest) for p, st, digest, at in rows]
+        with self._lock:
+            conn = self._connect()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany("INSERT OR REPLACE INTO memo VALUES (?, ?, ?, ?, ?, ?, ?, ?)", values)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
 
     def close(self) -> None:
         with self._lock:
@@ -129,29 +204,55 @@ class HashMemo:
                 self._conn = None
 
 
+def _default_workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
 class Fingerprinter:
-    """Hashes files and directories; directory files in parallel across cores; memoized when given a memo."""
+    """Hashes files and directories; directory files in parallel across cores; memoized when given a memo.
+
+    `hashed_bytes` counts the bytes actually read (memo misses), which is how tests prove a memo hit and the
+    benchmark reports throughput.
+    """
 
     def __init__(self, memo: HashMemo | None = None, *, workers: int | None = None) -> None:
         self.memo = memo
-        self.workers = workers or max(1, os.cpu_count() or 1)
-        self.hashed_bytes = 0  # bytes actually read (memo misses), for benchmarks and tests
+        self.workers = workers or _default_workers()
+        self.hashed_bytes = 0
+        self.hashed_files = 0
         self._count_lock = threading.Lock()
 
     def file(self, path: str | Path) -> str:
         """sha256 of one file (memo first)."""
-        real = os.path.realpath(path)
-        st = os.stat(real)
+        return self._single(path)[0]
+
+    def _single(self, path: str | Path) -> tuple[str, int]:
+        """(sha256, size) of one file, both from the same stat."""
+        real, st = _regular_file(path)
         if self.memo is not None:
             hit = self.memo.get(real, st)
             if hit is not None:
-                return hit
+                return hit, st.st_size
+        pending: list[tuple[str, os.stat_result, str, int]] = []
+        digest = self._hash(str(path), real, st, pending)
+        if self.memo is not None:
+            self.memo.put_many(pending)
+        return digest, st.st_size
+
+    def _hash(self, label: str, real: str, st: os.stat_result, pending: list[tuple[str, os.stat_result, str, int]]
+              ) -> str:
+        """Read and hash one file whose stat is `st`; append its memo row to `pending` (written by the caller)."""
+        started_ns = time.time_ns()
         digest = sha256_file_uncached(real)
+        if _stat_key(os.stat(real)) != _stat_key(st):
+            raise FileChangedError(f"{label}: changed while being hashed; hash it again once it is written completely")
         with self._count_lock:
             self.hashed_bytes += st.st_size
-        # Re-stat: if the file changed while we read it, do not memoize a digest of a moving target.
-        if self.memo is not None and os.stat(real).st_mtime_ns == st.st_mtime_ns:
-            self.memo.put(real, st, digest)
+            self.hashed_files += 1
+        pending.append((real, st, digest, started_ns))  # list.append is atomic: safe from pool threads
         return digest
 
     def fingerprint(self, path: str | Path) -> Fingerprint:
@@ -160,27 +261,73 @@ class Fingerprinter:
         if p.is_dir():
             return self._directory(p)
         if not p.exists():
-            raise FileNotFoundError(f"no such file or directory: {p}")
-        return Fingerprint(kind="file", sha256=self.file(p), size=p.stat().st_size)
+            if p.is_symlink():
+                raise FileNotFoundError(f"{p}: dangling symbolic link")
+            raise FileNotFoundError(f"{p}: no such file or directory")
+        digest, size = self._single(p)
+        return Fingerprint(kind="file", sha256=digest, size=size)
 
     def _directory(self, root: Path) -> Fingerprint:
-        rels: list[str] = []
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for name in sorted(filenames):
-                full = Path(dirpath) / name
-                if full.is_file():
-                    rels.append(full.relative_to(root).as_posix())
-        paths = [root / r for r in rels]
-        if len(paths) > 1 and self.workers > 1:
-            with ThreadPoolExecutor(max_workers=self.workers) as pool:
-                digests = list(pool.map(self.file, paths))
-        else:
-            digests = [self.file(p) for p in paths]
-        entries = tuple(FileEntry(r, d, (root / r).stat().st_size) for r, d in zip(rels, digests, strict=True))
-        entries = tuple(sorted(entries, key=lambda e: e.path))
+        files: list[tuple[str, str, str, os.stat_result]] = []  # (relative path, label, real path, stat)
+        for rel, path in _list_files(root):
+            real, st = _regular_file(path)
+            files.append((rel, str(path), real, st))
+        hits = self.memo.get_many([(real, st) for _, _, real, st in files]) if self.memo is not None else {}
+        # Largest first: with N workers, a big shard started last would run alone on one core.
+        unique = {real: (label, st) for _, label, real, st in files if real not in hits}
+        todo = sorted(unique.items(), key=lambda item: -item[1][1].st_size)
+        pending: list[tuple[str, os.stat_result, str, int]] = []
+        try:
+            if len(todo) > 1 and self.workers > 1:
+                with ThreadPoolExecutor(max_workers=min(self.workers, len(todo))) as pool:
+                    digests = list(pool.map(lambda item: self._hash(item[1][0], item[0], item[1][1], pending), todo))
+            else:
+                digests = [self._hash(label, real, st, pending) for real, (label, st) in todo]
+        finally:
+            if self.memo is not None:
+                self.memo.put_many(pending)  # what was hashed stays memoized even if another file failed
+        hits.update({real: d for (real, _), d in zip(todo, digests, strict=True)})
+        entries = tuple(sorted((FileEntry(rel, hits[real], st.st_size) for rel, _, real, st in files),
+                               key=lambda e: e.path))
         digest = hashlib.sha256(canonical_manifest(entries)).hexdigest()
         return Fingerprint(kind="dir", sha256=digest, size=sum(e.size for e in entries), files=entries)
+
+
+def _regular_file(path: str | Path) -> tuple[str, os.stat_result]:
+    """(real path, stat) of a regular file; the memo is keyed by the real path."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    if not stat_module.S_ISREG(st.st_mode):
+        raise OSError(f"{path}: not a regular file")
+    return real, st
+
+
+def _list_files(root: Path) -> list[tuple[str, Path]]:
+    """Every file below `root` as (relative POSIX path, path), following links, refusing loops and odd files."""
+    out: list[tuple[str, Path]] = []
+
+    def walk(directory: Path, rel: str, ancestors: frozenset[tuple[int, int]]) -> None:
+        with os.scandir(directory) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        for entry in entries:
+            relpath = f"{rel}{entry.name}"
+            full = Path(entry.path)
+            if entry.is_dir(follow_symlinks=True):
+                st = full.stat()
+                key = (st.st_dev, st.st_ino)
+                if key in ancestors:
+                    raise OSError(f"{full}: symbolic link loop (points at one of its parent directories)")
+                walk(full, relpath + "/", ancestors | {key})
+            elif entry.is_file(follow_symlinks=True):
+                out.append((relpath, full))
+            elif entry.is_symlink() and not full.exists():
+                raise FileNotFoundError(f"{full}: dangling symbolic link")
+            else:
+                raise OSError(f"{full}: not a regular file or directory (FIFO, socket or device)")
+
+    st = root.stat()
+    walk(root, "", frozenset({(st.st_dev, st.st_ino)}))
+    return out
 
 
 def default_memo_path() -> Path:
@@ -199,6 +346,23 @@ def sha256_of(path: str | Path, *, memo: HashMemo | None = None) -> str:
     return fingerprint(path, memo=memo).sha256
 
 
+def fingerprint_paths(
+    paths: Sequence[str], fingerprinter: Fingerprinter
+) -> tuple[dict[str, Fingerprint], dict[str, str]]:
+    """Fingerprints of several paths, in order, and a `path -> "WHERE: what happened"` map of those that failed.
+
+    Shared by this module's entry point and `alignflow hash` so that both report failures the same way.
+    """
+    results: dict[str, Fingerprint] = {}
+    errors: dict[str, str] = {}
+    for path in paths:
+        try:
+            results[path] = fingerprinter.fingerprint(path)
+        except OSError as exc:
+            errors[path] = f"{exc.filename}: {exc.strerror}" if exc.strerror and exc.filename else str(exc)
+    return results, errors
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m alignflow.fingerprint", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="files or directories")
@@ -208,25 +372,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-memo", action="store_true", help="always read every byte")
     args = parser.parse_args(argv)
     memo = None if args.no_memo else HashMemo(args.memo or default_memo_path())
-    fp = Fingerprinter(memo)
-    results: dict[str, Any] = {}
-    status = 0
-    for path in args.paths:
-        try:
-            result = fp.fingerprint(path)
-        except OSError as exc:
-            print(f"{path}: {exc.strerror or exc}", file=sys.stderr)  # noqa: T201 - a CLI entry point
-            status = 1
-            continue
-        results[path] = result.to_json() if args.manifest else result.sha256
-    if memo is not None:
-        memo.close()
+    try:
+        results, errors = fingerprint_paths(args.paths, Fingerprinter(memo))
+    finally:
+        if memo is not None:
+            memo.close()
+    for reason in errors.values():
+        print(reason, file=sys.stderr)  # noqa: T201 - a CLI entry point
     if args.json:
-        print(json.dumps(results, indent=None if args.manifest else 2))  # noqa: T201
+        payload = {p: (fp.to_json() if args.manifest else fp.sha256) for p, fp in results.items()}
+        print(json.dumps(payload, indent=None if args.manifest else 2))  # noqa: T201
     else:
-        for path, value in results.items():
-            print(f"{value if isinstance(value, str) else value['sha256']}  {path}")  # noqa: T201
-    return status
+        for path, fp in results.items():
+            print(f"{fp.sha256}  {path}")  # noqa: T201
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import sys
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from alignflow.errors import AlignflowError
 
@@ -49,11 +50,12 @@ def main() -> None:
     """Console-script entry point: run the app and map alignflow errors to their exit codes."""
     err = Console(stderr=True)
     try:
-        app(standalone_mode=False)
+        # In non-standalone mode click *returns* the code of a `typer.Exit` raised by a command.
+        rc = app(standalone_mode=False)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except AlignflowError as exc:
-        err.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("interrupted")
@@ -61,9 +63,13 @@ def main() -> None:
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
         import click
 
-        if isinstance(exc, click.exceptions.Abort):
+        if isinstance(exc, click.exceptions.Abort | typer.Abort):
             sys.exit(130)
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
+        # typer >= 0.29 vendors click (typer._click): its exceptions are not `click.ClickException`s, so
+        # recognise a click error by its interface (show + exit_code; usage errors carry exit code 2).
+        show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
+        if callable(show) and isinstance(code, int):
+            show()
+            sys.exit(code)
         raise
+    sys.exit(rc if isinstance(rc, int) else 0)

@@ -37,6 +37,9 @@ class MoEConfig(_Strict):
     router_enable_expert_bias: bool = Field(
         False, description="Aux-loss-free expert bias (DeepSeek-V3 / GLM style); Megatron needs sigmoid scores."
     )
+    router_bias_update_rate: float = Field(
+        1e-3, ge=0, description="Step of the aux-loss-free expert-bias update (`--moe-router-bias-update-rate`)."
+    )
     router_topk_scaling_factor: float | None = Field(None, description="`--moe-router-topk-scaling-factor`.")
     load_balancing_type: Literal["aux_loss", "seq_aux_loss", "none"] = Field(
         "aux_loss", description="`--moe-router-load-balancing-type`."

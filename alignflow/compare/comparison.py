@@ -1,0 +1,330 @@
+"""`compare(test, reference, criteria) -> Comparison`: align two parsed logs by step, compute the seeds'
+statistics per metric, evaluate the criteria, and decide the verdict.
+
+Pure: two `ParsedLog` values in, one `Comparison` out; the report module does the file I/O. A failed alignment
+is a verdict (`"fail"` with its reasons), never an exception. The verdict passes only when every criterion
+passes and neither log has a fatal sentinel (issue 6): a run whose checkpoint silently did not load is not
+"aligned" however close its curves are.
+
+Metrics compared are the canonical columns present in both logs (both parsers map the frameworks' names:
+`loss`/`lm loss` -> `lm_loss`, `mtp_k_loss`/`mtp_k loss` -> `mtp_k_loss`, `grad_norm`/`grad norm` -> `grad_norm`,
+`lr`/`learning rate` -> `lr`). A metric on one side only is reported, not compared; steps on one side only are
+listed; a criterion that cannot be evaluated fails with a note saying why.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from alignflow.compare.criteria import Criterion
+from alignflow.compare.performance import DEFAULT_WARMUP_STEPS, Performance, compare_performance
+from alignflow.compare.statistics import (
+    REL_EPS,
+    ErrorStats,
+    Pairs,
+    Perplexity,
+    best_shift,
+    error_statistics,
+    finite_or_none,
+    paired,
+    perplexity,
+    step_relative_errors,
+)
+from alignflow.logs.schema import BOOKKEEPING_COLUMNS, ParsedLog, Resolution, Sentinel, column_order, is_cross_entropy
+
+Verdict = Literal["pass", "fail"]
+RELATIVE_STATISTICS = frozenset({"step_rel", "mean_rel", "max_rel"})
+# Metrics whose printed value may lag or lead by a step (MindFormers prints the next step's lr).
+SHIFTABLE = frozenset({"lr"})
+
+
+@dataclass(frozen=True, slots=True)
+class CriterionResult:
+    """One criterion evaluated: the statistic's value (signed), pass/fail and why."""
+
+    criterion: Criterion
+    value: float
+    passed: bool
+    note: str = ""
+    below_resolution: bool = False
+
+    @property
+    def metric(self) -> str:
+        return self.criterion.metric
+
+    @property
+    def statistic(self) -> str:
+        return self.criterion.statistic
+
+    @property
+    def threshold(self) -> float:
+        return self.criterion.threshold
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.criterion
+        return {
+            "metric": c.metric, "statistic": c.statistic, "value": finite_or_none(self.value),
+            "threshold": c.threshold, "passed": self.passed, "label": c.label, "note": self.note,
+            "absolute": c.absolute, "inclusive": c.inclusive, "steps": c.steps, "exclude_steps": c.exclude_steps,
+            "source": c.source, "below_resolution": self.below_resolution,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class MetricComparison:
+    """The statistics of one metric over every step both logs have (no exclusions)."""
+
+    metric: str
+    stats: ErrorStats
+    step_rel: dict[int, float]
+    not_compared: int  # steps in both logs where either value is missing or not finite
+    shift: int  # reference step paired with test step s is s + shift (lr tolerance)
+    resolution: float | None  # one unit of the coarser side's last printed digit, at the reference's magnitude
+    resolution_text: str
+    perplexity: Perplexity | None
+    magnitude: float | None = None  # median |reference| over the compared steps
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.stats
+        out: dict[str, Any] = {
+            "me": finite_or_none(s.me), "mean_abs": finite_or_none(s.mean_abs),
+            "max_error": finite_or_none(s.max_error), "min_error": finite_or_none(s.min_error),
+            "max_abs": finite_or_none(s.max_abs), "mean_rel": finite_or_none(s.mean_rel),
+            "max_rel": finite_or_none(s.max_rel),
+            "step_rel": {str(k): finite_or_none(v) for k, v in self.step_rel.items()},
+            "n": s.n, "not_compared": self.not_compared, "max_abs_step": s.max_abs_step,
+            "max_rel_step": s.max_rel_step, "shift": self.shift, "resolution": finite_or_none(self.resolution),
+            "resolution_text": self.resolution_text, "magnitude": finite_or_none(self.magnitude),
+        }
+        if self.perplexity is not None:
+            out["perplexity"] = self.perplexity.to_json()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class StepCoverage:
+    """Which steps both logs have, and which only one has (never silently dropped)."""
+
+    compared: int
+    only_test: tuple[int, ...]
+    only_reference: tuple[int, ...]
+    first: int | None
+    last: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"compared": self.compared, "only_test": list(self.only_test),
+                "only_reference": list(self.only_reference), "first": self.first, "last": self.last}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Comparison:
+    """The outcome of comparing a test log with a reference log."""
+
+    verdict: Verdict
+    criteria: tuple[CriterionResult, ...]
+    metrics: dict[str, MetricComparison]
+    steps: StepCoverage
+    sentinels: dict[str, tuple[Sentinel, ...]]
+    performance: Performance
+    aligned: pd.DataFrame
+    test: ParsedLog
+    reference: ParsedLog
+    metrics_only_test: tuple[str, ...] = ()
+    metrics_only_reference: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = field(default=())
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == "pass"
+
+    def to_json(self) -> dict[str, Any]:
+        """The `alignflow compare --json` document (issue 6 shape, plus performance, inputs and reasons)."""
+        return {
+            "verdict": self.verdict,
+            "criteria": [c.to_json() for c in self.criteria],
+            "metrics": {m: mc.to_json() for m, mc in self.metrics.items()},
+            "steps": self.steps.to_json(),
+            "sentinels": {side: [s.to_json() for s in found] for side, found in self.sentinels.items()},
+            "performance": self.performance.to_json(),
+            "metrics_only_test": list(self.metrics_only_test),
+            "metrics_only_reference": list(self.metrics_only_reference),
+            "reasons": list(self.reasons),
+            "inputs": {"test": _input_json(self.test), "reference": _input_json(self.reference)},
+        }
+
+
+def _input_json(parsed: ParsedLog) -> dict[str, Any]:
+    return {
+        "source": parsed.source, "format": parsed.fmt, "variant": parsed.variant, "rank": parsed.rank,
+        "steps": len(parsed.frame), "max_steps": parsed.max_steps, "repeated_steps": list(parsed.repeated_steps),
+        "restarts": [{"line": r.line_no, "from_step": r.from_step, "to_step": r.to_step} for r in parsed.restarts],
+        "resolution": {c: r.to_json() for c, r in parsed.resolution.items()},
+    }
+
+
+def comparable_metrics(parsed: ParsedLog) -> list[str]:
+    """Columns that are numerics of the training (not bookkeeping or speed)."""
+    return [c for c in parsed.frame.columns if c not in BOOKKEEPING_COLUMNS]
+
+
+def compare(
+    test: ParsedLog, reference: ParsedLog, criteria: Sequence[Criterion], *, lr_step_tolerance: int = 1,
+    perf_warmup_steps: int = DEFAULT_WARMUP_STEPS,
+) -> Comparison:
+    """Compare `test` against `reference` (error = test - reference) and judge it by `criteria`."""
+    if lr_step_tolerance < 0 or perf_warmup_steps < 0:
+        raise ValueError("lr_step_tolerance and perf_warmup_steps must be >= 0")
+    tf, rf = test.frame, reference.frame
+    t_metrics, r_metrics = comparable_metrics(test), comparable_metrics(reference)
+    both = column_order([m for m in t_metrics if m in r_metrics])
+    common = tf.index.intersection(rf.index)
+    coverage = StepCoverage(
+        compared=len(common), only_test=tuple(int(s) for s in tf.index.difference(rf.index)),
+        only_reference=tuple(int(s) for s in rf.index.difference(tf.index)),
+        first=int(common.min()) if len(common) else None, last=int(common.max()) if len(common) else None,
+    )
+    t_steps = tf.index.to_numpy(dtype=np.int64)
+    r_steps = rf.index.to_numpy(dtype=np.int64)
+    pairs: dict[str, Pairs] = {}
+    metrics: dict[str, MetricComparison] = {}
+    for m in both:
+        tv = tf[m].to_numpy(dtype=float, na_value=np.nan)
+        rv = rf[m].to_numpy(dtype=float, na_value=np.nan)
+        if m in SHIFTABLE and lr_step_tolerance > 0:
+            shift, pairs[m] = best_shift(t_steps, tv, r_steps, rv, lr_step_tolerance)
+        else:
+            shift, pairs[m] = 0, paired(t_steps, tv, r_steps, rv)
+        on_common = np.isfinite(tf[m].reindex(common).to_numpy(dtype=float, na_value=np.nan)) & np.isfinite(
+            rf[m].reindex(common).to_numpy(dtype=float, na_value=np.nan))
+        wanted = sorted({s for c in criteria if c.metric == m and c.statistic == "step_rel" for s in (c.steps or [1])}
+                        | ({int(pairs[m].steps[0])} if len(pairs[m].steps) else set()))
+        quantum, text, magnitude = _resolution(test.resolution.get(m), reference.resolution.get(m), pairs[m])
+        metrics[m] = MetricComparison(
+            metric=m, stats=error_statistics(pairs[m]), step_rel=step_relative_errors(pairs[m], wanted),
+            not_compared=int((~on_common).sum()), shift=shift, resolution=quantum, resolution_text=text,
+            perplexity=perplexity(pairs[m]) if is_cross_entropy(m) else None, magnitude=magnitude,
+        )
+    results = tuple(_evaluate(c, pairs, test, reference, t_metrics, r_metrics) for c in criteria)
+    sentinels = {"test": test.sentinels, "reference": reference.sentinels}
+    reasons = _reasons(results, sentinels, coverage, criteria)
+    return Comparison(
+        verdict="fail" if reasons else "pass", criteria=results, metrics=metrics, steps=coverage,
+        sentinels=sentinels, performance=compare_performance(tf, rf, perf_warmup_steps),
+        aligned=_aligned(tf, rf, both, metrics, t_metrics, r_metrics), test=test, reference=reference,
+        metrics_only_test=tuple(column_order([m for m in t_metrics if m not in r_metrics])),
+        metrics_only_reference=tuple(column_order([m for m in r_metrics if m not in t_metrics])),
+        reasons=tuple(reasons),
+    )
+
+
+def _resolution(
+    t: Resolution | None, r: Resolution | None, pairs: Pairs
+) -> tuple[float | None, str, float | None]:
+    """The coarser side's printed quantum at the reference's typical magnitude, how each side prints, that magnitude."""
+    text = f"test: {t.describe() if t else 'unknown'}, reference: {r.describe() if r else 'unknown'}"
+    if not len(pairs.reference):
+        return None, text, None
+    magnitude = float(np.median(np.abs(pairs.reference)))
+    quanta = [res.quantum(magnitude) for res in (t, r) if res is not None]
+    return (max(quanta) if quanta else None), text, magnitude
+
+
+def _evaluate(
+    c: Criterion, pairs: dict[str, Pairs], test: ParsedLog, reference: ParsedLog, t_metrics: list[str],
+    r_metrics: list[str],
+) -> CriterionResult:
+    if c.metric not in pairs:
+        missing = [side for side, cols in (("test", t_metrics), ("reference", r_metrics)) if c.metric not in cols]
+        have = ", ".join(column_order(sorted(set(t_metrics) & set(r_metrics)))) or "none"
+        return CriterionResult(c, math.nan, False, f"{c.metric} is not in the {' and '.join(missing)} log "
+                               f"(metrics in both: {have})")
+    p = pairs[c.metric].without(c.exclude_steps)
+    notes: list[str] = []
+    if c.statistic == "step_rel":
+        steps = c.steps or [1]
+        rels = step_relative_errors(p, steps)
+        absent = [s for s, v in rels.items() if math.isnan(v)]
+        value = math.nan if absent else max(rels.values())
+        if absent:
+            notes.append(f"step {', '.join(map(str, absent))} not compared (missing on a side or excluded)")
+        ref_at = [abs(pair[1]) for s in steps if (pair := p.at(s)) is not None]
+        magnitude = min(ref_at) if ref_at else math.nan
+    else:
+        stats = error_statistics(p)
+        value = stats.get(c.statistic)
+        if stats.n == 0:
+            notes.append("no step has the metric on both sides")
+        magnitude = float(np.median(np.abs(p.reference))) if len(p.reference) else math.nan
+    check = abs(value) if c.absolute else value
+    passed = math.isfinite(check) and (check <= c.threshold if c.inclusive else check < c.threshold)
+    below = _below_resolution(c, test.resolution.get(c.metric), reference.resolution.get(c.metric), magnitude)
+    if below:
+        notes.append(below)
+    return CriterionResult(c, value, passed, "; ".join(notes), bool(below))
+
+
+def _below_resolution(c: Criterion, t: Resolution | None, r: Resolution | None, magnitude: float) -> str:
+    """A note when the threshold is finer than one unit of the coarser log's last printed digit."""
+    if not math.isfinite(magnitude):
+        return ""
+    quanta = [(res.quantum(magnitude), side, res) for side, res in (("test", t), ("reference", r)) if res]
+    if not quanta:
+        return ""
+    quantum, side, res = max(quanta, key=lambda q: q[0])
+    limit = quantum / (magnitude + REL_EPS) if c.statistic in RELATIVE_STATISTICS else quantum
+    if c.threshold >= limit:
+        return ""
+    return (f"threshold tighter than the logs' resolution: the {side} log prints {c.metric} with "
+            f"{res.describe()} (one unit = {limit:.3g}{' relative' if c.statistic in RELATIVE_STATISTICS else ''})")
+
+
+def _reasons(
+    results: Sequence[CriterionResult], sentinels: dict[str, tuple[Sentinel, ...]], coverage: StepCoverage,
+    criteria: Sequence[Criterion],
+) -> list[str]:
+    reasons: list[str] = []
+    if not criteria:
+        reasons.append("no criteria given: nothing can pass")
+    if coverage.compared == 0:
+        reasons.append("no step is in both logs")
+    for r in results:
+        if not r.passed:
+            value = f"{r.value:.6g}" if math.isfinite(r.value) else "n/a"
+            reasons.append(f"{r.criterion.label} failed: value {value}" + (f" ({r.note})" if r.note else ""))
+    for side, found in sentinels.items():
+        fatal = [s for s in found if s.fatal]
+        if fatal:
+            kinds = sorted({s.kind for s in fatal})
+            reasons.append(f"{len(fatal)} fatal sentinel line(s) in the {side} log: {', '.join(kinds)}")
+    return reasons
+
+
+def _aligned(
+    tf: pd.DataFrame, rf: pd.DataFrame, both: list[str], metrics: dict[str, MetricComparison], t_metrics: list[str],
+    r_metrics: list[str],
+) -> pd.DataFrame:
+    """Every step of either log, one row each: both values, the error and relative error of each metric."""
+    idx = tf.index.union(rf.index)
+    data: dict[str, Any] = {"in_test": idx.isin(tf.index), "in_reference": idx.isin(rf.index)}
+    for m in both:
+        tv = tf[m].reindex(idx).to_numpy(dtype=float, na_value=np.nan)
+        rv = rf[m].reindex(idx).to_numpy(dtype=float, na_value=np.nan)
+        shift = metrics[m].shift
+        rs = rf[m].reindex(idx + shift).to_numpy(dtype=float, na_value=np.nan) if shift else rv
+        data[f"{m}_test"], data[f"{m}_reference"] = tv, rv
+        data[f"{m}_error"] = tv - rs
+        data[f"{m}_rel_error"] = np.abs(tv - rs) / (np.abs(rs) + REL_EPS)
+    for m in column_order([m for m in t_metrics if m not in r_metrics]):
+        data[f"{m}_test"] = tf[m].reindex(idx).to_numpy(dtype=float, na_value=np.nan)
+    for m in column_order([m for m in r_metrics if m not in t_metrics]):
+        data[f"{m}_reference"] = rf[m].reindex(idx).to_numpy(dtype=float, na_value=np.nan)
+    for side, frame in (("test", tf), ("reference", rf)):
+        if "step_time_ms" in frame.columns:
+            data[f"step_time_ms_{side}"] = frame["step_time_ms"].reindex(idx).to_numpy(dtype=float, na_value=np.nan)
+    return pd.DataFrame(data, index=pd.Index(idx, name="step"))

@@ -1,0 +1,40 @@
+"""Checkpoint conversion: steps 2 and 3 of the pipeline, declarative and fail-closed (issue 4).
+
+```
+convert_bf16(src, dst)                          MindFormers checkpoint -> bf16 MindFormers checkpoint
+convert_to_megatron(src, dst, spec=...)         bf16 MindFormers checkpoint -> Megatron legacy checkpoint
+convert_to_mindformers(src, dst, spec=...)      Megatron legacy checkpoint -> bf16 MindFormers checkpoint
+list_specs() / load_spec(name)                  the packaged specs (alignflow/convert/specs/*.yaml)
+```
+
+Modules: `bf16` (step 2, drop/keep table), `engine` (step 3 and reverse), `spec` / `registry` (spec data and
+loading), `plan` (a spec expanded for one model), `ops` (invertible tensor ops), `dims` (named dimensions and
+predicates), `mindformers` / `megatron` (checkpoint layouts), `tensor_io` (streaming safetensors),
+`summary` (the returned record, staged output directories).
+
+Weight conversion is where alignment experiments go wrong silently (transposed experts, interleaved SwiGLU rows,
+a missing router buffer, a renamed MTP prefix) and Megatron then trains from random tensors with exit code 0.
+So every converter checks everything it can from the headers first and raises one `ConversionError` listing
+every problem, and writes into a temporary directory that is renamed into place only at the end.
+"""
+
+from alignflow.convert.bf16 import convert_bf16
+from alignflow.convert.engine import convert_to_megatron, convert_to_mindformers
+from alignflow.convert.plan import Plan, build_plan
+from alignflow.convert.registry import SpecInfo, list_specs, load_spec
+from alignflow.convert.spec import Spec
+from alignflow.convert.summary import ConversionSummary, ProgressFn
+
+__all__ = [
+    "ConversionSummary",
+    "Plan",
+    "ProgressFn",
+    "Spec",
+    "SpecInfo",
+    "build_plan",
+    "convert_bf16",
+    "convert_to_megatron",
+    "convert_to_mindformers",
+    "list_specs",
+    "load_spec",
+]

@@ -1,0 +1,148 @@
+"""Megatron legacy (`--ckpt-format torch`) checkpoints: write one, open one for reading.
+
+Layout (Megatron reference §3): `<dir>/latest_checkpointed_iteration.txt` holds N (or `release`), and
+`<dir>/iter_{N:07d}/mp_rank_00/model_optim_rng.pt` is `{'model': state_dict, 'checkpoint_version': 3.0,
+'iteration': N}`: only tensors, None and Python primitives, so that `torch.load(weights_only=True)` (the torch
+>= 2.6 default that Megatron relies on) accepts it. Only TP = PP = EP = 1 (one `mp_rank_00` file) is handled:
+the alignment runs are single-card, and a sharded file holds module-local names that a spec cannot check.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from alignflow.convert.tensor_io import TensorMeta
+from alignflow.errors import ConversionError
+
+log = logging.getLogger(__name__)
+
+TRACKER = "latest_checkpointed_iteration.txt"
+CHECKPOINT_VERSION = 3.0  # what megatron-core writes; a missing version triggers a legacy QKV "fix" (ref §3.3)
+FILE_NAME = "model_optim_rng.pt"
+
+
+def checkpoint_path(iteration: int | None) -> str:
+    """Relative path of the rank-0 file: `iter_{N:07d}/mp_rank_00/model_optim_rng.pt`, or `release/...`."""
+    folder = "release" if iteration is None else f"iter_{iteration:07d}"
+    return f"{folder}/mp_rank_00/{FILE_NAME}"
+
+
+def write_megatron(directory: Path, state_dict: Mapping[str, torch.Tensor | None], iteration: int) -> list[str]:
+    """Write the legacy checkpoint into `directory`; return the files written (relative)."""
+    if iteration < 0:
+        raise ValueError(f"iteration must be >= 0, got {iteration}")
+    rel = checkpoint_path(iteration)
+    path = directory / rel
+    path.parent.mkdir(parents=True)
+    for key, value in state_dict.items():
+        assert value is None or isinstance(value, torch.Tensor), f"{key}: {type(value).__name__} in a state dict"
+    torch.save({"model": dict(state_dict), "checkpoint_version": CHECKPOINT_VERSION, "iteration": int(iteration)},
+               path)
+    (directory / TRACKER).write_text(str(iteration), encoding="utf-8")
+    _verify_weights_only(path, state_dict)
+    return [TRACKER, rel]
+
+
+def _verify_weights_only(path: Path, state_dict: Mapping[str, torch.Tensor | None]) -> None:
+    """Reload with `weights_only=True` (lazily, mmap) and compare the key set: what Megatron will do first."""
+    loaded = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    if set(loaded["model"]) != set(state_dict):
+        raise ConversionError([f"{path}: reloading gives a different key set"], header="Megatron checkpoint invalid")
+
+
+class MegatronCheckpoint:
+    """A legacy Megatron checkpoint opened for reading: tensors are memory-mapped, read one at a time."""
+
+    def __init__(self, path: Path, payload: dict[str, Any], file: Path) -> None:
+        self.path = path
+        self.file = file
+        model = payload["model"]
+        self.iteration: int = int(payload.get("iteration", 0))
+        self.checkpoint_version = payload.get("checkpoint_version")
+        self.tensors: dict[str, TensorMeta] = {}
+        self.others: dict[str, Any] = {}  # `_extra_state` placeholders and anything else that is not a tensor
+        self._model: dict[str, Any] = model
+        for key, value in model.items():
+            if isinstance(value, torch.Tensor):
+                self.tensors[key] = TensorMeta(tuple(value.shape), value.dtype)
+            else:
+                self.others[key] = value
+
+    def read(self, name: str) -> torch.Tensor:
+        tensor: torch.Tensor = self._model[name]
+        return tensor
+
+    def close(self) -> None:
+        self._model = {}
+
+    def __enter__(self) -> MegatronCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_megatron(src: Path) -> MegatronCheckpoint:
+    """Open a checkpoint directory (tracker), an `iter_*`/`release` directory, or a `model_optim_rng.pt` file."""
+    src = Path(src)
+    header = "cannot open the Megatron checkpoint"
+    file = _resolve_file(src, header)
+    try:
+        payload = _load(file)
+    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as exc:
+        raise ConversionError([f"{file}: torch.load(weights_only=True) failed: {exc}"], header=header) from None
+    if not isinstance(payload, dict) or "model" not in payload:
+        keys = sorted(payload) if isinstance(payload, dict) else type(payload).__name__
+        detail = "; virtual-pipeline files (model0, model1, ...) are not supported" if "model0" in str(keys) else ""
+        raise ConversionError([f"{file}: no 'model' state dict (found {keys}){detail}"], header=header)
+    return MegatronCheckpoint(src, payload, file)
+
+
+def _resolve_file(src: Path, header: str) -> Path:
+    if src.is_file():
+        return src
+    directory = src
+    tracker = src / TRACKER
+    if tracker.is_file():
+        text = tracker.read_text(encoding="utf-8").strip()
+        if text == "release":
+            directory = src / "release"
+        elif text.isdigit():
+            directory = src / f"iter_{int(text):07d}"
+        else:
+            raise ConversionError([f"{tracker}: expected an iteration number or 'release', found {text[:40]!r}"],
+                                  header=header)
+    shards = sorted(p.name for p in directory.glob("mp_rank_*")) if directory.is_dir() else []
+    if not shards:
+        raise ConversionError([f"{directory}: no mp_rank_* directory (expected {checkpoint_path(0)} under a "
+                               "checkpoint directory)"], header=header)
+    if shards != ["mp_rank_00"]:
+        raise ConversionError([f"{directory}: shards {shards}; only TP = PP = EP = 1 (mp_rank_00 alone) is "
+                               "supported; reshard with Megatron's tools/checkpoint first"], header=header)
+    file = directory / "mp_rank_00" / FILE_NAME
+    if not file.is_file():
+        raise ConversionError([f"{file}: missing"], header=header)
+    return file
+
+
+def _load(file: Path) -> Any:
+    """`torch.load(weights_only=True)`; Megatron's own files pickle `args` (an argparse Namespace with Megatron
+    enums), which only loads after `import megatron.core` registers its safe globals (reference §4)."""
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        try:
+            with warnings.catch_warnings():  # its import chain warns about TE/Apex and torch.jit deprecations
+                warnings.simplefilter("ignore")
+                import megatron.core  # noqa: F401 - registers Megatron's weights_only safe globals
+        except ImportError:
+            raise
+        log.info("%s: retrying torch.load after importing megatron.core for its safe globals", file)
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)

@@ -1,0 +1,129 @@
+"""Megatron-LM `training_log` lines and Megatron sentinels.
+
+Format: Megatron reference §2 (megatron-core 0.8 ... 0.19). Each field is ` <name>: <value> |`; the line may start
+with a timestamp (seconds only before 0.16, microseconds since) and, under torchrun `--tee`, a `[default0]:`
+prefix (stripped before this module sees the line). Parsing is generic `key: value |` so new keys
+(`mtp_2 loss`, `seq_load_balancing_loss`) need no change; validation and test-set lines do not match because
+they lack `iteration N/M`.
+
+Semantics (reference §2.4): `lm loss` is the token-weighted LM cross entropy; `<name> loss` and `*_loss` keys are
+printed `{:.6E}` and only when their average is >= 0, so a NaN loss shows up as a missing key plus a nonzero
+`number of nan iterations`; `grad norm` (pre-clip) and `learning rate` are the last iteration's values.
+"""
+
+from __future__ import annotations
+
+import re
+
+from alignflow.logs.lines import StepLine, snake
+from alignflow.logs.sentinels import LineRule, Marker
+
+_ITER = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|(.*)$")
+_FIELD = re.compile(r"\s*([^|:]+?):\s*([^|]+?)\s*\|")
+_MTP = re.compile(r"^mtp_(\d+) loss$")
+
+# Printed name -> canonical column. Other `... loss` names become `<snake>_loss`; other keys their snake_case.
+COLUMNS: dict[str, str] = {
+    "lm loss": "lm_loss",
+    "grad norm": "grad_norm",
+    "learning rate": "lr",
+    "elapsed time per iteration (ms)": "step_time_ms",
+    "consumed samples": "consumed_samples",
+    "skipped samples": "skipped_samples",
+    "global batch size": "global_batch_size",
+    "loss scale": "loss_scale",
+    "params norm": "params_norm",
+    "num zeros": "num_zeros",
+    "number of skipped iterations": "skipped",
+    "number of nan iterations": "nan_iterations",
+    "throughput per GPU (TFLOP/s/GPU)": "throughput_tflops",
+    "energy per GPU (J/iter/GPU)": "energy_j_per_iter",
+    "power per GPU (W/GPU)": "power_w",
+}
+
+
+def column_for(key: str) -> str:
+    """Canonical column of a printed Megatron key (`mtp_1 loss` -> `mtp_1_loss`, `z_loss` -> `z_loss`)."""
+    column = COLUMNS.get(key)
+    if column is not None:
+        return column
+    m = _MTP.match(key)
+    if m:
+        return f"mtp_{m.group(1)}_loss"
+    return snake(key)
+
+
+def may_be_step_line(text: str) -> bool:
+    """Cheap pre-check; `parse_step` decides."""
+    return "iteration" in text and "|" in text
+
+
+def is_step_line(text: str) -> bool:
+    """Whether the line is an `iteration N/M |` line (readable or not)."""
+    return may_be_step_line(text) and _ITER.search(text) is not None
+
+
+def parse_step(text: str, *, with_resolution: bool = True) -> StepLine | str | None:
+    """Parse one `training_log` line: None if it is no step line, a `str` saying why a step line is unreadable."""
+    m = _ITER.search(text)
+    if m is None:
+        return None
+    rest = m.group(3)
+    if not rest.rstrip().endswith("|"):
+        return "the line ends inside a field (every field ends with `|`)"
+    pairs = _FIELD.findall(rest)
+    cache = _COLUMN_CACHE
+    try:  # fast path: every field numeric
+        values = {(cache.get(k) or _learn(k)): float(t) for k, t in pairs}
+    except ValueError:
+        values = {}
+        for key, token in pairs:
+            try:
+                values[cache.get(key) or _learn(key)] = float(token)
+            except ValueError:
+                continue  # non-numeric fields (RL packing info) are not tracked
+    rec = StepLine(step=int(m.group(1)), values=values, variant="megatron", max_steps=int(m.group(2)))
+    rec.check_finite()
+    if with_resolution:
+        for key, token in pairs:
+            column = cache[key]
+            if column in values and values[column] - values[column] == 0.0:
+                rec.set_resolution(column, token)
+    return rec
+
+
+_COLUMN_CACHE: dict[str, str] = {}
+
+
+def _learn(key: str) -> str:
+    column = _COLUMN_CACHE[key] = column_for(key)
+    return column
+
+RULES: tuple[LineRule, ...] = (
+    LineRule("megatron_nonstrict_load", "load_return:", True,
+             "strict checkpoint load failed and Megatron fell back to a non-strict load: missing weights keep "
+             "random values (keys are not printed)"),
+    LineRule("megatron_checkpoint_unreadable", "could not load the checkpoint", True,
+             "torch.load of the checkpoint failed; Megatron exits with code 0"),
+    LineRule("megatron_no_checkpoint", "will not load any checkpoints", True,
+             "no tracker file under --load: training started from random weights"),
+    LineRule("megatron_exit_on_missing_checkpoint", "exit-on-missing-checkpoint", True,
+             "--exit-on-missing-checkpoint fired: no checkpoint was loaded (exit code 0)",
+             pattern=re.compile(r"exit-on-missing-checkpoint'?\s+set")),
+    LineRule("megatron_invalid_tracker", "Invalid metadata file", True,
+             "latest_checkpointed_iteration.txt is neither an integer nor `release`; Megatron exited (code 0)"),
+    LineRule("megatron_size_mismatch", "size mismatch for", True,
+             "a checkpoint tensor has the wrong shape"),
+    LineRule("megatron_qkv_reordered", "successfully fixed query-key-values ordering", False,
+             "checkpoint_version missing or old: Megatron touched QKV ordering"),
+    LineRule("megatron_padded_vocab", "padded vocab", False,
+             "vocabulary padded with dummy rows that enter the softmax and change lm loss",
+             pattern=re.compile(r"padded vocab \(size: \d+\) with (\d+) dummy tokens"),
+             when=lambda m: int(m.group(1)) > 0),
+)
+
+MARKERS: tuple[Marker, ...] = (
+    Marker("checkpoint_load_started", "loading checkpoint from"),
+    Marker("checkpoint_load_started", "loading release checkpoint from"),
+    Marker("checkpoint_loaded", "successfully loaded checkpoint from"),
+)

@@ -1,0 +1,214 @@
+"""`parse_log`: lines in, `ParsedLog` out — format detection, ranks, restarts, sentinels, the canonical frame.
+
+Pure: it reads the lines it is given and nothing else (`parse_log_file` is the one convenience that opens a
+file). One pass over the input; step lines go to the framework parser, every other line to the sentinel tables.
+
+Ranks: torchrun `--tee` writes `[default3]:` before each line (any role name; `[3]:` with a global-rank
+template), `srun --label` writes `3: `. Lines are grouped by that prefix. The default rank is the highest one
+that printed real losses — the last pipeline stage, which is the one whose loss is valid (Megatron prints only
+there; MindFormers prints `loss: N/A` elsewhere). Text sentinels are collected from every rank: a failed load
+on any rank invalidates the run. Restarts and the frame itself: `alignflow.logs.steps`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+from alignflow.errors import LogParseError
+from alignflow.logs import megatron, mindformers
+from alignflow.logs.lines import StepLine
+from alignflow.logs.schema import LogFormat, ParsedLog, Sentinel
+from alignflow.logs.sentinels import SentinelScanner, clip_text
+from alignflow.logs.steps import StepRecords
+
+log = logging.getLogger(__name__)
+
+FormatChoice = Literal["auto", "mindformers", "megatron"]
+_FORMATS: tuple[LogFormat, ...] = ("mindformers", "megatron")
+_OTHER: dict[str, LogFormat] = {"mindformers": "megatron", "megatron": "mindformers"}
+_PRECHECK = {"mindformers": mindformers.is_step_line, "megatron": megatron.is_step_line}
+# The printed resolution of each column is read from the first RESOLUTION_SAMPLE step lines and every
+# RESOLUTION_SAMPLE-th after: formats are fixed per framework version, and this keeps a 100k-step parse fast
+# while still catching a run appended by another version.
+RESOLUTION_SAMPLE = 50
+_RANK = re.compile(r"^(?:\[[A-Za-z_]*(\d+)\]:|\s*(\d+): )")
+
+
+class _Bad:
+    """A line that carries a step anchor but could not be read."""
+
+    __slots__ = ("line_no", "rank", "reason", "text")
+
+    def __init__(self, line_no: int, text: str, rank: int | None, reason: str) -> None:
+        self.line_no, self.text, self.rank, self.reason = line_no, text, rank, reason
+
+
+def parse_log(
+    lines: Iterable[str], *, fmt: FormatChoice = "auto", rank: int | None = None, source: str = ""
+) -> ParsedLog:
+    """Parse a MindFormers or Megatron training log into a frame indexed by step with canonical columns.
+
+    Raises `LogParseError` when the log has no step lines (for the chosen rank), when it mixes both frameworks'
+    step lines under `fmt="auto"`, or when `rank` names a rank that printed no step lines.
+    """
+    if fmt not in ("auto", "mindformers", "megatron"):
+        raise LogParseError(f"unknown log format {fmt!r}; use auto, mindformers or megatron", source=source)
+    scanner = SentinelScanner(
+        (*mindformers.RULES, *megatron.RULES), (*mindformers.MARKERS, *megatron.MARKERS))
+    steps: dict[LogFormat, dict[int | None, StepRecords]] = {"mindformers": {}, "megatron": {}}
+    bad: dict[LogFormat, list[_Bad]] = {"mindformers": [], "megatron": []}
+    not_last_stage: dict[int | None, int] = {}
+    check_mf = fmt in ("auto", "mindformers")
+    check_mg = fmt in ("auto", "megatron")
+    line_no = 0
+    n_step_lines = 0
+    other_format_lines = 0  # step lines of the framework not asked for (only counted for the error message)
+    newline_seen = False
+    last_had_newline = True
+    last_step_text = ""
+    for line_no, raw in enumerate(lines, 1):
+        last_had_newline = raw.endswith("\n")
+        newline_seen = newline_seen or last_had_newline
+        text = raw.rstrip("\r\n")
+        prefix = _RANK.match(text)
+        r: int | None = None
+        if prefix is not None:
+            r = int(prefix.group(1) or prefix.group(2))
+            text = text[prefix.end():]
+        with_resolution = n_step_lines < RESOLUTION_SAMPLE or n_step_lines % RESOLUTION_SAMPLE == 0
+        which: LogFormat
+        rec: StepLine | str | None = None
+        if check_mf and mindformers.is_step_line(text):
+            which, rec = "mindformers", mindformers.parse_step(text, with_resolution=with_resolution)
+        elif check_mg and megatron.may_be_step_line(text):
+            which, rec = "megatron", megatron.parse_step(text, with_resolution=with_resolution)
+        if rec is None:
+            if fmt != "auto" and _PRECHECK[_OTHER[fmt]](text):
+                other_format_lines += 1
+            scanner.feed(line_no, text, r)
+            continue
+        n_step_lines += 1
+        if isinstance(rec, str):
+            bad[which].append(_Bad(line_no, text, r, rec))
+            continue
+        if rec.not_last_stage:
+            not_last_stage[r] = not_last_stage.get(r, 0) + 1
+            continue
+        last_step_text = text
+        group = steps[which].get(r)
+        if group is None:
+            group = steps[which][r] = StepRecords()
+        group.add(line_no, rec, text)
+    scanner.finish()
+    where = source or "log"
+    fatal = [x for x in scanner.sentinels if x.fatal]
+    hint = ""
+    if fatal:
+        hint = "; fatal line(s) found: " + "; ".join(f"{x.line_no}: {x.text}" for x in fatal[:3])
+    chosen = _choose_format(fmt, steps, bad, where, hint, bool(not_last_stage), other_format_lines)
+    by_rank = steps[chosen]
+    rank_used = _choose_rank(by_rank, rank, not_last_stage, where, chosen, hint)
+    records = by_rank[rank_used] if rank_used in by_rank else StepRecords()
+    # An unterminated last line of a file that otherwise has newlines may be a line still being written. PyNative
+    # (`}`) and Megatron (`|`) lines show whether they are whole; a legacy line has no terminator, so one that
+    # does not end like a whole line (`]` of global_norm, `T` of throughput) is left out.
+    sentinels = list(scanner.sentinels)
+    if (newline_seen and not last_had_newline and len(records) and records.line_nos[-1] == line_no
+            and not last_step_text.rstrip().endswith(("]", "T", "}", "|"))):
+        sentinels.append(Sentinel(records.pop(), clip_text(last_step_text), "truncated_step_line", False,
+                                  "the last line has no line end (log still being written?): ignored", rank_used))
+    if not len(records):
+        raise LogParseError(f"no {chosen} step lines for rank {rank_used}{hint}", source=where)
+    sentinels += [records.classify_bad(b.line_no, b.text, b.reason, rank_used) for b in bad[chosen]
+                  if b.rank == rank_used]
+    built = records.build(rank_used)
+    sentinels += built.sentinels
+    last_step = int(built.frame.index.max())
+    if built.max_steps is not None and last_step < built.max_steps:
+        sentinels.append(Sentinel(int(built.line_numbers.iloc[-1]), "", "incomplete_run", False,
+                                  f"log ends at step {last_step} of {built.max_steps} (truncated, stopped early or "
+                                  "still running)", rank_used))
+    sentinels.sort(key=lambda x: x.line_no)
+    ranks = sorted(r for r in {*by_rank, *not_last_stage} if r is not None)
+    parsed = ParsedLog(
+        frame=built.frame, fmt=chosen, variant=built.variant, resolution=built.resolution,
+        sentinels=tuple(sentinels), repeated_steps=tuple(built.repeated_steps), restarts=tuple(built.restarts),
+        line_numbers=built.line_numbers, source=source, rank=rank_used, ranks=tuple(ranks),
+        max_steps=built.max_steps, markers=dict(scanner.markers), lines_read=line_no,
+    )
+    log.debug("%s", parsed.summary())
+    return parsed
+
+
+def parse_log_file(path: str | Path, **kwargs: object) -> ParsedLog:
+    """Read `path` (UTF-8, undecodable bytes replaced) and parse it; `LogParseError` if it cannot be read."""
+    p = Path(path)
+    source = str(kwargs.pop("source", "") or p)
+    try:
+        with p.open("r", encoding="utf-8", errors="replace", newline="") as fh:
+            return parse_log(fh, source=source, **kwargs)  # type: ignore[arg-type]
+    except FileNotFoundError:
+        raise LogParseError("file not found", source=source) from None
+    except IsADirectoryError:
+        raise LogParseError("is a directory, not a log file", source=source) from None
+    except OSError as exc:
+        raise LogParseError(f"cannot read: {exc.strerror or exc}", source=source) from None
+
+
+def _choose_format(
+    fmt: FormatChoice, steps: dict[LogFormat, dict[int | None, StepRecords]],
+    bad: dict[LogFormat, list[_Bad]], where: str, fatal_hint: str, mf_not_last_stage: bool, other_lines: int,
+) -> LogFormat:
+    # Lines of a non-last MindFormers pipeline stage (`loss: N/A`) identify the format even though they are dropped.
+    found = [k for k in _FORMATS if steps[k] or (k == "mindformers" and mf_not_last_stage)]
+    if fmt != "auto":
+        if fmt in found:
+            return fmt
+        other = _OTHER[fmt]
+        hint = f"; it has {other_lines} {other} step line(s): use format auto or {other}" if other_lines else ""
+        raise LogParseError(f"no {fmt} step lines{_bad_hint(bad[fmt])}{hint}{fatal_hint}", source=where)
+    if not found:
+        anchors = bad["mindformers"] or bad["megatron"]
+        raise LogParseError(
+            f"no step lines (neither MindFormers `{{ step:[` / `{{ Epoch:[` nor Megatron `iteration N/M |`)"
+            f"{_bad_hint(anchors)}; is this the last pipeline stage's training log?{fatal_hint}", source=where)
+    if len(found) == 2:
+        first = {k: min((group.line_nos[0] for group in steps[k].values()), default=0) for k in found}
+        raise LogParseError(
+            f"both MindFormers (first at line {first['mindformers']}) and Megatron (first at line "
+            f"{first['megatron']}) step lines; choose one with format mindformers or megatron", source=where)
+    return found[0]
+
+
+def _bad_hint(bad: list[_Bad]) -> str:
+    if not bad:
+        return ""
+    return f" ({len(bad)} unreadable step line(s), first at line {bad[0].line_no}: {bad[0].reason})"
+
+
+def _choose_rank(
+    by_rank: dict[int | None, StepRecords], rank: int | None, not_last_stage: dict[int | None, int],
+    where: str, fmt: LogFormat, fatal_hint: str,
+) -> int | None:
+    with_steps = sorted(r for r in by_rank if r is not None)
+    if rank is not None:
+        if rank in by_rank:
+            return rank
+        if not with_steps and None in by_rank:
+            raise LogParseError(f"rank {rank} requested but the lines carry no rank prefix; pass that rank's own "
+                                f"log (e.g. worker_{rank}.log)", source=where)
+        detail = " (it printed only `loss: N/A`: not the last pipeline stage)" if rank in not_last_stage else ""
+        ranks = ", ".join(str(r) for r in with_steps) or "none"
+        raise LogParseError(f"rank {rank} printed no {fmt} step lines with a loss{detail}; ranks with step lines: "
+                            f"{ranks}", source=where)
+    if with_steps:
+        return with_steps[-1]
+    if None in by_rank:
+        return None
+    stages = sum(not_last_stage.values())
+    raise LogParseError(f"only non-last pipeline stage lines ({stages} with `loss: N/A`); parse the last stage's "
+                        f"log (its worker_<rank>.log){fatal_hint}", source=where)

@@ -1,0 +1,180 @@
+"""The canonical shape of a parsed training log: column names, printed resolution, sentinels, the result type.
+
+Both frameworks' parsers normalise to one schema so that everything downstream (comparison, report, store)
+speaks one language: `lm_loss` is the language-model cross entropy on both sides (MindFormers PyNative `loss`,
+legacy `lm_loss`, Megatron `lm loss`), `mtp_<k>_loss` the raw depth-k MTP loss, `grad_norm` the pre-clip
+global norm, `lr` the printed learning rate (MindFormers reference §3, Megatron reference §2.4).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+LogFormat = Literal["mindformers", "megatron"]
+
+# Columns in the order a table shows them; anything else a log prints follows, sorted.
+LEADING_COLUMNS: tuple[str, ...] = ("lm_loss",)
+TRAILING_COLUMNS: tuple[str, ...] = (
+    "total_loss", "mtp_loss_scaled_sum", "grad_norm", "lr", "params_norm", "loss_scale", "step_time_ms",
+    "throughput_tflops", "consumed_samples", "global_batch_size", "skipped", "nan_iterations", "overflow",
+)
+# Columns that describe the run's bookkeeping or speed, not its numerics: never compared as an error metric.
+BOOKKEEPING_COLUMNS: frozenset[str] = frozenset({
+    "step_time_ms", "throughput_tflops", "consumed_samples", "skipped_samples", "global_batch_size", "skipped",
+    "nan_iterations", "overflow", "loss_scale", "num_zeros", "energy_j_per_iter", "power_w", "max_steps",
+})
+# Integer-valued columns (nullable Int64 in the frame, ints in JSON).
+INTEGER_COLUMNS: frozenset[str] = frozenset({
+    "consumed_samples", "skipped_samples", "global_batch_size", "skipped", "nan_iterations", "num_zeros",
+})
+# Cross-entropy losses: perplexity = exp(loss) is meaningful for these (aux losses are not log-likelihoods).
+_CE_LOSS = re.compile(r"^(?:lm_loss|mtp_\d+_loss)$")
+
+
+def is_cross_entropy(column: str) -> bool:
+    """True for language-model cross-entropy columns (`lm_loss`, `mtp_<k>_loss`)."""
+    return _CE_LOSS.match(column) is not None
+
+
+def is_loss(column: str) -> bool:
+    """True for every loss column (a NaN or inf in one of them invalidates the step)."""
+    return column.endswith("_loss") or column == "mtp_loss_scaled_sum"
+
+
+def column_order(columns: list[str]) -> list[str]:
+    """Canonical display order: lm_loss, mtp_k_loss by k, other losses, then the fixed trailing columns."""
+
+    def key(col: str) -> tuple[int, int, str]:
+        if col in LEADING_COLUMNS:
+            return (0, LEADING_COLUMNS.index(col), col)
+        mtp = re.match(r"^mtp_(\d+)_loss$", col)
+        if mtp:
+            return (1, int(mtp.group(1)), col)
+        if col in TRAILING_COLUMNS:
+            return (3, TRAILING_COLUMNS.index(col), col)
+        if is_loss(col):
+            return (2, 0, col)
+        return (4, 0, col)
+
+    return sorted(columns, key=key)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """How finely a column is printed: a fixed number of decimals, or of mantissa digits in scientific notation.
+
+    Why: Megatron prints `grad norm` with 3 decimals while MindFormers prints 6; a per-step error below the
+    coarser side's last printed digit is noise the log cannot resolve, and a criterion tighter than that cannot
+    be judged honestly (STYLE: "keep the printed resolution").
+    """
+
+    kind: Literal["decimals", "significant"]
+    digits: int  # decimals after the point; for "significant", decimals of the mantissa (.6E -> 6)
+
+    def quantum(self, magnitude: float) -> float:
+        """The value of one unit in the last printed digit, for a value of about `magnitude`."""
+        if self.kind == "decimals":
+            return 10.0 ** -self.digits
+        mag = abs(magnitude)
+        if not math.isfinite(mag) or mag == 0.0:
+            return 0.0
+        return 10.0 ** (math.floor(math.log10(mag)) - self.digits)
+
+    def coarser(self, other: Resolution | None) -> Resolution:
+        """The coarser of two resolutions of the same kind (fewer digits)."""
+        if other is None or other.kind != self.kind:
+            return self
+        return self if self.digits <= other.digits else other
+
+    def describe(self) -> str:
+        if self.kind == "decimals":
+            return f"{self.digits} decimal{'s' if self.digits != 1 else ''}"
+        return f"{self.digits + 1} significant digits"
+
+    def to_json(self) -> dict[str, object]:
+        return {"kind": self.kind, "digits": self.digits}
+
+
+@dataclass(frozen=True, slots=True)
+class Sentinel:
+    """A log line that makes a run suspicious (`fatal=False`) or invalid even though it exited 0 (`fatal=True`)."""
+
+    line_no: int
+    text: str
+    kind: str
+    fatal: bool
+    message: str = ""
+    rank: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {"line": self.line_no, "kind": self.kind, "fatal": self.fatal, "message": self.message,
+                "text": self.text, "rank": self.rank}
+
+    def describe(self, source: str = "") -> str:
+        where = f"{source}:{self.line_no}" if source else f"line {self.line_no}"
+        rank = f" (rank {self.rank})" if self.rank is not None else ""
+        return f"{where}{rank}: {self.kind}: {self.message} | {self.text}"
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """The step counter went backwards: the run was restarted (or two runs were appended to one file)."""
+
+    line_no: int
+    from_step: int
+    to_step: int
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ParsedLog:
+    """One training log, parsed: a frame indexed by step with canonical columns, plus what the parse found.
+
+    `frame` holds one row per step (the last occurrence when a restarted run repeats steps; `repeated_steps`
+    lists those steps and `restarts` where the counter went back). `line_numbers` maps each kept step to its
+    1-based line in the input. `resolution` gives each numeric column's printed resolution. `sentinels` holds
+    every suspicious or invalidating line found, fatal or not; `markers` the first line of expected events
+    (e.g. `checkpoint_loaded`) so that a caller can require them.
+    """
+
+    frame: pd.DataFrame
+    fmt: LogFormat
+    variant: str
+    resolution: dict[str, Resolution]
+    sentinels: tuple[Sentinel, ...]
+    repeated_steps: tuple[int, ...]
+    restarts: tuple[Restart, ...]
+    line_numbers: pd.Series
+    source: str = ""
+    rank: int | None = None
+    ranks: tuple[int, ...] = ()
+    max_steps: int | None = None
+    markers: dict[str, int] = field(default_factory=dict)
+    lines_read: int = 0
+
+    @property
+    def steps(self) -> list[int]:
+        return [int(s) for s in self.frame.index]
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self.frame.columns)
+
+    @property
+    def fatal_sentinels(self) -> tuple[Sentinel, ...]:
+        return tuple(s for s in self.sentinels if s.fatal)
+
+    def summary(self) -> str:
+        """One line for logs and CLIs: format, steps, columns, sentinels."""
+        n = len(self.frame)
+        span = f"steps {self.frame.index.min()}..{self.frame.index.max()}" if n else "no steps"
+        of = f" of {self.max_steps}" if self.max_steps else ""
+        fatal = len(self.fatal_sentinels)
+        rank = f", rank {self.rank}" if self.rank is not None else ""
+        return (f"{self.source or '<lines>'}: {self.fmt} ({self.variant}{rank}), {n} step(s), {span}{of}; "
+                f"columns: {', '.join(self.columns)}; sentinels: {len(self.sentinels)} ({fatal} fatal)")

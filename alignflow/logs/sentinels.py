@@ -1,0 +1,123 @@
+"""Sentinels: log lines that make a run invalid even when its process exited 0, and the check that enforces them.
+
+Why this exists: both frameworks report several failed checkpoint loads as success. Megatron falls back to a
+non-strict load and prints only `load_return: None`; a missing tracker, an unreadable `.pt` or
+`--exit-on-missing-checkpoint` all exit with code 0 (Megatron reference §5-§6). MindFormers trains from random
+weights after `Skipping checkpoint loading` (MindFormers reference §5). The only evidence is in the log, so the
+rules below are data, one table per framework, scanned over every non-step line; values (NaN/inf losses, a
+nonzero `number of nan iterations`) are checked on the parsed steps.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from alignflow.errors import SentinelError
+from alignflow.logs.schema import ParsedLog, Sentinel
+
+# Longest line text kept in a sentinel (a traceback line can be very long).
+MAX_TEXT = 400
+# How many fatal lines a SentinelError message spells out before summarising the rest.
+MAX_LISTED = 200
+
+
+@dataclass(frozen=True, slots=True)
+class LineRule:
+    """One kind of sentinel line: a cheap literal `needle`, optionally a regex and a condition on its match."""
+
+    kind: str
+    needle: str
+    fatal: bool
+    message: str
+    pattern: re.Pattern[str] | None = None
+    when: Callable[[re.Match[str]], bool] | None = None
+    lists_names: bool = False  # the offending names follow on `  - <name>` lines
+    benign_names: frozenset[str] = frozenset()  # listed names ending in one of these do not make it fatal
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """An expected event (e.g. `checkpoint_loaded`): its first line is recorded so a caller can require it."""
+
+    name: str
+    needle: str
+
+
+_LISTED_NAME = re.compile(r"(?:^|\s)-\s+([\w.\[\]/]+)\s*$")
+
+
+class SentinelScanner:
+    """Feeds non-step lines through the rule tables; collects sentinels and markers (stateful, one pass)."""
+
+    def __init__(self, rules: Sequence[LineRule], markers: Sequence[Marker]) -> None:
+        self._rules = tuple(rules)
+        self._markers = tuple(markers)
+        self.sentinels: list[Sentinel] = []
+        self.markers: dict[str, int] = {}
+        self._listing: tuple[LineRule, int, str, int | None, list[str]] | None = None
+
+    def feed(self, line_no: int, text: str, rank: int | None) -> None:
+        if self._listing is not None:
+            m = _LISTED_NAME.search(text)
+            if m:
+                self._listing[4].append(m.group(1))
+                return
+            self._close_listing()
+        for rule in self._rules:
+            if rule.needle not in text:
+                continue
+            if rule.pattern is not None:
+                m = rule.pattern.search(text)
+                if m is None or (rule.when is not None and not rule.when(m)):
+                    continue
+            if rule.lists_names:
+                self._listing = (rule, line_no, text, rank, [])
+                return
+            self.sentinels.append(Sentinel(line_no, clip_text(text), rule.kind, rule.fatal, rule.message, rank))
+            return
+        for marker in self._markers:
+            if marker.name not in self.markers and marker.needle in text:
+                self.markers[marker.name] = line_no
+
+    def finish(self) -> None:
+        self._close_listing()
+
+    def _close_listing(self) -> None:
+        if self._listing is None:
+            return
+        rule, line_no, text, rank, names = self._listing
+        self._listing = None
+        benign = bool(names) and all(n.rsplit(".", 1)[-1] in rule.benign_names for n in names)
+        shown = ", ".join(names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+        message = rule.message + (f": {shown}" if names else "")
+        if benign:
+            message += " (only per-step counters: harmless)"
+        self.sentinels.append(Sentinel(line_no, clip_text(text), rule.kind, rule.fatal and not benign, message, rank))
+
+
+def clip_text(text: str) -> str:
+    """A line as a sentinel keeps it: stripped, at most MAX_TEXT characters."""
+    text = text.strip()
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 3] + "..."
+
+
+def check_sentinels(parsed: ParsedLog, *, require: Iterable[str] = ()) -> None:
+    """Raise `SentinelError` listing each fatal sentinel line of `parsed` (and each required marker not seen).
+
+    `require` names markers that must be present, e.g. `("checkpoint_loaded",)` for a Megatron run started with
+    `--load`: a load that never reported success is as invalid as one that reported failure.
+    """
+    fatal = list(parsed.fatal_sentinels)
+    missing = [name for name in require if name not in parsed.markers]
+    if not fatal and not missing:
+        return
+    where = parsed.source or "log"
+    lines = [s.describe(parsed.source) for s in fatal[:MAX_LISTED]]
+    if len(fatal) > MAX_LISTED:
+        lines.append(f"... and {len(fatal) - MAX_LISTED} more fatal line(s)")
+    lines += [f"{where}: required line not found: {name}" for name in missing]
+    header = f"{where}: the run is invalid although it may have exited 0 ({len(fatal)} fatal line(s)"
+    header += f", {len(missing)} required line(s) missing)" if missing else ")"
+    raise SentinelError(header + "\n" + "\n".join("  " + line for line in lines), sentinels=fatal)

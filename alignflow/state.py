@@ -1,0 +1,44 @@
+"""Where alignflow keeps its local state: the state directory and the store's database URL.
+
+Resolved when called, never at import (a test or a flow may set the environment first):
+
+- state dir: `$ALIGNFLOW_STATE_DIR`, else `./.alignflow` (relative to the working directory of the call);
+- database: `$ALIGNFLOW_DB_URL` (e.g. `postgresql+psycopg://alignflow@db.example/alignflow`), else SQLite at
+  `<state dir>/store.sqlite`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+STATE_DIR_ENV = "ALIGNFLOW_STATE_DIR"
+DB_URL_ENV = "ALIGNFLOW_DB_URL"
+DEFAULT_STATE_DIR = ".alignflow"
+STORE_FILENAME = "store.sqlite"
+
+
+def state_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The state directory (absolute; not created here)."""
+    env = os.environ if environ is None else environ
+    raw = env.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
+    return Path(raw).expanduser().resolve()
+
+
+def sqlite_url(directory: Path) -> str:
+    """The SQLAlchemy URL of the SQLite store inside `directory`."""
+    return f"sqlite:///{(directory / STORE_FILENAME).expanduser().resolve()}"
+
+
+def database_url(state: Path | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """The store's URL: `$ALIGNFLOW_DB_URL` if set, else SQLite in `state` (default: `state_dir()`).
+
+    The environment wins over `state` on purpose: a flow passes its state dir for reports and job files, while a
+    deployment points every process at one PostgreSQL database through the environment.
+    """
+    env = os.environ if environ is None else environ
+    url = env.get(DB_URL_ENV)
+    if url:
+        return url
+    return sqlite_url(state if state is not None else state_dir(env))

@@ -1,0 +1,248 @@
+"""Engines and migrations: the only place that knows SQLite from PostgreSQL.
+
+SQLite (the default, one controller): WAL so that readers never block the writer, a busy timeout so that
+concurrent writers wait instead of failing, foreign keys on, and write transactions that start with
+`BEGIN IMMEDIATE`. The last one matters: Python's sqlite3 starts transactions deferred, and a deferred
+transaction that read before writing gets `SQLITE_BUSY` *without* waiting when another process committed in
+between (the busy handler cannot help a stale snapshot) — two flows writing at once would lose a write.
+Read-only sessions stay deferred so that `alignflow history` never queues behind a writer.
+
+PostgreSQL (production, through `ALIGNFLOW_DB_URL`): psycopg 3 (`postgresql+psycopg://`; a bare
+`postgresql://` is read as psycopg 3 too), pre-ping so that a server restart costs one reconnect, and an
+advisory lock around migrations so that two processes upgrading an empty database do not race.
+
+The migrations ship inside the package (`migrations/`), so `alignflow db upgrade` works from an installed
+wheel; `alembic_config()` points Alembic at them without any `alembic.ini`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
+from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.pool import StaticPool
+
+from alignflow.errors import StoreError, StoreSchemaError
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+BUSY_TIMEOUT_S = 60.0
+READ_ONLY_OPTION = "alignflow_read_only"
+# Any constant works; it only has to be the same in every alignflow process (pg_advisory_xact_lock takes a bigint).
+_MIGRATION_LOCK_KEY = 0x616C69676E666C6F  # "alignflo"
+
+
+def parse_url(url: str) -> URL:
+    """Parse a database URL; read `postgresql://` as psycopg 3; refuse backends the store does not support."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise StoreError(f"database URL {url!r} is not a URL: {exc}; expected sqlite:///PATH or "
+                         "postgresql+psycopg://USER@HOST/DB") from None
+    backend = parsed.get_backend_name()
+    if backend == "postgresql" and parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if backend not in ("sqlite", "postgresql"):
+        raise StoreError(f"{mask_url(url)}: unsupported database {backend!r}; use sqlite or postgresql+psycopg")
+    return parsed
+
+
+def mask_url(url: str | URL) -> str:
+    """The URL with any password replaced by `***` (for messages and `alignflow db upgrade`)."""
+    try:
+        parsed = url if isinstance(url, URL) else make_url(url)
+    except ArgumentError:
+        return "<unparseable database URL>"
+    return parsed.render_as_string(hide_password=True)
+
+
+def missing_sqlite_file(url: str) -> Path | None:
+    """The SQLite file `url` names if it does not exist yet (None for PostgreSQL or an existing file)."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    path = Path(parsed.database).expanduser()
+    return None if path.exists() else path
+
+
+def create_store_engine(url: str) -> Engine:
+    """An engine for the store at `url`, set up for safe concurrent use (see the module docstring)."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed)
+    return create_engine(parsed, pool_pre_ping=True)
+
+
+def _sqlite_engine(parsed: URL) -> Engine:
+    database = parsed.database or ""
+    kwargs: dict[str, Any] = {"connect_args": {"timeout": BUSY_TIMEOUT_S}}
+    if database in ("", ":memory:"):
+        kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+    else:
+        try:
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"{mask_url(parsed)}: cannot create the state directory: {exc}") from exc
+    engine = create_engine(parsed, **kwargs)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None  # we issue BEGIN ourselves (see _on_begin)
+        cursor = dbapi_connection.cursor()
+        try:
+            if database not in ("", ":memory:"):
+                cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+        finally:
+            cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        read_only = conn.get_execution_options().get(READ_ONLY_OPTION, False)
+        conn.exec_driver_sql("BEGIN DEFERRED" if read_only else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+# --- migrations ---------------------------------------------------------------------------------------------------
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """Alembic configuration pointing at the packaged migrations; `connection` is used by `env.py` if given."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+    cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    """The revision this alignflow's models correspond to."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None, "the packaged migrations have no head revision"
+    return head
+
+
+def current_revision(connection: Connection) -> str | None:
+    """The revision the database is at (None: no alignflow schema yet)."""
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaState:
+    """Where a database stands relative to this alignflow's migrations."""
+
+    url: str  # password masked
+    current: str | None
+    head: str
+
+    @property
+    def up_to_date(self) -> bool:
+        return self.current == self.head
+
+    @property
+    def known(self) -> bool:
+        """False when the database was migrated by a newer alignflow (a revision we do not have)."""
+        if self.current is None:
+            return True
+        try:
+            return ScriptDirectory.from_config(alembic_config()).get_revision(self.current) is not None
+        except CommandError:
+            return False
+
+
+def schema_state(engine: Engine) -> SchemaState:
+    with translate_errors(engine, "cannot read the schema revision"), engine.connect() as conn:
+        current = current_revision(conn)
+    return SchemaState(url=mask_url(engine.url), current=current, head=head_revision())
+
+
+def upgrade(engine: Engine) -> SchemaState:
+    """Apply every pending migration in one transaction (serialized across processes); return the new state."""
+    with translate_errors(engine, "migration failed"), engine.begin() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
+        before = current_revision(conn)
+        command.upgrade(alembic_config(conn), "head")
+        after = current_revision(conn)
+    if before != after:
+        log.info("%s: schema upgraded from %s to %s", mask_url(engine.url), before or "empty", after)
+    return SchemaState(url=mask_url(engine.url), current=after, head=head_revision())
+
+
+def require_current(engine: Engine, *, upgrade_if_behind: bool) -> SchemaState:
+    """Make sure the schema is at head: upgrade it, or fail with what to run."""
+    state = schema_state(engine)
+    if state.up_to_date:
+        return state
+    if not state.known:
+        raise StoreSchemaError(
+            f"{state.url}: the database is at schema revision {state.current}, which this alignflow does not know "
+            f"(its newest is {state.head}); it was migrated by a newer alignflow - upgrade alignflow"
+        )
+    if upgrade_if_behind:
+        return upgrade(engine)
+    where = f"revision {state.current}" if state.current else "an empty schema"
+    raise StoreSchemaError(
+        f"{state.url}: the database is at {where}, this alignflow needs revision {state.head}; "
+        "run `alignflow db upgrade`"
+    )
+
+
+def model_drift(engine: Engine) -> list[Any]:
+    """Differences between the models and the migrated database (empty when the migrations match the models)."""
+    from alignflow.store.models import Base
+
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
+        return list(compare_metadata(ctx, Base.metadata))
+
+
+def new_revision(message: str) -> Path:
+    """Generate a migration from the difference between the models and the current head (for developers).
+
+    Autogenerate compares against a scratch SQLite database upgraded to head, so it needs no server; SQLite
+    makes Alembic render batch operations, which PostgreSQL runs as plain ALTERs - one file for both backends.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="alignflow-revision-") as scratch:
+        engine = create_store_engine(f"sqlite:///{Path(scratch) / 'scratch.sqlite'}")
+        try:
+            upgrade(engine)
+            with engine.begin() as conn:
+                head = head_revision()
+                # Sequential ids (0001, 0002, ...) keep the versions folder in migration order.
+                rev_id = f"{int(head) + 1:04d}" if head.isdigit() else None
+                script = command.revision(alembic_config(conn), message=message, autogenerate=True, rev_id=rev_id)
+        finally:
+            engine.dispose()
+    scripts = script if isinstance(script, list) else [script]
+    assert scripts[0] is not None, "alembic generated no migration"
+    return Path(scripts[0].path)
+
+
+@contextmanager
+def translate_errors(engine: Engine, what: str) -> Iterator[None]:
+    """Turn SQLAlchemy's exceptions into a `StoreError` that names the database (password masked)."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except SQLAlchemyError as exc:
+        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        raise StoreError(f"{mask_url(engine.url)}: {what}: {detail[0] if detail else type(exc).__name__}") from exc

@@ -1,0 +1,186 @@
+"""What the store hands out: statuses and frozen records (never ORM objects, never a Session)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any
+
+PASS_VERDICT = "pass"
+
+
+def utc_now() -> datetime:
+    """The store's default clock: timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+class RunStatus(StrEnum):
+    """Life of a run. `completed` says the pipeline ran to its end; whether the two sides align is the verdict."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    CRASHED = "crashed"
+
+
+class StepStatus(StrEnum):
+    """Life of one step run: `ran` = executed and succeeded; `cached` = reused the outputs of an earlier `ran`."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    RAN = "ran"
+    CACHED = "cached"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+OPEN_STEP_STATUSES = (StepStatus.PENDING, StepStatus.RUNNING)
+FINISHED_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.CRASHED)
+
+
+def _json_ready(record: Any) -> dict[str, Any]:
+    out = asdict(record)
+    for key, value in out.items():
+        if isinstance(value, datetime):
+            out[key] = value.isoformat()
+        elif isinstance(value, StrEnum):
+            out[key] = value.value
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class ExperimentRecord:
+    """An experiment and the configuration version last ensured for it."""
+
+    id: int
+    name: str
+    config_sha256: str
+    config: dict[str, Any]
+    created_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return _json_ready(self)
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One execution of an experiment's pipeline (a re-run is a new run pointing at its parent)."""
+
+    id: str
+    experiment: str
+    config_sha256: str
+    parent_id: str | None
+    trigger: str
+    status: RunStatus
+    code_version: str
+    verdict: str | None
+    report: str | None
+    error: str | None
+    params: dict[str, Any]
+    started_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def duration_s(self) -> float | None:
+        """Seconds from start to finish; None while running."""
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+    @property
+    def finished(self) -> bool:
+        return self.status != RunStatus.RUNNING
+
+    def to_json(self) -> dict[str, Any]:
+        return {**_json_ready(self), "duration_s": self.duration_s}
+
+
+@dataclass(frozen=True, slots=True)
+class StepRunRecord:
+    """One attempt at one pipeline step inside a run."""
+
+    id: str
+    run_id: str
+    step: str
+    host: str | None
+    command: str | None
+    cache_key: str | None
+    inputs: dict[str, Any]
+    status: StepStatus
+    exit_code: int | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    stdout_tail: str | None
+    stderr_tail: str | None
+    job_dir: str | None
+    job_handle: dict[str, Any] | None
+    error: str | None
+    reused_from: str | None
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return (self.finished_at - self.started_at).total_seconds()
+
+    @property
+    def finished(self) -> bool:
+        return self.status not in OPEN_STEP_STATUSES
+
+    def to_json(self) -> dict[str, Any]:
+        return {**_json_ready(self), "duration_s": self.duration_s}
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactRecord:
+    """A fingerprinted output of a step run, where it lives (host + path)."""
+
+    id: int
+    step_run_id: str
+    name: str
+    host: str
+    path: str
+    kind: str
+    sha256: str
+    size_bytes: int
+    manifest: list[Any] | dict[str, Any] | None
+    created_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return _json_ready(self)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRecord:
+    """What a host looked like when a run used it (versions, commits, drivers, env)."""
+
+    id: int
+    run_id: str
+    host: str
+    taken_at: datetime
+    data: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return _json_ready(self)
+
+
+@dataclass(frozen=True, slots=True)
+class ComparisonRecord:
+    """The comparison of a run: its verdict, every criterion's result and the summary statistics."""
+
+    id: int
+    run_id: str
+    verdict: str
+    criteria: list[dict[str, Any]]
+    summary: dict[str, Any]
+    created_at: datetime
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == PASS_VERDICT
+
+    def to_json(self) -> dict[str, Any]:
+        return _json_ready(self)

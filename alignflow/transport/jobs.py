@@ -1,0 +1,214 @@
+"""Detached jobs: a command that outlives the connection that started it.
+
+A job lives in `<workdir>/jobs/<job_id>/`:
+
+```
+cmd.sh      the rendered command (host env, setup lines, per-job env, cwd, exec argv) - runnable by hand
+job.sh      the supervisor: writes `pid`, runs cmd.sh, writes `exit_code` atomically (temp file + mv)
+spec.json   what was asked (argv, name, env, cwd, started_at): lets a restarted controller re-attach by id
+pid         the supervisor's pid; it is also the process group id (setsid), which `cancel` kills
+stdout, stderr
+exit_code   present only once the command has ended - the truth about "finished"
+cancelled   marker written by `cancel` before it signals the group
+```
+
+Why `setsid`: the job gets its own session and process group, so neither a dropped SSH connection nor the
+controller's signals reach it, and `kill -- -PGID` also reaches torchrun/msrun children. Why the `cwd`
+check in STATUS: `kill -0` reports zombies (and recycled pids) as alive (orchestration reference G12); a
+process whose `/proc/PID/cwd` is this job dir is our supervisor, a zombie has no cwd at all.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+JobKind = Literal["running", "exited", "lost", "cancelled"]
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_SLUG = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def new_job_id(name: str, now: datetime) -> str:
+    """`<name>-<UTC time>-<random>`: sortable, readable in `ls`, unique without coordination."""
+    slug = _SLUG.sub("-", name).strip("-.")[:40] or "job"
+    return f"{slug}-{now.strftime('%Y%m%dT%H%M%S')}-{secrets.token_hex(3)}"
+
+
+def check_job_id(job_id: str) -> str:
+    if not _JOB_ID.match(job_id):
+        raise ValueError(
+            f"job id {job_id!r}: use letters, digits, '.', '_' or '-' (at most 128, not starting with '.')"
+        )
+    return job_id
+
+
+@dataclass(frozen=True, slots=True)
+class JobSpec:
+    """What to run detached: argv (no shell unless you write `["bash", "-c", ...]`), env, cwd, a name."""
+
+    argv: tuple[str, ...]
+    name: str = "job"
+    env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str | None = None
+    job_id: str | None = None
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        name: str = "job",
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        job_id: str | None = None,
+    ) -> None:
+        if isinstance(argv, str) or not argv:
+            raise ValueError("JobSpec.argv must be a non-empty list of arguments, not a string")
+        object.__setattr__(self, "argv", tuple(str(a) for a in argv))
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "env", dict(env or {}))
+        object.__setattr__(self, "cwd", cwd)
+        object.__setattr__(self, "job_id", check_job_id(job_id) if job_id is not None else None)
+
+
+@dataclass(frozen=True, slots=True)
+class JobHandle:
+    """Everything needed to find a job again: persist `to_dict()` before polling (ARCHITECTURE §6)."""
+
+    host: str
+    job_id: str
+    job_dir: str
+    pid: int
+    pgid: int
+    started_at: datetime
+    name: str = "job"
+    argv: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "job_id": self.job_id,
+            "job_dir": self.job_dir,
+            "pid": self.pid,
+            "pgid": self.pgid,
+            "started_at": self.started_at.isoformat(),
+            "name": self.name,
+            "argv": list(self.argv),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobHandle:
+        started = datetime.fromisoformat(str(data["started_at"]))
+        if started.tzinfo is None:
+            started = started.replace(tzinfo=UTC)
+        return cls(
+            host=str(data["host"]),
+            job_id=check_job_id(str(data["job_id"])),
+            job_dir=str(data["job_dir"]),
+            pid=int(data["pid"]),
+            pgid=int(data["pgid"]),
+            started_at=started,
+            name=str(data.get("name", "job")),
+            argv=tuple(str(a) for a in data.get("argv", ())),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """running / exited(code) / lost (process gone, no exit file) / cancelled."""
+
+    kind: JobKind
+    exit_code: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.kind != "running"
+
+    @property
+    def ok(self) -> bool:
+        return self.kind == "exited" and self.exit_code == 0
+
+    def __str__(self) -> str:
+        return f"exited({self.exit_code})" if self.kind == "exited" else self.kind
+
+
+# The supervisor. Runs in the job dir, in its own session; `$$` is the process group id.
+SUPERVISOR_SH = """\
+echo $$ > pid.tmp && mv -f pid.tmp pid
+bash ./cmd.sh > stdout 2> stderr < /dev/null
+code=$?
+echo "$code" > exit_code.tmp && mv -f exit_code.tmp exit_code
+"""
+
+# $1 job dir, $2 cmd.sh, $3 job.sh, $4 spec.json. Prints the pid. Exit 98 when the job dir exists (job ids
+# are never reused, so a job's files are never overwritten).
+LAUNCH_SH = """\
+d=$1
+mkdir -p -m 700 -- "${d%/*}" || exit 1
+mkdir -m 700 -- "$d" 2>/dev/null || { echo "job dir exists: $d" >&2; exit 98; }
+cd -- "$d" || exit 1
+printf '%s' "$2" > cmd.sh && printf '%s' "$3" > job.sh && printf '%s' "$4" > spec.json || exit 1
+setsid nohup bash ./job.sh > /dev/null 2>&1 < /dev/null &
+i=0; while [ ! -s pid ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done
+[ -s pid ] || { echo "the job's supervisor did not start in $d" >&2; exit 1; }
+cat pid
+"""
+
+# Liveness of a job's supervisor: its /proc cwd is the job dir (false for zombies and recycled pids).
+_ALIVE_SH = """\
+af_alive() { [ -n "$pid" ] && [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$real" ]; }
+"""
+
+# $1 job dir. Prints one of: MISSING | EXITED <code> | RUNNING | CANCELLED | LOST
+STATUS_SH = _ALIVE_SH + """\
+d=$1
+[ -d "$d" ] || { echo MISSING; exit 0; }
+real=$(cd -- "$d" && pwd -P); pid=$(cat -- "$d/pid" 2>/dev/null)
+[ -f "$d/exit_code" ] && { echo "EXITED $(cat -- "$d/exit_code")"; exit 0; }
+af_alive && { echo RUNNING; exit 0; }
+# the supervisor may have written exit_code and ended between the two checks above
+[ -f "$d/exit_code" ] && { echo "EXITED $(cat -- "$d/exit_code")"; exit 0; }
+[ -f "$d/cancelled" ] && { echo CANCELLED; exit 0; }
+echo LOST
+"""
+
+# $1 job dir, $2 grace seconds. TERM to the group, KILL after the grace period; then prints the state.
+CANCEL_SH = _ALIVE_SH + """\
+d=$1; grace=$2
+[ -d "$d" ] || { echo MISSING; exit 0; }
+real=$(cd -- "$d" && pwd -P); pid=$(cat -- "$d/pid" 2>/dev/null)
+af_group() { ps -e -o pgid=,stat= | awk -v g="$pid" '$1 == g && $2 !~ /^Z/ {n++} END {exit n ? 0 : 1}'; }
+if [ ! -f "$d/exit_code" ] && af_alive; then
+  : > "$d/cancelled"
+  kill -TERM -- "-$pid" 2>/dev/null
+  end=$(( $(date +%s) + grace ))
+  while af_group && [ "$(date +%s)" -lt "$end" ]; do sleep 0.1; done
+  af_group && kill -KILL -- "-$pid" 2>/dev/null
+  i=0; while af_group && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+fi
+""" + STATUS_SH
+
+# $1 job dir, $2 bytes, $3 stream file name
+TAIL_SH = '[ -d "$1" ] || exit 3; [ -f "$1/$3" ] || exit 0; tail -c "$2" -- "$1/$3"'
+
+# $1 job dir -> "PID\\n<spec.json>"
+ATTACH_SH = '[ -f "$1/spec.json" ] || exit 3; cat -- "$1/pid" 2>/dev/null || echo 0; cat -- "$1/spec.json"'
+
+
+def parse_status(line: str) -> JobState | None:
+    """The STATUS_SH answer as a state; None for MISSING."""
+    word, _, rest = line.strip().partition(" ")
+    table: dict[str, JobState] = {
+        "RUNNING": JobState("running"),
+        "CANCELLED": JobState("cancelled"),
+        "LOST": JobState("lost"),
+    }
+    if word == "MISSING":
+        return None
+    if word == "EXITED":
+        return JobState("exited", int(rest.strip()))
+    if word in table:
+        return table[word]
+    raise ValueError(f"unexpected job status line {line!r}")

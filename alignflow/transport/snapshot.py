@@ -1,0 +1,117 @@
+"""Host snapshots: the software state that explains precision differences, recorded with every run.
+
+Precision gaps between an NPU run and a GPU run are very often explained by the host: framework versions,
+a dirty checkout, a driver, a determinism variable that was not set (orchestration reference §4, idea 4).
+The snapshot is taken by `snapshot_probe.py` running on the host with the same env and setup lines as the
+step's commands, so it sees what the step sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+# Distributions whose versions matter for alignment (importlib.metadata names).
+PACKAGES: tuple[str, ...] = (
+    "mindspore",
+    "mindformers",
+    "torch",
+    "megatron-core",
+    "transformer-engine",
+    "transformer_engine",
+    "numpy",
+    "safetensors",
+    "alignflow",
+)
+
+# Environment variables recorded besides the host's declared `env`: the families that change numerics or
+# determinism on Ascend (HCCL/LCCL/MS/ASCEND) and CUDA (NCCL/CUBLAS/CUDA/NVTE/TORCH).
+ENV_PREFIXES: tuple[str, ...] = (
+    "HCCL_",
+    "LCCL_",
+    "MS_",
+    "ASCEND_",
+    "CUSTOM_MATMUL",
+    "NCCL_",
+    "CUBLAS_",
+    "CUDA_",
+    "NVTE_",
+    "TORCH_",
+    "PYTORCH_",
+    "OMP_NUM_THREADS",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HostSnapshot:
+    """One host's software state at one moment. `to_dict()` is JSON-able; `from_dict` reads it back."""
+
+    host: str
+    taken_at: datetime
+    hostname: str | None = None
+    os: str | None = None
+    python: Mapping[str, Any] = field(default_factory=dict)
+    packages: Mapping[str, str | None] = field(default_factory=dict)
+    repos: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    accelerators: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    tools: Mapping[str, str | None] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    declared_env_missing: tuple[str, ...] = ()
+    error: str | None = None  # set when the probe itself could not run (e.g. the host's python is missing)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "taken_at": self.taken_at.isoformat(),
+            "hostname": self.hostname,
+            "os": self.os,
+            "python": dict(self.python),
+            "packages": dict(self.packages),
+            "repos": {k: dict(v) for k, v in self.repos.items()},
+            "accelerators": {k: dict(v) for k, v in self.accelerators.items()},
+            "tools": dict(self.tools),
+            "env": dict(self.env),
+            "declared_env_missing": list(self.declared_env_missing),
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> HostSnapshot:
+        taken = datetime.fromisoformat(str(data["taken_at"]))
+        return cls(
+            host=str(data["host"]),
+            taken_at=taken if taken.tzinfo else taken.replace(tzinfo=UTC),
+            hostname=data.get("hostname"),
+            os=data.get("os"),
+            python=dict(data.get("python") or {}),
+            packages=dict(data.get("packages") or {}),
+            repos={k: dict(v) for k, v in (data.get("repos") or {}).items()},
+            accelerators={k: dict(v) for k, v in (data.get("accelerators") or {}).items()},
+            tools=dict(data.get("tools") or {}),
+            env=dict(data.get("env") or {}),
+            declared_env_missing=tuple(data.get("declared_env_missing") or ()),
+            error=data.get("error"),
+        )
+
+    @classmethod
+    def from_probe(cls, host: str, taken_at: datetime, probe: Mapping[str, Any]) -> HostSnapshot:
+        return cls.from_dict({**probe, "host": host, "taken_at": taken_at.isoformat()})
+
+    def summary(self) -> str:
+        """One line for `alignflow hosts check`: python, installed frameworks, accelerators, dirty repos."""
+        if self.error:
+            return f"snapshot failed: {self.error}"
+        parts = [f"python {self.python.get('version', '?')}"]
+        parts += [f"{k} {v}" for k, v in self.packages.items() if v and k != "alignflow"]
+        for name, acc in self.accelerators.items():
+            if acc.get("present"):
+                out = (acc.get("output") or acc.get("error") or "").strip().splitlines()
+                parts.append(f"{name}: {out[0][:60] if out else 'present'}")
+        for name, repo in self.repos.items():
+            if repo.get("commit"):
+                parts.append(f"{name}@{str(repo['commit'])[:10]}{'+dirty' if repo.get('dirty') else ''}")
+            else:
+                parts.append(f"{name}: {repo.get('error')}")
+        return ", ".join(parts)

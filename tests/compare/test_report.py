@@ -1,0 +1,105 @@
+"""write_report: a self-contained HTML report, a markdown summary, CSV, PNGs and JSON that say what compare said."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from alignflow.compare.comparison import Comparison, compare
+from alignflow.compare.criteria import default_criteria
+from alignflow.compare.plots import envelope
+from alignflow.compare.report import write_report
+from alignflow.logs import parse_log
+from tests.logfixtures import make_run, megatron_lines, mindformers_lines, perturbed
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def failed() -> Comparison:
+    ref_run = make_run(120, seed=21)
+    test_run = perturbed(ref_run, loss_noise=1e-4, loss_offset=0.003, seed=22)
+    test_lines = mindformers_lines(test_run)
+    ref_lines = ["load_return: None <script>alert(1)</script>\n", *megatron_lines(ref_run)[:110]]
+    return compare(parse_log(test_lines, source="npu.log"), parse_log(ref_lines, source="gpu.log"),
+                   default_criteria())
+
+
+def test_report_files_are_written_and_agree_with_the_comparison(failed: Comparison, tmp_path: Path) -> None:
+    files = write_report(failed, tmp_path / "report", title="GLM mini: NPU vs GPU", labels=("NPU", "GPU"),
+                         fingerprints={"data": "5b207e7d" * 8, "checkpoints": {"bf16": "ab" * 32}})
+    assert files.html.parent == tmp_path / "report"
+    assert sorted(files.pngs) == sorted(failed.metrics)
+    for png in files.pngs.values():
+        assert png.read_bytes().startswith(PNG_MAGIC)
+    assert json.loads(files.json.read_text()) == {**failed.to_json(),
+                                                  "fingerprints": {"data": "5b207e7d" * 8,
+                                                                   "checkpoints": {"bf16": "ab" * 32}}}
+    leftovers = [p.name for p in files.html.parent.iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_html_is_self_contained_with_embedded_plots_and_escaped_text(failed: Comparison, tmp_path: Path) -> None:
+    files = write_report(failed, tmp_path, title="GLM mini", labels=("NPU", "GPU"), fingerprints={"data": "f" * 64})
+    page = files.html.read_text(encoding="utf-8")
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # nothing fetched
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(images) == len(failed.metrics)
+    assert all(base64.b64decode(i).startswith(PNG_MAGIC) for i in images)
+    assert "Verdict: FAIL" in page
+    assert "|me(lm_loss)| &lt; 0.001" in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<script>" not in page
+    assert "f" * 64 in page
+    assert "megatron_nonstrict_load" in page
+    assert "only in GPU: none" in page
+    assert "only in NPU: 111-120" in page
+
+
+def test_markdown_summary_for_prefect_artifacts(failed: Comparison, tmp_path: Path) -> None:
+    md = write_report(failed, tmp_path, title="GLM mini", labels=("NPU", "GPU")).markdown.read_text()
+    assert md.startswith("# GLM mini\n")
+    assert "**Verdict: FAIL** — NPU vs GPU" in md
+    assert "| \\|me(lm_loss)\\| < 0.001 |" in md
+    assert "- 1 fatal sentinel line(s) in the reference log: megatron_nonstrict_load" in md
+    assert "| metric | n | ME | mean \\|e\\| |" in md
+    cells = re.compile(r"(?<!\\)\|")  # unescaped pipes delimit cells
+    header = next(line for line in md.splitlines() if line.startswith("| metric | n |"))
+    row = next(line for line in md.splitlines() if line.startswith("| lm_loss |"))
+    assert len(cells.findall(header)) == len(cells.findall(row)) == 12
+
+
+def test_csv_holds_every_step_of_either_log(failed: Comparison, tmp_path: Path) -> None:
+    csv = write_report(failed, tmp_path, plots=False).csv
+    table = pd.read_csv(csv, index_col="step")
+    assert table.index.tolist() == list(range(1, 121))
+    assert table["in_reference"].sum() == 110
+    assert table["lm_loss_error"].iloc[:110].tolist() == pytest.approx(
+        failed.aligned["lm_loss_error"].iloc[:110].tolist(), rel=1e-11)
+
+
+def test_no_plots_means_no_pngs_and_no_images(failed: Comparison, tmp_path: Path) -> None:
+    files = write_report(failed, tmp_path, plots=False)
+    assert files.pngs == {}
+    assert list(tmp_path.glob("*.png")) == []
+    assert "<img" not in files.html.read_text()
+
+
+def test_envelope_keeps_the_extremes_of_long_curves() -> None:
+    import numpy as np
+
+    x = np.arange(100_000, dtype=float)
+    y = np.sin(x / 500.0)
+    y[31_337] = 5.0
+    ex, ey = envelope(x, y, buckets=1000)
+    assert len(ex) == 2000
+    assert ey.max() == 5.0
+    assert ey.min() == pytest.approx(y.min())
+    short_x, short_y = envelope(x[:100], y[:100])
+    assert short_y.tolist() == y[:100].tolist()
+    assert short_x.tolist() == x[:100].tolist()

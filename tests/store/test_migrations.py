@@ -1,0 +1,102 @@
+"""Migrations: up from an empty database, models == migrations (`alembic check`), refusals on a wrong schema."""
+
+from __future__ import annotations
+
+import pytest
+from alembic import command
+from sqlalchemy import inspect, text
+
+from alignflow.errors import StoreError, StoreSchemaError
+from alignflow.store import Store
+from alignflow.store import database as db
+from alignflow.store.models import Base
+
+
+def test_upgrade_from_an_empty_database_creates_every_table(db_url: str) -> None:
+    engine = db.create_store_engine(db_url)
+    try:
+        assert db.schema_state(engine).current is None
+        state = db.upgrade(engine)
+        assert state.current == state.head == db.head_revision()
+        tables = set(inspect(engine).get_table_names())
+        assert tables == set(Base.metadata.tables) | {"alembic_version"}
+    finally:
+        engine.dispose()
+
+
+def test_models_match_the_migrations(db_url: str) -> None:
+    engine = db.create_store_engine(db_url)
+    try:
+        db.upgrade(engine)
+        assert db.model_drift(engine) == []
+    finally:
+        engine.dispose()
+
+
+def test_migrations_downgrade_to_empty_and_upgrade_again(db_url: str) -> None:
+    engine = db.create_store_engine(db_url)
+    try:
+        db.upgrade(engine)
+        with engine.begin() as conn:
+            command.downgrade(db.alembic_config(conn), "base")
+        assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
+        assert db.upgrade(engine).up_to_date
+    finally:
+        engine.dispose()
+
+
+def test_open_without_upgrade_on_an_empty_database_says_to_run_db_upgrade(db_url: str) -> None:
+    message = r"empty schema, this alignflow needs revision \w+; run `alignflow db upgrade`"
+    with pytest.raises(StoreSchemaError, match=message):
+        Store.open(db_url, upgrade=False)
+
+
+def test_open_with_upgrade_migrates_and_later_opens_need_nothing(db_url: str) -> None:
+    Store.open(db_url).close()
+    with Store.open(db_url, upgrade=False) as store:
+        assert store.list_runs() == []
+
+
+def test_a_schema_from_a_newer_alignflow_is_refused_even_with_upgrade(db_url: str) -> None:
+    engine = db.create_store_engine(db_url)
+    try:
+        db.upgrade(engine)
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = 'ffff_future'"))
+    finally:
+        engine.dispose()
+    with pytest.raises(StoreSchemaError, match="ffff_future, which this alignflow does not know"):
+        Store.open(db_url, upgrade=True)
+
+
+def test_url_password_is_masked_in_messages() -> None:
+    masked = db.mask_url("postgresql+psycopg://alice:s3cret@db.example:5432/alignflow")
+    assert "s3cret" not in masked
+    assert masked == "postgresql+psycopg://alice:***@db.example:5432/alignflow"
+
+
+def test_bare_postgresql_url_means_psycopg3() -> None:
+    assert db.parse_url("postgresql://u@h/d").drivername == "postgresql+psycopg"
+
+
+def test_unsupported_backend_is_refused() -> None:
+    with pytest.raises(StoreError, match="unsupported database 'mysql'"):
+        db.create_store_engine("mysql://u:pw@h/d")
+
+
+def test_unreachable_server_is_a_store_error_naming_the_masked_url() -> None:
+    masked = r"postgresql\+psycopg://u:\*\*\*@127\.0\.0\.1:1/d: cannot read the schema"
+    with pytest.raises(StoreError, match=masked) as info:
+        Store.open("postgresql+psycopg://u:pw@127.0.0.1:1/d")
+    assert "pw@" not in str(info.value)
+
+
+def test_sqlite_store_uses_wal_and_a_busy_timeout(tmp_path: object) -> None:
+    engine = db.create_store_engine(f"sqlite:///{tmp_path}/s.sqlite")
+    try:
+        with engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == int(db.BUSY_TIMEOUT_S * 1000)
+            assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+    finally:
+        engine.dispose()

@@ -1,0 +1,112 @@
+"""Pure parts of the transport layer: path confinement, command rendering, job values, ssh_config rendering."""
+
+from __future__ import annotations
+
+import subprocess
+from datetime import UTC, datetime
+
+import pytest
+
+from alignflow.config.hosts import Host
+from alignflow.errors import PathNotAllowed
+from alignflow.transport import JobHandle, JobSpec, JobState
+from alignflow.transport.commands import render_job_script, render_prologue, wrap_command
+from alignflow.transport.jobs import new_job_id, parse_status
+from alignflow.transport.openssh import known_host_name, render_config
+from alignflow.transport.paths import confine
+
+WD, HOME = "/data/af", "/home/u"
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ("x/y", "/data/af/x/y"),
+        ("/data/af/x/../y", "/data/af/y"),
+        (".", "/data/af"),
+        ("/data/af", "/data/af"),
+        ("~/../../data/af/z", "/data/af/z"),
+        ("a//b/./c", "/data/af/a/b/c"),
+    ],
+)
+def test_paths_inside_the_workdir_are_normalized(given: str, expected: str) -> None:
+    assert confine(given, workdir=WD, home=HOME, host="h") == expected
+
+
+@pytest.mark.parametrize(
+    "given", ["..", "../x", "x/../../y", "/data/afx", "/data", "/etc/passwd", "~", "~root/x", "", "a\0b", "//etc"]
+)
+def test_paths_outside_the_workdir_are_refused(given: str) -> None:
+    with pytest.raises(PathNotAllowed, match="outside the host's workdir"):
+        confine(given, workdir=WD, home=HOME, host="h")
+
+
+def test_prologue_quotes_env_values_and_orders_host_env_setup_call_env() -> None:
+    text = render_prologue(host_env={"A": "1 $(x)"}, setup=["export B=$A"], env={"A": "call"}, cwd="/w d")
+    out = subprocess.run(["bash", "-c", text + '\nprintf "%s|%s|%s" "$A" "$B" "$PWD"'], capture_output=True,
+                         text=True, check=False, cwd="/")
+    # host env is literal (no command substitution), setup sees it, the per-call env wins, cd failed -> 125
+    assert out.returncode == 125
+    text = render_prologue(host_env={"A": "1 $(x)"}, setup=["export B=$A"], env={"A": "call"}, cwd="/")
+    out = subprocess.run(["bash", "-c", text + '\nprintf "%s|%s|%s" "$A" "$B" "$PWD"'], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout == "call|1 $(x)|/"
+
+
+def test_env_names_must_be_identifiers() -> None:
+    with pytest.raises(ValueError, match="not valid environment variable"):
+        render_prologue(host_env={}, setup=[], env={"A; rm -rf /": "x"}, cwd=None)
+
+
+def test_wrapped_command_passes_arguments_as_positional_parameters() -> None:
+    argv = wrap_command(["printf", "%s\n", "a b", "$(id)", "x;y"], render_prologue(host_env={}, setup=[], env=None,
+                                                                                    cwd=None))
+    out = subprocess.run(argv, capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["a b", "$(id)", "x;y"]
+
+
+def test_job_script_is_runnable_and_literal() -> None:
+    script = render_job_script(["printf", "%s", "it's $(x)"], "export Z=1", header="h\nmultiline")
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout == "it's $(x)"
+
+
+def test_job_values_round_trip_and_validate() -> None:
+    now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    handle = JobHandle("ascend", new_job_id("npu base/train", now), "/w/jobs/x", 12, 12, now, "n", ("a", "b"))
+    assert handle.job_id.startswith("npu-base-train-20260102T030405-")
+    assert JobHandle.from_dict(handle.to_dict()) == handle
+    with pytest.raises(ValueError, match="argv"):
+        JobSpec("python train.py")
+    with pytest.raises(ValueError, match="job id"):
+        JobSpec(["x"], job_id="../escape")
+    assert parse_status("EXITED 3") == JobState("exited", 3)
+    assert str(parse_status("EXITED 0")) == "exited(0)"
+    assert parse_status("MISSING") is None
+    assert parse_status("LOST") == JobState("lost")
+
+
+def test_ssh_config_pins_known_hosts_and_never_reads_user_config() -> None:
+    host = Host(name="h", role="cpu", transport="ssh", address="10.0.0.1", port=2222, user="u",
+                identity_file="/k/id 50%", known_hosts="/k/known hosts", workdir="/w")
+    text = render_config(host, control_path="/run/af/cm")
+    assert "StrictHostKeyChecking yes" in text
+    assert 'UserKnownHostsFile "/k/known hosts"' in text
+    assert 'IdentityFile "/k/id 50%%"' in text  # '%' would start an ssh_config token
+    assert "BatchMode yes" in text
+    assert "PasswordAuthentication no" in text
+    assert known_host_name(host) == "[10.0.0.1]:2222"
+    assert known_host_name(host.model_copy(update={"port": 22})) == "10.0.0.1"
+
+
+def test_both_transports_satisfy_the_protocol_and_connect_lazily() -> None:
+    from alignflow.transport import LocalTransport, SSHTransport, Transport, open_transport
+
+    local = open_transport(Host(name="l", role="cpu", transport="local", workdir="/nonexistent/never/created"))
+    remote = open_transport(Host(name="r", role="cpu", transport="ssh", address="192.0.2.1", user="u", workdir="/w"))
+    assert isinstance(local, LocalTransport)
+    assert isinstance(remote, SSHTransport)
+    assert isinstance(local, Transport)
+    assert isinstance(remote, Transport)
+    assert remote.python() == "python3"  # nothing connected, nothing created: constructors have no side effects
+    remote.close()
