@@ -1,9 +1,9 @@
 """The alignment pipeline as data: six steps, what each reads and writes, and where it runs by default.
 
 ```
- npu_base_train --base_ckpt--> convert_bf16 --bf16_ckpt--> convert_megatron --megatron_ckpt--> gpu_train --gpu_log--+
- npu_reload_train <--bf16_ckpt--'                                                                                 +--> compare
-                 '--------------------------------------------------------------------------------npu_log---------+
+ npu_base_train -base_ckpt-> convert_bf16 -bf16_ckpt-> convert_megatron -megatron_ckpt-> gpu_train -gpu_log--+
+ npu_reload_train <-bf16_ckpt--'                                                                          +-> compare
+                 '-------------------------------------------------------------------------npu_log--------+
 ```
 
 Everything that decides *which* steps run (from-step, only, force, a re-run of one step and what depends on

@@ -59,6 +59,6 @@ def render_training(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
         from alignflow.backends.reference import gpu_command
 
         return gpu_command(experiment, spec)
-    from alignflow.backends.megatron_cmd import gpu_command as mg_command
+    from alignflow.backends.megatron import gpu_command as mg_command
 
     return mg_command(experiment, spec)

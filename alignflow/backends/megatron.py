@@ -11,9 +11,14 @@ does not make Megatron fail (it exits 0), which is why the log sentinels exist.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from alignflow.config.model import ModelConfig, TrainingConfig
 from alignflow.errors import ConfigError
+
+if TYPE_CHECKING:
+    from alignflow.backends import CommandTemplate, TrainSpec
+    from alignflow.config.experiment import Experiment
 
 
 def _num(value: float) -> str:
@@ -163,3 +168,32 @@ def pretrain_flags(
         f += ["--no-persist-layer-norm", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
               "--no-bias-dropout-fusion", "--no-bias-swiglu-fusion", "--no-rope-fusion"]
     return [*f, *extra_args]
+
+
+def gpu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
+    """`pretrain_gpt.py <flags>` (optionally under `torchrun`) for one GPU-side training."""
+    from alignflow.backends import CommandTemplate
+
+    gpu = experiment.gpu
+    assert gpu.entry is not None
+    assert spec.load is not None
+    flags = pretrain_flags(experiment.model, experiment.training, steps=spec.steps, data_path=spec.data,
+                           load=spec.load, transformer_impl=gpu.transformer_impl, extra_args=gpu.extra_args)
+    if gpu.torchrun is not None:
+        launcher = ["{python}", "-m", "torch.distributed.run"]
+        for key, value in sorted(gpu.torchrun.items()):
+            launcher += [f"--{key}", str(value)]
+        argv = [*launcher, gpu.entry, *flags]
+    else:
+        argv = ["{python}", gpu.entry, *flags]
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    if experiment.training.deterministic:
+        env |= {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    return CommandTemplate(
+        argv=tuple(argv),
+        log_format="megatron",
+        code_version=f"entry {gpu.entry}",
+        env={**env, **gpu.env},
+        required_lines=("successfully loaded checkpoint from",),
+        code_repo=gpu.repo,
+    )

@@ -36,16 +36,17 @@ def step_command(experiment: Experiment, step: str, *, data_sha256: str) -> Step
     """The command of one step of `experiment` (trainings through their backend, conversions through the CLI)."""
     training = experiment.training
     override = experiment.steps.get(step)
+    data = data_placeholder(experiment)
     if step == "npu_base_train":
-        spec = TrainSpec(step, "npu", training.base_steps, "{in:data}", data_sha256, None, "{out}/checkpoint")
+        spec = TrainSpec(step, "npu", training.base_steps, data, data_sha256, None, "{out}/checkpoint")
         cmd = StepCommand(render_training(experiment, spec), {"base_ckpt": "checkpoint", "npu_base_log": "train.log"},
                           expect_steps=training.base_steps, log_source="npu_base")
     elif step == "npu_reload_train":
-        spec = TrainSpec(step, "npu", training.steps, "{in:data}", data_sha256, "{in:bf16_ckpt}", None)
+        spec = TrainSpec(step, "npu", training.steps, data, data_sha256, "{in:bf16_ckpt}", None)
         cmd = StepCommand(render_training(experiment, spec), {"npu_log": "train.log"},
                           expect_steps=training.steps, log_source="npu")
     elif step == "gpu_train":
-        spec = TrainSpec(step, "gpu", training.steps, "{in:data}", data_sha256, "{in:megatron_ckpt}", None)
+        spec = TrainSpec(step, "gpu", training.steps, data, data_sha256, "{in:megatron_ckpt}", None)
         cmd = StepCommand(render_training(experiment, spec), {"gpu_log": "train.log"},
                           expect_steps=training.steps, log_source="gpu")
     elif step == "convert_bf16":
@@ -87,6 +88,12 @@ def step_command(experiment: Experiment, step: str, *, data_sha256: str) -> Step
             cmd.outputs, cmd.expect_steps, cmd.log_source,
         )
     return cmd
+
+
+def data_placeholder(experiment: Experiment) -> str:
+    """What the trainings are given as their data path: the file, or `<dir>/<prefix>` for indexed data."""
+    prefix = experiment.data.prefix
+    return "{in:data}" + (f"/{prefix}" if prefix else "")
 
 
 def timeout_for(experiment: Experiment, step: str) -> float:

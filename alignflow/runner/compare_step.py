@@ -48,7 +48,7 @@ def run_compare(runner: StepRunner, inputs: Mapping[str, ArtifactRef],
     for name in ("npu_log", "gpu_log"):
         ref = inputs[name]
         local = logs_dir / f"{name}.log"
-        runner.transport_by_name(ref.host).get(ref.path, str(local))
+        runner.transport_by_name(ref.host).get(ref.path, str(local), overwrite=True)
         parsed[name] = parse_log(local.read_text(encoding="utf-8", errors="replace").splitlines(),
                                  source=f"{ref.host}:{ref.path}")
     report_dir = runner.state_dir / "reports" / f"{runner.run_id}-{uuid.uuid4().hex[:6]}"
@@ -67,7 +67,7 @@ def run_compare(runner: StepRunner, inputs: Mapping[str, ArtifactRef],
         ref = ArtifactRef("report", host.name if host.name else CONTROLLER, str(report_dir), fp.sha256, fp.size,
                           "report", [[f.path, f.sha256, f.size] for f in fp.files])
         runner.store.add_artifact(step_run.id, name="report", host=ref.host, path=ref.path, kind="report",
-                                  sha256=ref.sha256, size=ref.size, manifest=ref.manifest)
+                                  sha256=ref.sha256, size_bytes=ref.size, manifest=ref.manifest)
         runner.store.finish_step(step_run.id, status="ran", exit_code=0, stdout_tail=str(files.html),
                                  stderr_tail="")
     except Exception as exc:

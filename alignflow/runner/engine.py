@@ -77,7 +77,13 @@ class StepRunner:
     def transport(self, host: Host) -> Any:
         t = self._transports.get(host.name)
         if t is None:
-            t = self._factory(host)
+            if host.name == CONTROLLER and host.role == "controller":
+                # The controller's own files (data, reports) are the user's: no workdir confinement there.
+                from alignflow.transport import controller_transport
+
+                t = controller_transport(memo_path=str(self.state_dir / "hashmemo.sqlite"))
+            else:
+                t = self._factory(host)
             self._transports[host.name] = t
         return t
 
@@ -108,6 +114,9 @@ class StepRunner:
         """Path of `artifact` on `host`; copied there (and verified) when it lives elsewhere."""
         if artifact.host == host.name:
             return artifact.path
+        on_host = self.experiment.data.host_paths.get(host.role) if artifact.name == "data" else None
+        if on_host is not None:
+            return self._verify_on_host(artifact, host, on_host)
         from alignflow.transport import copy_between
 
         dst_t = self.transport(host)
@@ -127,6 +136,18 @@ class StepRunner:
                 f"{host.name}:{dest}: {artifact.name} arrived with sha256 {fp.sha256}, expected {artifact.sha256}",
                 expected=artifact.sha256, actual=fp.sha256)
         return str(dest)
+
+    def _verify_on_host(self, artifact: ArtifactRef, host: Host, path: str) -> str:
+        """Data that already lives on the host (declared in `data.host_paths`): same sha256, or refuse."""
+        from alignflow.errors import FingerprintMismatch
+
+        t = self.transport(host)
+        have = t.sha256([path])[path].sha256
+        if have != artifact.sha256:
+            raise FingerprintMismatch(
+                f"{host.name}:{path}: data sha256 {have} differs from {artifact.sha256} ({artifact.host}:"
+                f"{artifact.path}); both sides must read the same bytes", expected=artifact.sha256, actual=have)
+        return path
 
     # ------------------------------------------------------------------ the step
     def execute(self, step: str, inputs: Mapping[str, ArtifactRef]) -> StepOutcome:
@@ -169,12 +190,9 @@ class StepRunner:
             if now != a.sha256:
                 self.emit(f"{step}: cached {a.name} at {a.host}:{a.path} changed or vanished; re-running")
                 return None
-            refs[a.name] = ArtifactRef(a.name, a.host, a.path, a.sha256, a.size, a.kind, a.manifest)
+            refs[a.name] = ArtifactRef(a.name, a.host, a.path, a.sha256, a.size_bytes, a.kind, _manifest(a.manifest))
         record = self.store.record_cached_step(self.run_id, step, host=cached.host, command=cached.command,
-                                               cache_key=key, reused_from=cached.id)
-        for ref in refs.values():
-            self.store.add_artifact(record.id, name=ref.name, host=ref.host, path=ref.path, kind=ref.kind,
-                                    sha256=ref.sha256, size=ref.size, manifest=ref.manifest)
+                                               cache_key=key, reused_from=cached.id, inputs=cached.inputs)
         self.emit(f"{step}: cached (reusing step run {cached.id} of run {cached.run_id})")
         return StepOutcome(step, "cached", refs, record.id, key)
 
@@ -202,9 +220,9 @@ class StepRunner:
             state = self._wait(step, transport, handle, timeout_for(self.experiment, step))
             stdout_tail = transport.tail(handle, TAIL_BYTES, stream="stdout")
             stderr_tail = transport.tail(handle, TAIL_BYTES, stream="stderr")
-            if state.exit_code != 0:
+            if not state.ok:
                 raise RemoteJobError(
-                    f"{host.name}: step {step} {state.describe()}; job dir {handle.job_dir}\n"
+                    f"{host.name}: step {step} {state}; job dir {handle.job_dir}\n"
                     + "\n".join("    " + line for line in stderr_tail.rstrip().splitlines()[-15:]),
                     handle=handle, state=state)
             outputs = dict(command.outputs)
@@ -212,13 +230,13 @@ class StepRunner:
             if template.log_format and command.log_source is not None:
                 log_rel = "train.log" if template.log == "stdout" else template.log
                 if template.log == "stdout":
-                    transport.run(["cp", f"{handle.job_dir}/stdout.log", f"{out}/train.log"])
+                    transport.run(["cp", f"{handle.job_dir}/stdout", f"{out}/train.log"])
                 outputs = {k: (log_rel if v == "train.log" else v) for k, v in outputs.items()}
                 self._check_log(step, transport, f"{out}/{log_rel}", command)
             refs = self._fingerprint_outputs(step, host, transport, out, outputs)
             for ref in refs.values():
                 self.store.add_artifact(step_run.id, name=ref.name, host=ref.host, path=ref.path, kind=ref.kind,
-                                        sha256=ref.sha256, size=ref.size, manifest=ref.manifest)
+                                        sha256=ref.sha256, size_bytes=ref.size, manifest=ref.manifest)
             self.store.finish_step(step_run.id, status="ran", exit_code=state.exit_code, stdout_tail=stdout_tail,
                                    stderr_tail=stderr_tail)
             self.emit(f"{step}: ran on {host.name}")
@@ -235,12 +253,16 @@ class StepRunner:
         started = time.monotonic()
         last = [0.0]
 
-        def on_poll(state: Any, last_line: str = "") -> None:
+        def on_poll(state: Any) -> None:
             now = time.monotonic()
             if now - last[0] >= 10.0:
                 last[0] = now
-                line = f" | {last_line.strip()[:160]}" if last_line else ""
-                self.emit(f"{step}: {state.describe()} after {now - started:.0f}s{line}")
+                try:
+                    tail = transport.tail(handle, 600).rstrip().splitlines()
+                except AlignflowError:
+                    tail = []
+                line = f" | {tail[-1].strip()[-160:]}" if tail else ""
+                self.emit(f"{step}: {state} after {now - started:.0f}s{line}")
 
         return transport.wait(handle, poll_s=self.poll_s, timeout_s=timeout_s, on_poll=on_poll)
 
@@ -250,7 +272,7 @@ class StepRunner:
 
         local = self.state_dir / "runs" / self.run_id / "logs" / f"{step}.log"
         local.parent.mkdir(parents=True, exist_ok=True)
-        transport.get(path, str(local))
+        transport.get(path, str(local), overwrite=True)
         text = local.read_text(encoding="utf-8", errors="replace")
         lines = text.splitlines()
         parsed = parse_log(lines, fmt=command.template.log_format, source=f"{step}:{path}")
@@ -284,3 +306,7 @@ class StepRunner:
             manifest = [[f.path, f.sha256, f.size] for f in fp.files] if fp.kind == "dir" else None
             refs[name] = ArtifactRef(name, host.name, p, fp.sha256, fp.size, kind, manifest)
         return refs
+
+
+def _manifest(value: Any) -> list[list[Any]] | None:
+    return value if isinstance(value, list) else None

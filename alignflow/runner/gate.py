@@ -12,10 +12,11 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from alignflow.backends import TrainSpec, render_training
+from alignflow.backends import LogFormat, TrainSpec, render_training
 from alignflow.errors import PipelineError, RemoteJobError
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.cache import cache_key
+from alignflow.runner.commands import data_placeholder
 from alignflow.runner.engine import StepRunner
 from alignflow.runner.placeholders import fill, fill_all
 from alignflow.runner.session import StepOutcome
@@ -31,9 +32,10 @@ def run_gate(runner: StepRunner, inputs: Mapping[str, ArtifactRef]) -> StepOutco
     data = inputs["data"]
     sides = {
         "npu": (runner.host("npu_reload_train"),
-                TrainSpec("early_gate", "npu", gate.steps, "{in:data}", data.sha256, "{in:bf16_ckpt}", None)),
+                TrainSpec("early_gate", "npu", gate.steps, data_placeholder(exp), data.sha256, "{in:bf16_ckpt}", None)),
         "gpu": (runner.host("gpu_train"),
-                TrainSpec("early_gate", "gpu", gate.steps, "{in:data}", data.sha256, "{in:megatron_ckpt}", None)),
+                TrainSpec("early_gate", "gpu", gate.steps, data_placeholder(exp), data.sha256, "{in:megatron_ckpt}",
+                          None)),
     }
     templates = {side: render_training(exp, spec) for side, (_, spec) in sides.items()}
     key = cache_key(step="early_gate", argv=[*templates["npu"].argv, "|", *templates["gpu"].argv],
@@ -69,10 +71,10 @@ def run_gate(runner: StepRunner, inputs: Mapping[str, ArtifactRef]) -> StepOutco
         results: dict[str, Any] = {}
         for side, (t, handle, _out) in jobs.items():
             state = runner._wait(f"early_gate/{side}", t, handle, 2 * 3600.0)
-            if state.exit_code != 0:
-                raise RemoteJobError(f"{t.host.name}: early gate ({side}) {state.describe()}; job dir "
+            if not state.ok:
+                raise RemoteJobError(f"{t.host.name}: early gate ({side}) {state}; job dir "
                                      f"{handle.job_dir}", handle=handle, state=state)
-            results[side] = _step1(runner, side, t, f"{handle.job_dir}/stdout.log", templates[side].log_format)
+            results[side] = _step1(runner, side, t, f"{handle.job_dir}/stdout", templates[side].log_format)
         rows, failed = [], []
         for metric in gate.metrics:
             npu, gpu = results["npu"].get(metric), results["gpu"].get(metric)
@@ -94,7 +96,7 @@ def run_gate(runner: StepRunner, inputs: Mapping[str, ArtifactRef]) -> StepOutco
         fp = ctl.sha256([str(report_dir)])[str(report_dir)]
         ref = ArtifactRef("gate_report", controller.name, str(report_dir), fp.sha256, fp.size, "report")
         runner.store.add_artifact(step_run.id, name=ref.name, host=ref.host, path=ref.path, kind=ref.kind,
-                                  sha256=ref.sha256, size=ref.size)
+                                  sha256=ref.sha256, size_bytes=ref.size)
         if failed:
             raise GateFailed(
                 "early gate failed — step 1 runs the same batch through the same weights on both sides, so a "
@@ -111,12 +113,12 @@ def run_gate(runner: StepRunner, inputs: Mapping[str, ArtifactRef]) -> StepOutco
         raise
 
 
-def _step1(runner: StepRunner, side: str, transport: Any, path: str, fmt: str) -> dict[str, float]:
+def _step1(runner: StepRunner, side: str, transport: Any, path: str, fmt: LogFormat) -> dict[str, float]:
     from alignflow.logs import check_sentinels, parse_log
 
     local = runner.state_dir / "runs" / runner.run_id / "logs" / f"early_gate-{side}.log"
     local.parent.mkdir(parents=True, exist_ok=True)
-    transport.get(path, str(local))
+    transport.get(path, str(local), overwrite=True)
     parsed = parse_log(local.read_text(encoding="utf-8", errors="replace").splitlines(), fmt=fmt,
                        source=f"early_gate/{side}")
     check_sentinels(parsed)

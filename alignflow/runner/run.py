@@ -40,13 +40,14 @@ def start_run(
     *,
     store: Any,
     state_dir: Path,
-    options: RunOptions = RunOptions(),
+    options: RunOptions | None = None,
 ) -> str:
     """Validate the inputs, record the experiment and a new run, return the run id.
 
     With `options.reproduce_of`, the experiment and inventory are the ones recorded by that run (not the files
     as they are now) and every step is forced, so that the new run's fingerprints can be compared with the old.
     """
+    options = options or RunOptions()
     if options.reproduce_of is not None:
         experiment, inventory, _, old = reopen(options.reproduce_of, store=store)
         experiment_path, hosts_path = old["experiment_path"], old["hosts_path"]
@@ -108,7 +109,8 @@ def parent_outcomes(store: Any, parent_id: str) -> dict[str, dict[str, ArtifactR
     found: dict[str, dict[str, ArtifactRef]] = {}
     for sr in store.steps(parent_id):
         if sr.status in ("ran", "cached"):
-            found[sr.step] = {a.name: ArtifactRef(a.name, a.host, a.path, a.sha256, a.size, a.kind, a.manifest)
+            found[sr.step] = {a.name: ArtifactRef(a.name, a.host, a.path, a.sha256, a.size_bytes, a.kind,
+                                                  a.manifest if isinstance(a.manifest, list) else None)
                               for a in store.artifacts(sr.id)}
     return found
 
@@ -148,10 +150,8 @@ def reuse_parent_step(runner: StepRunner, step: str, parent: Mapping[str, Mappin
     prev = next(s for s in runner.store.steps(runner.store.get_run(runner.run_id).parent_id) if s.step == step
                 and s.status in ("ran", "cached"))
     record = runner.store.record_cached_step(runner.run_id, step, host=prev.host, command=prev.command,
-                                             cache_key=prev.cache_key, reused_from=prev.reused_from or prev.id)
-    for ref in refs.values():
-        runner.store.add_artifact(record.id, name=ref.name, host=ref.host, path=ref.path, kind=ref.kind,
-                                  sha256=ref.sha256, size=ref.size, manifest=ref.manifest)
+                                             cache_key=prev.cache_key, reused_from=prev.reused_from or prev.id,
+                                             inputs=prev.inputs)
     runner.emit(f"{step}: reused from parent run")
     return StepOutcome(step, "cached", refs, record.id, prev.cache_key)
 
@@ -163,7 +163,7 @@ def finish(store: Any, run_id: str, outcomes: Mapping[str, StepOutcome], *, erro
     recorded = {s.step for s in store.steps(run_id)}
     for name in pipeline.STEP_NAMES:
         if name not in recorded and (name in plan.steps or not pipeline.step(name).optional):
-            store.record_skipped_step(run_id, name)
+            store.skip_step(run_id, name, reason="not reached: an earlier step failed" if error else "not planned")
     compare = outcomes.get("compare")
     verdict = compare.verdict if compare is not None else None
     report = None
@@ -188,7 +188,7 @@ def show(store: Any, run_id: str) -> dict[str, Any]:
             "step": sr.step, "host": sr.host, "status": sr.status, "cache_key": sr.cache_key,
             "exit_code": sr.exit_code, "started": _iso(sr.started_at), "finished": _iso(sr.finished_at),
             "error": sr.error,
-            "artifacts": [{"name": a.name, "host": a.host, "path": a.path, "sha256": a.sha256, "size": a.size}
+            "artifacts": [{"name": a.name, "host": a.host, "path": a.path, "sha256": a.sha256, "size": a.size_bytes}
                           for a in store.artifacts(sr.id)],
         })
     return {"run_id": run.id, "experiment": run.experiment, "parent": run.parent_id, "status": run.status,

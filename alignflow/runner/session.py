@@ -20,7 +20,7 @@ from typing import Any
 from alignflow import pipeline
 from alignflow.config.experiment import Experiment, check_hosts, load_experiment
 from alignflow.config.hosts import Host, Inventory, load_hosts
-from alignflow.errors import ConfigError, FingerprintMismatch, PipelineError
+from alignflow.errors import ConfigError, FingerprintMismatch
 from alignflow.fingerprint import Fingerprinter, HashMemo
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.cache import code_version_for
