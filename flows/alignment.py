@@ -24,6 +24,15 @@ log = logging.getLogger(__name__)
 CONCURRENT = ("gpu_train", "npu_reload_train")
 
 
+def _flow_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    params = flow_run.parameters
+    name = Path(str(params.get("experiment", "experiment"))).stem
+    extra = f"-rerun-{params['force'][0]}" if params.get("parent_run") and params.get("force") else ""
+    return f"align-{name}{extra}"
+
+
 def _reuse_from_parent(run_id: str, step: str) -> dict[str, Any] | None:
     store = open_store()
     try:
@@ -42,7 +51,7 @@ def _reuse_from_parent(run_id: str, step: str) -> dict[str, Any] | None:
 
 @flow(
     name="alignment",
-    flow_run_name="align-{experiment}",
+    flow_run_name=_flow_run_name,
     on_cancellation=[kill_remote_jobs],
     on_crashed=[kill_remote_jobs],
     log_prints=True,
@@ -57,12 +66,18 @@ def alignment(
     reuse_parent: bool = False,
     reproduce_of: str | None = None,
     trigger: str = "prefect",
+    run_id: str | None = None,
 ) -> dict[str, Any]:
-    """Run one alignment experiment end to end and return the run record (`alignflow show --json`)."""
+    """Run one alignment experiment end to end and return the run record (`alignflow show --json`).
+
+    `run_id` continues a run already recorded by the caller (the CLI records it first so that it can always
+    report on it); otherwise the flow records a new run from the other parameters.
+    """
     logger = get_run_logger()
     options = {"from_step": from_step, "only": tuple(only or ()), "force": tuple(force or ()), "parent": parent_run,
                "trigger": trigger, "reuse_parent": reuse_parent, "reproduce_of": reproduce_of}
-    run_id = start_run_task(str(Path(experiment)), str(Path(hosts)), options)
+    if run_id is None:
+        run_id = start_run_task(str(Path(experiment)), str(Path(hosts)), options)
     remember_run(get_run_context(), run_id)
     store = open_store()
     try:

@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from alignflow.errors import ConfigError
+from alignflow.errors import AlignflowError, ConfigError
 
 _STATUS_STYLE = {"ran": "green", "cached": "cyan", "failed": "bold red", "skipped": "dim", "running": "yellow"}
 
@@ -59,24 +59,35 @@ def print_record(record: dict[str, Any], *, seconds: float | None = None) -> Non
 
 
 def _flow_run(**params: Any) -> dict[str, Any]:
+    """Record the run, then hand it to the Prefect flow; whatever happens, report the recorded run."""
+    from alignflow.runner.run import show, start_run
+    from alignflow.runner.session import RunOptions
     from flows.alignment import alignment
+    from tasks.context import open_store, state_dir
 
+    options = RunOptions(from_step=params.get("from_step"), only=tuple(params.get("only") or ()),
+                         force=tuple(params.get("force") or ()), parent=params.get("parent_run"),
+                         trigger=params.get("trigger", "cli"), reuse_parent=bool(params.get("reuse_parent")),
+                         reproduce_of=params.get("reproduce_of"))
+    store = open_store()
     try:
-        result: dict[str, Any] = alignment(**params)
+        run_id = start_run(params["experiment"], params["hosts"], store=store, state_dir=state_dir(),
+                           options=options)
+    finally:
+        store.close()
+    try:
+        result: dict[str, Any] = alignment(**params, run_id=run_id)
         return result
-    except Exception:
-        # The flow has recorded the failure; the CLI prints the recorded run below.
-        from alignflow.runner.run import show
-        from tasks.context import open_store
-
+    except Exception as exc:
+        # The flow recorded the failure; print the recorded run (its error says what went wrong).
         store = open_store()
         try:
-            runs = store.list_runs(limit=1)
-            if runs:
-                return show(store, runs[0].id)
+            record = show(store, run_id)
         finally:
             store.close()
-        raise
+        if record["status"] == "running":
+            raise AlignflowError(f"run {run_id}: the flow ended without closing the run: {exc}") from exc
+        return record
 
 
 def _finish(record: dict[str, Any], as_json: bool, started: float) -> None:
@@ -163,6 +174,9 @@ def register(app: typer.Typer) -> None:
             store.close()
         record = _flow_run(experiment=original.params["experiment_path"], hosts=original.params["hosts_path"],
                            parent_run=original.id, trigger="reproduce", reproduce_of=original.id)
+        if record["status"] != "completed":
+            print_record(record)
+            raise typer.Exit(1)
         store = open_store()
         try:
             diffs = diff_runs(store, original.id, record["run_id"])

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from alignflow.backends import CommandTemplate, TrainSpec, render_training
 from alignflow.config.experiment import Experiment
-from alignflow.errors import PipelineError
+from alignflow.errors import ConfigError, PipelineError
 from alignflow.runner.cache import code_version_for
 
 # Default wall-clock limits; `steps.<name>.timeout_s` in the experiment overrides them.
@@ -59,14 +59,23 @@ def step_command(experiment: Experiment, step: str, *, data_sha256: str) -> Step
     elif step == "convert_megatron":
         conv = experiment.conversion
         flavor = "te" if experiment.gpu.transformer_impl == "transformer_engine" else "local"
-        model_json = json.dumps(experiment.model.model_dump(mode="json"), sort_keys=True, indent=1)
+        files = {"model.json": json.dumps(experiment.model.model_dump(mode="json"), sort_keys=True, indent=1)}
+        spec_arg = conv.spec
+        if conv.spec.endswith((".yaml", ".yml")):
+            # A spec file of the experiment's own travels with the command (the CPU host may be another machine),
+            # and its text is part of the cache key: editing the spec re-runs the conversion and what follows.
+            spec_path = experiment.resolve_path(conv.spec)
+            if not spec_path.is_file():
+                raise ConfigError(f"{experiment.source}: conversion.spec {conv.spec} not found ({spec_path})")
+            files["spec.yaml"] = spec_path.read_text(encoding="utf-8")
+            spec_arg = "{out}/spec.yaml"
         template = CommandTemplate(
             argv=("{python}", "-m", "alignflow", "convert", "megatron", "{in:bf16_ckpt}", "{out}/megatron",
-                  "--spec", conv.spec, "--flavor", flavor, "--megatron-version", experiment.gpu.megatron_version,
+                  "--spec", spec_arg, "--flavor", flavor, "--megatron-version", experiment.gpu.megatron_version,
                   "--iteration", str(conv.iteration), "--model", "{out}/model.json", "--json"),
             log_format="megatron",
             code_version=code_version_for(("convert",)),
-            files={"model.json": model_json},
+            files=files,
         )
         cmd = StepCommand(template, {"megatron_ckpt": "megatron"})
     else:
