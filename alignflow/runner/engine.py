@@ -206,6 +206,8 @@ class StepRunner:
         argv = fill_all(template.argv, values)
         step_run = self.store.start_step(self.run_id, step, host=host.name, command=shlex.join(argv), cache_key=key,
                                          inputs={n: inputs[n].to_dict() for n in sdef.inputs})
+        state: Any = None
+        handle: Any = None
         try:
             transport.mkdir(out)
             for rel, text in template.files.items():
@@ -245,9 +247,23 @@ class StepRunner:
             if getattr(exc, "retryable", False):
                 # A transport failure: the job may still be running; leave the step run open for re-attachment.
                 raise
-            self.store.finish_step(step_run.id, status="failed", exit_code=getattr(getattr(exc, "state", None),
-                                   "exit_code", None), stdout_tail="", stderr_tail="", error=str(exc))
+            # The job's own exit code even when the step failed for another reason (a sentinel in a log of a
+            # process that exited 0 is exactly the case people must be able to see).
+            code = state.exit_code if state is not None else None
+            tails = self._tails(transport, handle)
+            self.store.finish_step(step_run.id, status="failed", exit_code=code, stdout_tail=tails[0],
+                                   stderr_tail=tails[1], error=str(exc))
             raise
+
+    @staticmethod
+    def _tails(transport: Any, handle: Any) -> tuple[str, str]:
+        if handle is None:
+            return "", ""
+        try:
+            return (transport.tail(handle, TAIL_BYTES, stream="stdout"),
+                    transport.tail(handle, TAIL_BYTES, stream="stderr"))
+        except AlignflowError:
+            return "", ""
 
     def _wait(self, step: str, transport: Any, handle: Any, timeout_s: float) -> Any:
         started = time.monotonic()
