@@ -105,19 +105,26 @@ def legacy_lines(run: Run, *, steps_per_epoch: int | None = None, sink: bool = T
 
 
 def megatron_lines(run: Run, *, rank_prefix: str = "", microseconds: bool = True, max_steps: int | None = None,
-                   extra_losses: dict[str, list[float]] | None = None, mtp: bool = True) -> list[str]:
-    """Megatron training_log lines (log-interval 1)."""
+                   extra_losses: dict[str, list[float]] | None = None, mtp: bool = True,
+                   first_interval_averaged: bool | None = None) -> list[str]:
+    """Megatron training_log lines (log-interval 1), as the version the timestamps show prints them.
+
+    megatron-core >= 0.16 (microsecond timestamps) does not reset its loss averages after the first printed
+    iteration, so its second line prints the mean of the first two iterations' losses; `first_interval_averaged`
+    overrides what the timestamps imply.
+    """
+    averaged = microseconds if first_interval_averaged is None else first_interval_averaged
     total = max_steps or run.steps[-1]
     out = []
     for i, s in enumerate(run.steps):
-        losses = {"lm loss": run.lm_loss[i]}
+        series = {"lm loss": run.lm_loss}
         if run.load_balancing:
-            losses["load_balancing_loss"] = run.load_balancing[i]
-        for name, values in (extra_losses or {}).items():
-            losses[name] = values[i]
+            series["load_balancing_loss"] = run.load_balancing
+        series.update(extra_losses or {})
         if mtp:
-            for k, depth in enumerate(run.mtp, 1):
-                losses[f"mtp_{k} loss"] = depth[i]
+            series |= {f"mtp_{k} loss": depth for k, depth in enumerate(run.mtp, 1)}
+        losses = {name: (values[0] + values[1]) / 2 if averaged and i == 1 else values[i]
+                  for name, values in series.items()}
         out.append(megatron_line(
             s, total, consumed_samples=s * run.global_batch_size, elapsed_ms=run.step_time_ms[i], lr=run.lr[i],
             global_batch_size=run.global_batch_size, losses=losses, grad_norm=run.grad_norm[i],
@@ -134,6 +141,15 @@ def printed_mf(values: Sequence[float]) -> list[float]:
 def printed_mg_loss(values: Sequence[float]) -> list[float]:
     """Losses as Megatron prints them (`{:.6E}`)."""
     return [float(f"{v:.6E}") for v in values]
+
+
+def recovered_mg_loss(values: Sequence[float]) -> list[float]:
+    """Losses as the parser recovers them from a megatron-core >= 0.16 log: printed, and step 2 (printed as the
+    mean of steps 1 and 2) taken back as `2 * printed(mean) - printed(step 1)`."""
+    out = printed_mg_loss(values)
+    if len(out) > 1:
+        out[1] = 2 * float(f"{(values[0] + values[1]) / 2:.6E}") - out[0]
+    return out
 
 
 def printed_mg_norm(values: Sequence[float]) -> list[float]:
