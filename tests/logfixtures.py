@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -160,3 +160,50 @@ def printed_mg_norm(values: Sequence[float]) -> list[float]:
 def write(path: Path, lines: Sequence[str]) -> Path:
     path.write_text("".join(lines), encoding="utf-8")
     return path
+
+
+BANNER = ["training ...\n", "[before the start of training step] datetime: 2026-08-20 10:15:01\n"]
+
+
+def training_log(iterations: Sequence[dict[str, float]], *, start: int = 0, log_interval: int = 1,
+                 core_016: bool = True, timestamp: bool = True, skipped: Collection[int] = (),
+                 train_iters: int | None = None, banner: bool = True) -> list[str]:
+    """One Megatron process's log: `training_log`'s accumulator rules applied to known per-iteration losses.
+
+    `iterations[i]` holds the losses (printed names) of iteration `start + 1 + i`. Like `training.py`, losses of
+    advanced iterations are summed and printed as their mean over the advanced iterations since the last reset;
+    a skipped iteration adds nothing but the skipped counter (and the nan counter when a loss is not finite).
+    megatron-core >= 0.16 (`core_016`) also prints the process's first iteration and does not reset after it;
+    0.8-0.15 print only on `iteration % log_interval == 0`. `banner` writes the lines a process prints before
+    training (and the checkpoint-load line when `start > 0`).
+    """
+    total = train_iters or start + len(iterations)
+    out = []
+    if banner:
+        if start:
+            out.append(f"  successfully loaded checkpoint from ckpt [ t 1/1, gtp_remat 1/1, p 1/1 ] at iteration "
+                       f"{start}\n")
+        out += BANNER
+    sums: dict[str, float] = {}
+    advanced = n_skipped = n_nan = 0
+    first = True
+    for i, losses in enumerate(iterations):
+        it = start + 1 + i
+        if it in skipped:
+            n_skipped += 1
+            n_nan += int(not all(math.isfinite(v) for v in losses.values()))
+        else:
+            advanced += 1
+            for key, value in losses.items():
+                sums[key] = sums.get(key, 0.0) + value
+        if it % log_interval == 0 or (core_016 and first):
+            out.append(megatron_line(
+                it, total, consumed_samples=4 * it, elapsed_ms=500.0, lr=1e-4 * it / total, global_batch_size=4,
+                losses={k: v / max(1, advanced) for k, v in sums.items()}, grad_norm=1.0 + it / 1000,
+                skipped=n_skipped, nan_iterations=n_nan, microseconds=core_016,
+                when=T0 + timedelta(seconds=it) if timestamp else None) + "\n")
+            if not (core_016 and first):
+                sums = dict.fromkeys(sums, 0.0)
+                advanced = n_skipped = n_nan = 0
+        first = False
+    return out
