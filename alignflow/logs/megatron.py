@@ -8,7 +8,9 @@ they lack `iteration N/M`.
 
 Semantics (reference §2.4): `lm loss` is the token-weighted LM cross entropy; `<name> loss` and `*_loss` keys are
 printed `{:.6E}` and only when their average is >= 0, so a NaN loss shows up as a missing key plus a nonzero
-`number of nan iterations`; `grad norm` (pre-clip) and `learning rate` are the last iteration's values.
+`number of nan iterations`; `grad norm` (pre-clip) and `learning rate` are the last iteration's values. Since
+megatron-core 0.16 the line after a process's first one also averages that first iteration in: each line keeps
+its timestamp kind (`StepLine.stamp`) as evidence of the version, and `first_interval.py` undoes the averaging.
 """
 
 from __future__ import annotations
