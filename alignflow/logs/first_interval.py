@@ -225,8 +225,9 @@ def _decide(mode: FirstIntervalChoice, stamp: Stamp | None, steps: Sequence[int]
     """Whether the process's next line averages its first iteration in, and the evidence."""
     if mode == "deaverage":
         return True, "first_interval=deaverage"
-    if stamp in _STAMP_EVIDENCE:
-        return _STAMP_EVIDENCE[stamp]  # type: ignore[index]
+    evidence = _STAMP_EVIDENCE.get(stamp) if stamp is not None else None
+    if evidence is not None:
+        return evidence
     if len(steps) == 3:
         s, k, n = steps[0], steps[1], steps[2] - steps[1]
         if n > 1 and k % n == 0 and s % n != 0 and k == (s // n + 1) * n:
