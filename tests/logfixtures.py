@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -105,19 +105,26 @@ def legacy_lines(run: Run, *, steps_per_epoch: int | None = None, sink: bool = T
 
 
 def megatron_lines(run: Run, *, rank_prefix: str = "", microseconds: bool = True, max_steps: int | None = None,
-                   extra_losses: dict[str, list[float]] | None = None, mtp: bool = True) -> list[str]:
-    """Megatron training_log lines (log-interval 1)."""
+                   extra_losses: dict[str, list[float]] | None = None, mtp: bool = True,
+                   first_interval_averaged: bool | None = None) -> list[str]:
+    """Megatron training_log lines (log-interval 1), as the version the timestamps show prints them.
+
+    megatron-core >= 0.16 (microsecond timestamps) does not reset its loss averages after the first printed
+    iteration, so its second line prints the mean of the first two iterations' losses; `first_interval_averaged`
+    overrides what the timestamps imply.
+    """
+    averaged = microseconds if first_interval_averaged is None else first_interval_averaged
     total = max_steps or run.steps[-1]
     out = []
     for i, s in enumerate(run.steps):
-        losses = {"lm loss": run.lm_loss[i]}
+        series = {"lm loss": run.lm_loss}
         if run.load_balancing:
-            losses["load_balancing_loss"] = run.load_balancing[i]
-        for name, values in (extra_losses or {}).items():
-            losses[name] = values[i]
+            series["load_balancing_loss"] = run.load_balancing
+        series.update(extra_losses or {})
         if mtp:
-            for k, depth in enumerate(run.mtp, 1):
-                losses[f"mtp_{k} loss"] = depth[i]
+            series |= {f"mtp_{k} loss": depth for k, depth in enumerate(run.mtp, 1)}
+        losses = {name: (values[0] + values[1]) / 2 if averaged and i == 1 else values[i]
+                  for name, values in series.items()}
         out.append(megatron_line(
             s, total, consumed_samples=s * run.global_batch_size, elapsed_ms=run.step_time_ms[i], lr=run.lr[i],
             global_batch_size=run.global_batch_size, losses=losses, grad_norm=run.grad_norm[i],
@@ -136,6 +143,15 @@ def printed_mg_loss(values: Sequence[float]) -> list[float]:
     return [float(f"{v:.6E}") for v in values]
 
 
+def recovered_mg_loss(values: Sequence[float]) -> list[float]:
+    """Losses as the parser recovers them from a megatron-core >= 0.16 log: printed, and step 2 (printed as the
+    mean of steps 1 and 2) taken back as `2 * printed(mean) - printed(step 1)`."""
+    out = printed_mg_loss(values)
+    if len(out) > 1:
+        out[1] = 2 * float(f"{(values[0] + values[1]) / 2:.6E}") - out[0]
+    return out
+
+
 def printed_mg_norm(values: Sequence[float]) -> list[float]:
     """Grad norms as Megatron prints them (`{:.3f}`)."""
     return [float(f"{v:.3f}") for v in values]
@@ -144,3 +160,50 @@ def printed_mg_norm(values: Sequence[float]) -> list[float]:
 def write(path: Path, lines: Sequence[str]) -> Path:
     path.write_text("".join(lines), encoding="utf-8")
     return path
+
+
+BANNER = ["training ...\n", "[before the start of training step] datetime: 2026-08-20 10:15:01\n"]
+
+
+def training_log(iterations: Sequence[dict[str, float]], *, start: int = 0, log_interval: int = 1,
+                 core_016: bool = True, timestamp: bool = True, skipped: Collection[int] = (),
+                 train_iters: int | None = None, banner: bool = True) -> list[str]:
+    """One Megatron process's log: `training_log`'s accumulator rules applied to known per-iteration losses.
+
+    `iterations[i]` holds the losses (printed names) of iteration `start + 1 + i`. Like `training.py`, losses of
+    advanced iterations are summed and printed as their mean over the advanced iterations since the last reset;
+    a skipped iteration adds nothing but the skipped counter (and the nan counter when a loss is not finite).
+    megatron-core >= 0.16 (`core_016`) also prints the process's first iteration and does not reset after it;
+    0.8-0.15 print only on `iteration % log_interval == 0`. `banner` writes the lines a process prints before
+    training (and the checkpoint-load line when `start > 0`).
+    """
+    total = train_iters or start + len(iterations)
+    out = []
+    if banner:
+        if start:
+            out.append(f"  successfully loaded checkpoint from ckpt [ t 1/1, gtp_remat 1/1, p 1/1 ] at iteration "
+                       f"{start}\n")
+        out += BANNER
+    sums: dict[str, float] = {}
+    advanced = n_skipped = n_nan = 0
+    first = True
+    for i, losses in enumerate(iterations):
+        it = start + 1 + i
+        if it in skipped:
+            n_skipped += 1
+            n_nan += int(not all(math.isfinite(v) for v in losses.values()))
+        else:
+            advanced += 1
+            for key, value in losses.items():
+                sums[key] = sums.get(key, 0.0) + value
+        if it % log_interval == 0 or (core_016 and first):
+            out.append(megatron_line(
+                it, total, consumed_samples=4 * it, elapsed_ms=500.0, lr=1e-4 * it / total, global_batch_size=4,
+                losses={k: v / max(1, advanced) for k, v in sums.items()}, grad_norm=1.0 + it / 1000,
+                skipped=n_skipped, nan_iterations=n_nan, microseconds=core_016,
+                when=T0 + timedelta(seconds=it) if timestamp else None) + "\n")
+            if not (core_016 and first):
+                sums = dict.fromkeys(sums, 0.0)
+                advanced = n_skipped = n_nan = 0
+        first = False
+    return out

@@ -29,17 +29,28 @@ class LogFormatOption(StrEnum):
     megatron = "megatron"
 
 
+class FirstIntervalOption(StrEnum):
+    auto = "auto"
+    deaverage = "deaverage"
+    raw = "raw"
+
+
+_FIRST_INTERVAL_HELP = ("Megatron's first printed interval: megatron-core >= 0.16 averages each run's first iteration "
+                        "into its next line. auto: undo it when the log shows that version (microsecond timestamps); "
+                        "deaverage: always undo it; raw: keep every value as printed.")
+
+
 def _bad_input(message: str) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(EXIT_BAD_INPUT)
 
 
-def _parse(path: Path, fmt: LogFormatOption, rank: int | None) -> ParsedLog:
+def _parse(path: Path, fmt: LogFormatOption, rank: int | None, first_interval: FirstIntervalOption) -> ParsedLog:
     from alignflow.errors import LogParseError
     from alignflow.logs import parse_log_file
 
     try:
-        return parse_log_file(path, fmt=fmt.value, rank=rank)
+        return parse_log_file(path, fmt=fmt.value, rank=rank, first_interval=first_interval.value)
     except LogParseError as exc:
         raise _bad_input(str(exc)) from None
 
@@ -64,6 +75,8 @@ def register(app: typer.Typer) -> None:
         test_rank: int | None = typer.Option(None, "--test-rank", help="Rank of a multi-rank test log "
                                              "(default: the last pipeline stage)."),
         ref_rank: int | None = typer.Option(None, "--ref-rank", help="Rank of a multi-rank reference log."),
+        first_interval: FirstIntervalOption = typer.Option(FirstIntervalOption.auto, "--first-interval",
+                                                           help=_FIRST_INTERVAL_HELP),
         title: str = typer.Option("alignflow comparison", "--title", help="Report title."),
         labels: str = typer.Option("test,reference", "--labels", help="Names of the two sides, comma-separated."),
         plots: bool = typer.Option(True, "--plots/--no-plots", help="Draw PNG plots into the report."),
@@ -83,8 +96,8 @@ def register(app: typer.Typer) -> None:
             rules = [c for c in load_criteria(criteria) if isinstance(c, Criterion)] if criteria else default_criteria()
         except ConfigError as exc:
             raise _bad_input(str(exc)) from None
-        test = _parse(test_log, test_format, test_rank)
-        reference = _parse(ref_log, ref_format, ref_rank)
+        test = _parse(test_log, test_format, test_rank, first_interval)
+        reference = _parse(ref_log, ref_format, ref_rank, first_interval)
         result = compare(test, reference, rules, lr_step_tolerance=lr_tolerance, perf_warmup_steps=warmup_steps)
         report_path: Path | None = None
         if out is not None:
@@ -108,11 +121,13 @@ def register(app: typer.Typer) -> None:
         rank: int | None = typer.Option(None, "--rank", help="Rank of a multi-rank log (default: the last "
                                         "pipeline stage)."),
         check: bool = typer.Option(False, "--check", help="Exit 1 when a fatal sentinel line is found."),
+        first_interval: FirstIntervalOption = typer.Option(FirstIntervalOption.auto, "--first-interval",
+                                                           help=_FIRST_INTERVAL_HELP),
     ) -> None:
-        """Print the parsed per-step table of a log; sentinel lines go to stderr."""
+        """Print the parsed per-step table of a log; sentinel lines and the first-interval note go to stderr."""
         if as_json and as_csv:
             raise _bad_input("--json and --csv exclude each other")
-        parsed = _parse(log, fmt, rank)
+        parsed = _parse(log, fmt, rank, first_interval)
         frame = parsed.frame
         if as_json:
             sys.stdout.write(json.dumps(_records(frame)) + "\n")
@@ -122,6 +137,8 @@ def register(app: typer.Typer) -> None:
             typer.echo(parsed.summary())
             typer.echo(frame.to_string())
         _print_sentinels(parsed, str(log))
+        if parsed.first_interval is not None and parsed.first_interval.intervals:
+            typer.echo(f"note: {log}: {parsed.first_interval.describe()}", err=True)
         raise typer.Exit(EXIT_FAIL if check and parsed.fatal_sentinels else EXIT_PASS)
 
     app.add_typer(logs_app, name="logs")
@@ -147,7 +164,7 @@ def _print_comparison(result: Comparison, labels: tuple[str, str], report: Path 
     from rich.table import Table
 
     from alignflow.compare.formatting import fmt_stat
-    from alignflow.compare.report import criteria_table
+    from alignflow.compare.report import criteria_table, first_interval_lines
 
     console = Console(highlight=False)
     style = "bold green" if result.passed else "bold red"
@@ -176,6 +193,7 @@ def _print_comparison(result: Comparison, labels: tuple[str, str], report: Path 
         found = result.sentinels[side]
         if found:
             lines.append(f"{label}: {len(found)} sentinel line(s), {sum(s.fatal for s in found)} fatal")
+    lines += first_interval_lines(result, labels)
     for line in lines:
         console.print(line, markup=False)
     if report is not None:

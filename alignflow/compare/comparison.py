@@ -165,6 +165,7 @@ def _input_json(parsed: ParsedLog) -> dict[str, Any]:
         "steps": len(parsed.frame), "max_steps": parsed.max_steps, "repeated_steps": list(parsed.repeated_steps),
         "restarts": [{"line": r.line_no, "from_step": r.from_step, "to_step": r.to_step} for r in parsed.restarts],
         "resolution": {c: r.to_json() for c, r in parsed.resolution.items()},
+        "first_interval": parsed.first_interval.to_json() if parsed.first_interval else None,
     }
 
 
@@ -205,6 +206,7 @@ def compare(
         wanted = sorted({s for c in criteria if c.metric == m and c.statistic == "step_rel" for s in (c.steps or [1])}
                         | ({int(pairs[m].steps[0])} if len(pairs[m].steps) else set()))
         quantum, text, magnitude = _resolution(test.resolution.get(m), reference.resolution.get(m), pairs[m])
+        text += "".join(f"; {x}" for x in _deaveraged(m, test, reference))
         metrics[m] = MetricComparison(
             metric=m, stats=error_statistics(pairs[m]), step_rel=step_relative_errors(pairs[m], wanted),
             not_compared=int((~on_common).sum()), shift=shift, resolution=quantum, resolution_text=text,
@@ -221,6 +223,19 @@ def compare(
         metrics_only_reference=tuple(column_order([m for m in r_metrics if m not in t_metrics])),
         reasons=tuple(reasons),
     )
+
+
+def _deaveraged(metric: str, test: ParsedLog, reference: ParsedLog, steps: Sequence[int] | None = None) -> list[str]:
+    """Which cells of `metric` were de-averaged (Megatron's first interval) and how much coarser they are."""
+    out = []
+    for side, parsed in (("test", test), ("reference", reference)):
+        cells = parsed.first_interval.corrected_cells(metric) if parsed.first_interval else {}
+        if steps is not None:
+            cells = {s: f for s, f in cells.items() if s in steps}
+        if cells:
+            out.append(f"{side} step {', '.join(map(str, cells))} de-averaged from Megatron's first interval "
+                       f"(rounding error up to {max(cells.values()):.3g}x the printed one)")
+    return out
 
 
 def _resolution(
@@ -255,6 +270,7 @@ def _evaluate(
             notes.append(f"step {', '.join(map(str, absent))} not compared (missing on a side or excluded)")
         ref_at = [abs(pair[1]) for s in steps if (pair := p.at(s)) is not None]
         magnitude = min(ref_at) if ref_at else math.nan
+        notes += _deaveraged(c.metric, test, reference, steps)
     else:
         stats = error_statistics(p)
         value = stats.get(c.statistic)

@@ -175,8 +175,22 @@ def inputs_table(comparison: Comparison, labels: tuple[str, str]) -> Table:
                      "" if parsed.rank is None else str(parsed.rank), _span(parsed),
                      step_ranges(parsed.repeated_steps, 10) if parsed.repeated_steps else "none",
                      "; ".join(f"line {r.line_no}: step {r.from_step} -> {r.to_step}" for r in parsed.restarts[:5])
-                     or "none"])
-    return ["side", "log", "format", "rank", "steps", "repeated steps (last kept)", "restarts"], rows
+                     or "none", _deaveraged_steps(parsed)])
+    return ["side", "log", "format", "rank", "steps", "repeated steps (last kept)", "restarts",
+            "de-averaged steps"], rows
+
+
+def _deaveraged_steps(parsed: ParsedLog) -> str:
+    if parsed.first_interval is None:
+        return "n/a"
+    return step_ranges(parsed.first_interval.corrected_steps, 10) if parsed.first_interval.corrected_steps else "none"
+
+
+def first_interval_lines(comparison: Comparison, labels: tuple[str, str]) -> list[str]:
+    """What each Megatron side's parse did with the first printed interval (megatron-core >= 0.16 averaging)."""
+    return [f"{label}: {parsed.first_interval.describe()}"
+            for label, parsed in ((labels[0], comparison.test), (labels[1], comparison.reference))
+            if parsed.first_interval is not None and parsed.first_interval.intervals]
 
 
 def _span(parsed: ParsedLog) -> str:
@@ -262,6 +276,10 @@ def markdown_summary(
     if change is not None:
         parts += [f"Throughput change ({labels[0]} vs {labels[1]}): {fmt_percent(change)}", ""]
     parts += ["## Inputs", "", _md_table(inputs_table(comparison, labels)), ""]
+    first = first_interval_lines(comparison, labels)
+    if first:
+        parts += ["Megatron first interval (megatron-core >= 0.16 averages each run's first printed iteration into "
+                  "its next line):", ""] + [f"- {line}" for line in first] + [""]
     if fingerprints:
         parts += [_md_table(fingerprint_table(fingerprints)), ""]
     if png_names:
@@ -313,6 +331,10 @@ def html_report(
     if comparison.performance.throughput_change is not None:
         body.append(f"<p>Throughput change: {e(fmt_percent(comparison.performance.throughput_change))}</p>")
     body += ["<h2>Inputs</h2>", _html_table(inputs_table(comparison, labels))]
+    first = first_interval_lines(comparison, labels)
+    if first:
+        body.append("<p>Megatron first interval (megatron-core &gt;= 0.16 averages each run's first printed iteration "
+                    "into its next line):</p><ul>" + "".join(f"<li>{e(x)}</li>" for x in first) + "</ul>")
     if fingerprints:
         body.append(_html_table(fingerprint_table(fingerprints)))
     if pngs:

@@ -17,6 +17,9 @@ NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf|NaN|Inf|NAN|IN
 
 # How a column's printed resolution is known: from the token's own digits, or fixed by how it is printed.
 ResolutionRule = Literal["token", "float32"]
+# The timestamp before a Megatron `iteration` anchor: `%H:%M:%S.%f` since megatron-core 0.16, `%H:%M:%S` before
+# (and in Megatron-Bridge), none in some Bridge versions and in filtered logs.
+Stamp = Literal["micro", "seconds", "none"]
 # str() of a numpy float32 prints the shortest repr that round-trips: as precise as float32 itself (~7 digits).
 FLOAT32 = Resolution("significant", 7)
 
@@ -34,6 +37,7 @@ class StepLine:
     max_steps: int | None = None
     resolutions: dict[str, Resolution] | None = None  # only on lines sampled for resolution
     not_last_stage: bool = False
+    stamp: Stamp | None = None  # Megatron lines only
     non_finite: list[str] | None = None
     unreadable: list[str] | None = None
 

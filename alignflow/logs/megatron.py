@@ -8,7 +8,9 @@ they lack `iteration N/M`.
 
 Semantics (reference §2.4): `lm loss` is the token-weighted LM cross entropy; `<name> loss` and `*_loss` keys are
 printed `{:.6E}` and only when their average is >= 0, so a NaN loss shows up as a missing key plus a nonzero
-`number of nan iterations`; `grad norm` (pre-clip) and `learning rate` are the last iteration's values.
+`number of nan iterations`; `grad norm` (pre-clip) and `learning rate` are the last iteration's values. Since
+megatron-core 0.16 the line after a process's first one also averages that first iteration in: each line keeps
+its timestamp kind (`StepLine.stamp`) as evidence of the version, and `first_interval.py` undoes the averaging.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from alignflow.logs.sentinels import LineRule, Marker
 _ITER = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|(.*)$")
 _FIELD = re.compile(r"\s*([^|:]+?):\s*([^|]+?)\s*\|")
 _MTP = re.compile(r"^mtp_(\d+) loss$")
+# ` [2026-12-01 02:43:33.209317] iteration` (the anchor's prefix): group 1 is the microseconds, when printed.
+_STAMP = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\]\s*$")
+# `  successfully loaded checkpoint from <dir> [ t 1/1, ... ] at iteration 0`: the iteration training resumes after.
+LOADED_AT = re.compile(r"successfully loaded checkpoint from .* at iteration\s+(\d+)")
 
 # Printed name -> canonical column. Other `... loss` names become `<snake>_loss`; other keys their snake_case.
 COLUMNS: dict[str, str] = {
@@ -58,6 +64,12 @@ def may_be_step_line(text: str) -> bool:
     return "iteration" in text and "|" in text
 
 
+def step_of(text: str) -> int | None:
+    """The iteration number of a step line, readable or not (None if it has no `iteration N/M |` anchor)."""
+    m = _ITER.search(text)
+    return None if m is None else int(m.group(1))
+
+
 def is_step_line(text: str) -> bool:
     """Whether the line is an `iteration N/M |` line (readable or not)."""
     return may_be_step_line(text) and _ITER.search(text) is not None
@@ -82,7 +94,9 @@ def parse_step(text: str, *, with_resolution: bool = True) -> StepLine | str | N
                 values[cache.get(key) or _learn(key)] = float(token)
             except ValueError:
                 continue  # non-numeric fields (RL packing info) are not tracked
-    rec = StepLine(step=int(m.group(1)), values=values, variant="megatron", max_steps=int(m.group(2)))
+    stamp = _STAMP.search(text, 0, m.start())
+    rec = StepLine(step=int(m.group(1)), values=values, variant="megatron", max_steps=int(m.group(2)),
+                   stamp="none" if stamp is None else "micro" if stamp.group(1) else "seconds")
     rec.check_finite()
     if with_resolution:
         for key, token in pairs:
@@ -122,8 +136,11 @@ RULES: tuple[LineRule, ...] = (
              when=lambda m: int(m.group(1)) > 0),
 )
 
+# `every=True`: each occurrence is kept, for finding where a (resumed) process starts training (first_interval.py).
 MARKERS: tuple[Marker, ...] = (
     Marker("checkpoint_load_started", "loading checkpoint from"),
     Marker("checkpoint_load_started", "loading release checkpoint from"),
-    Marker("checkpoint_loaded", "successfully loaded checkpoint from"),
+    Marker("checkpoint_loaded", "successfully loaded checkpoint from", every=True),
+    Marker("training_started", "[before the start of training step]", every=True),  # print_datetime in train()
+    Marker("training_started", "training ...", every=True),  # pretrain(): print_rank_0('training ...')
 )

@@ -20,8 +20,9 @@ from typing import Literal
 
 from alignflow.errors import LogParseError
 from alignflow.logs import megatron, mindformers
+from alignflow.logs.first_interval import ProcessStarts, deaverage
 from alignflow.logs.lines import StepLine
-from alignflow.logs.schema import LogFormat, ParsedLog, Sentinel
+from alignflow.logs.schema import FIRST_INTERVAL_CHOICES, FirstIntervalChoice, LogFormat, ParsedLog, Sentinel
 from alignflow.logs.sentinels import SentinelScanner, clip_text
 from alignflow.logs.steps import StepRecords
 
@@ -48,15 +49,24 @@ class _Bad:
 
 
 def parse_log(
-    lines: Iterable[str], *, fmt: FormatChoice = "auto", rank: int | None = None, source: str = ""
+    lines: Iterable[str], *, fmt: FormatChoice = "auto", rank: int | None = None, source: str = "",
+    first_interval: FirstIntervalChoice = "auto",
 ) -> ParsedLog:
     """Parse a MindFormers or Megatron training log into a frame indexed by step with canonical columns.
+
+    `first_interval` (Megatron logs): `"auto"` recovers the per-iteration losses of the line that megatron-core
+    >= 0.16 averages over each process's first iterations when the log shows that version (microsecond
+    timestamps), `"deaverage"` does so whatever the timestamps say, `"raw"` keeps every value as printed;
+    `ParsedLog.first_interval` records what was done and why.
 
     Raises `LogParseError` when the log has no step lines (for the chosen rank), when it mixes both frameworks'
     step lines under `fmt="auto"`, or when `rank` names a rank that printed no step lines.
     """
     if fmt not in ("auto", "mindformers", "megatron"):
         raise LogParseError(f"unknown log format {fmt!r}; use auto, mindformers or megatron", source=source)
+    if first_interval not in FIRST_INTERVAL_CHOICES:
+        raise LogParseError(f"unknown first_interval {first_interval!r}; use {', '.join(FIRST_INTERVAL_CHOICES)}",
+                            source=source)
     scanner = SentinelScanner(
         (*mindformers.RULES, *megatron.RULES), (*mindformers.MARKERS, *megatron.MARKERS))
     steps: dict[LogFormat, dict[int | None, StepRecords]] = {"mindformers": {}, "megatron": {}}
@@ -125,8 +135,16 @@ def parse_log(
         raise LogParseError(f"no {chosen} step lines for rank {rank_used}{hint}", source=where)
     sentinels += [records.classify_bad(b.line_no, b.text, b.reason, rank_used) for b in bad[chosen]
                   if b.rank == rank_used]
+    outcome = None
+    if chosen == "megatron":
+        starts = ProcessStarts.from_lines(scanner.occurrences,
+                                          ((b.line_no, b.text) for b in bad[chosen] if b.rank == rank_used))
+        outcome = deaverage(records, starts, mode=first_interval, rank=rank_used)
     built = records.build(rank_used)
     sentinels += built.sentinels
+    if outcome is not None:
+        outcome = outcome.kept(built.line_numbers.tolist())
+        sentinels += outcome.warnings
     last_step = int(built.frame.index.max())
     if built.max_steps is not None and last_step < built.max_steps:
         sentinels.append(Sentinel(int(built.line_numbers.iloc[-1]), "", "incomplete_run", False,
@@ -139,6 +157,7 @@ def parse_log(
         sentinels=tuple(sentinels), repeated_steps=tuple(built.repeated_steps), restarts=tuple(built.restarts),
         line_numbers=built.line_numbers, source=source, rank=rank_used, ranks=tuple(ranks),
         max_steps=built.max_steps, markers=dict(scanner.markers), lines_read=line_no,
+        first_interval=outcome.note if outcome is not None else None,
     )
     log.debug("%s", parsed.summary())
     return parsed

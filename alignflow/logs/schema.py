@@ -17,6 +17,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 LogFormat = Literal["mindformers", "megatron"]
+# What to do with Megatron's first printed interval (alignflow.logs.first_interval): decide from the log's evidence,
+# always undo the averaging, or leave every value as printed.
+FirstIntervalChoice = Literal["auto", "deaverage", "raw"]
+FIRST_INTERVAL_CHOICES: tuple[str, ...] = ("auto", "deaverage", "raw")
 
 # Columns in the order a table shows them; anything else a log prints follows, sorted.
 LEADING_COLUMNS: tuple[str, ...] = ("lm_loss",)
@@ -131,6 +135,75 @@ class Restart:
     to_step: int
 
 
+@dataclass(frozen=True, slots=True)
+class FirstInterval:
+    """What the parse did with the first printed interval of one Megatron process (one run, or one resume).
+
+    `step` is the line Megatron >= 0.16 averages over the process's first iterations `first_step..step`;
+    `corrected` says whether its values were replaced by the per-iteration values of `first_step+1..step`.
+    `columns` lists what was recomputed (averaged losses, and the skipped/nan counters when iteration
+    `first_step` had counted one); `kept` the averaged columns that could not be recomputed. A recomputed loss
+    combines two printed values, so its rounding error can reach `error_factor` times that of a printed one
+    (3 for `2*line_2 - line_1`): the resolution of those cells is coarser than the column's `resolution`.
+    """
+
+    first_step: int
+    first_line: int | None  # None when the process's first iteration has no line in the log
+    step: int
+    line: int
+    corrected: bool
+    reason: str
+    columns: tuple[str, ...] = ()
+    kept: tuple[str, ...] = ()
+    error_factor: float = 1.0
+
+    def describe(self) -> str:
+        if self.corrected and self.columns:
+            factor = f"; rounding error up to {self.error_factor:.3g}x the printed one" if self.error_factor > 1 else ""
+            kept = f"; left averaged: {', '.join(self.kept)}" if self.kept else ""
+            return (f"step {self.step} de-averaged with step {self.first_step}'s line ({', '.join(self.columns)}"
+                    f"{factor}{kept}): {self.reason}")
+        return f"step {self.step} as printed: {self.reason}"
+
+    def to_json(self) -> dict[str, object]:
+        return {"first_step": self.first_step, "first_line": self.first_line, "step": self.step, "line": self.line,
+                "corrected": self.corrected, "reason": self.reason, "columns": list(self.columns),
+                "kept": list(self.kept), "error_factor": self.error_factor}
+
+
+@dataclass(frozen=True, slots=True)
+class FirstIntervalNote:
+    """Megatron's first-interval averaging in one log: the mode asked for and each process's outcome."""
+
+    mode: FirstIntervalChoice
+    intervals: tuple[FirstInterval, ...] = ()
+
+    @property
+    def corrected(self) -> tuple[FirstInterval, ...]:
+        return tuple(i for i in self.intervals if i.corrected and i.columns)
+
+    @property
+    def corrected_steps(self) -> tuple[int, ...]:
+        return tuple(i.step for i in self.corrected)
+
+    def corrected_cells(self, column: str) -> dict[int, float]:
+        """Steps whose `column` was recomputed, with the rounding-error factor of each."""
+        return {i.step: i.error_factor for i in self.corrected if column in i.columns}
+
+    def describe(self, limit: int = 5) -> str:
+        """One line: what was done at each process start (the first `limit`, then a count)."""
+        if not self.intervals:
+            return f"first interval ({self.mode}): no process printed a second line"
+        parts = [i.describe() for i in self.intervals[:limit]]
+        if len(self.intervals) > limit:
+            parts.append(f"and {len(self.intervals) - limit} more process start(s)")
+        return f"first interval ({self.mode}): " + "; ".join(parts)
+
+    def to_json(self) -> dict[str, object]:
+        return {"mode": self.mode, "corrected_steps": list(self.corrected_steps),
+                "intervals": [i.to_json() for i in self.intervals]}
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class ParsedLog:
     """One training log, parsed: a frame indexed by step with canonical columns, plus what the parse found.
@@ -139,7 +212,8 @@ class ParsedLog:
     lists those steps and `restarts` where the counter went back). `line_numbers` maps each kept step to its
     1-based line in the input. `resolution` gives each numeric column's printed resolution. `sentinels` holds
     every suspicious or invalidating line found, fatal or not; `markers` the first line of expected events
-    (e.g. `checkpoint_loaded`) so that a caller can require them.
+    (e.g. `checkpoint_loaded`) so that a caller can require them. `first_interval` (Megatron logs only) says
+    which steps' values were de-averaged from Megatron's first printed interval, and why others were not.
     """
 
     frame: pd.DataFrame
@@ -156,6 +230,7 @@ class ParsedLog:
     max_steps: int | None = None
     markers: dict[str, int] = field(default_factory=dict)
     lines_read: int = 0
+    first_interval: FirstIntervalNote | None = None
 
     @property
     def steps(self) -> list[int]:
@@ -176,5 +251,7 @@ class ParsedLog:
         of = f" of {self.max_steps}" if self.max_steps else ""
         fatal = len(self.fatal_sentinels)
         rank = f", rank {self.rank}" if self.rank is not None else ""
+        fixed = self.first_interval.corrected_steps if self.first_interval else ()
+        deaveraged = f"; de-averaged step(s): {', '.join(map(str, fixed))}" if fixed else ""
         return (f"{self.source or '<lines>'}: {self.fmt} ({self.variant}{rank}), {n} step(s), {span}{of}; "
-                f"columns: {', '.join(self.columns)}; sentinels: {len(self.sentinels)} ({fatal} fatal)")
+                f"columns: {', '.join(self.columns)}; sentinels: {len(self.sentinels)} ({fatal} fatal){deaveraged}")

@@ -39,10 +39,15 @@ class LineRule:
 
 @dataclass(frozen=True, slots=True)
 class Marker:
-    """An expected event (e.g. `checkpoint_loaded`): its first line is recorded so a caller can require it."""
+    """An expected event (e.g. `checkpoint_loaded`): its first line is recorded so a caller can require it.
+
+    With `every=True` each occurrence is also kept (line number and text), for events that happen once per
+    process of a restarted run.
+    """
 
     name: str
     needle: str
+    every: bool = False
 
 
 _LISTED_NAME = re.compile(r"(?:^|\s)-\s+([\w.\[\]/]+)\s*$")
@@ -56,6 +61,7 @@ class SentinelScanner:
         self._markers = tuple(markers)
         self.sentinels: list[Sentinel] = []
         self.markers: dict[str, int] = {}
+        self.occurrences: dict[str, list[tuple[int, str]]] = {}
         self._listing: tuple[LineRule, int, str, int | None, list[str]] | None = None
 
     def feed(self, line_no: int, text: str, rank: int | None) -> None:
@@ -78,7 +84,11 @@ class SentinelScanner:
             self.sentinels.append(Sentinel(line_no, clip_text(text), rule.kind, rule.fatal, rule.message, rank))
             return
         for marker in self._markers:
-            if marker.name not in self.markers and marker.needle in text:
+            if marker.every:
+                if marker.needle in text:
+                    self.occurrences.setdefault(marker.name, []).append((line_no, text))
+                    self.markers.setdefault(marker.name, line_no)
+            elif marker.name not in self.markers and marker.needle in text:
                 self.markers[marker.name] = line_no
 
     def finish(self) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 import pandas as pd
 
-from alignflow.logs.lines import StepLine
+from alignflow.logs.lines import Stamp, StepLine
 from alignflow.logs.schema import INTEGER_COLUMNS, Resolution, Restart, Sentinel, column_order, is_loss
 from alignflow.logs.sentinels import clip_text
 
@@ -54,12 +54,13 @@ class BuiltSteps:
 class StepRecords:
     """Step lines of one (format, rank) in file order."""
 
-    __slots__ = ("flags", "line_nos", "max_steps", "resolution", "rows", "steps", "variants")
+    __slots__ = ("flags", "line_nos", "max_steps", "resolution", "rows", "stamps", "steps", "variants")
 
     def __init__(self) -> None:
         self.steps: list[int] = []
         self.line_nos: list[int] = []
         self.rows: list[dict[str, float]] = []
+        self.stamps: list[Stamp | None] = []
         self.resolution: dict[str, Resolution] = {}
         self.variants: set[str] = set()
         self.max_steps: int | None = None
@@ -73,6 +74,7 @@ class StepRecords:
         self.steps.append(rec.step)
         self.line_nos.append(line_no)
         self.rows.append(rec.values)
+        self.stamps.append(rec.stamp)
         self.variants.add(rec.variant)
         if rec.max_steps is not None and (self.max_steps is None or rec.max_steps > self.max_steps):
             self.max_steps = rec.max_steps
@@ -87,6 +89,7 @@ class StepRecords:
         self.flags.pop(len(self.steps) - 1, None)
         self.steps.pop()
         self.rows.pop()
+        self.stamps.pop()
         return self.line_nos.pop()
 
     def classify_bad(self, line_no: int, text: str, reason: str, rank: int | None) -> Sentinel:

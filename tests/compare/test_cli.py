@@ -122,3 +122,29 @@ def test_logs_parse_check_exits_1_on_a_fatal_line(logs: dict[str, Path]) -> None
     assert checked.exit_code == 1
     wrong = runner.invoke(app, ["logs", "parse", str(logs["ref"]), "--format", "mindformers"])
     assert wrong.exit_code == 2
+
+
+def test_first_interval_option_on_parse_and_compare(tmp_path: Path) -> None:
+    """A correct 0.16+ run: its step-2 line is the mean of steps 1 and 2 unless the parser undoes it."""
+    from dataclasses import replace
+
+    run = make_run(20, seed=35)
+    run = replace(run, lm_loss=[run.lm_loss[0] + 1.0, *run.lm_loss[1:]])
+    gpu = write(tmp_path / "gpu.log", megatron_lines(run))
+    npu = write(tmp_path / "npu.log", mindformers_lines(perturbed(run, loss_noise=1e-4, seed=36)))
+    runner = CliRunner()
+    auto = runner.invoke(app, ["logs", "parse", str(gpu), "--json"])
+    raw = runner.invoke(app, ["logs", "parse", str(gpu), "--json", "--first-interval", "raw"])
+    assert auto.exit_code == raw.exit_code == 0
+    step2 = json.loads(auto.stdout)[1]["lm_loss"], json.loads(raw.stdout)[1]["lm_loss"]
+    assert step2[0] == pytest.approx(run.lm_loss[1], abs=2e-5)
+    assert step2[1] == pytest.approx((run.lm_loss[0] + run.lm_loss[1]) / 2, abs=1e-5)
+    assert f"note: {gpu}: first interval (auto): step 2 de-averaged" in auto.stderr
+    assert "first_interval=raw; step 2 is the mean of iterations 1..2" in raw.stderr
+    assert runner.invoke(app, ["compare", str(npu), str(gpu)]).exit_code == 0
+    failed = runner.invoke(app, ["compare", str(npu), str(gpu), "--first-interval", "raw"])
+    assert failed.exit_code == 1
+    assert "|me(lm_loss)| < 0.001 failed" in failed.stdout
+    assert "reference: first interval (raw)" in failed.stdout
+    bad = runner.invoke(app, ["compare", str(npu), str(gpu), "--first-interval", "maybe"])
+    assert bad.exit_code == 2

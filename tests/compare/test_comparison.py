@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -195,3 +196,33 @@ def test_negative_tolerances_are_refused() -> None:
     test, ref = _pair(5)
     with pytest.raises(ValueError, match=r"must be >= 0"):
         compare(test, ref, [], lr_step_tolerance=-1)
+
+
+def _first_step_drop(n: int = 20) -> tuple[list[str], list[str]]:
+    """A correct run whose loss drops 1.0 from step 1 to step 2: NPU lines, and Megatron >= 0.16 lines (which
+    print step 2 as the mean of steps 1 and 2)."""
+    run = make_run(n, seed=41)
+    run = replace(run, lm_loss=[run.lm_loss[0] + 1.0, *run.lm_loss[1:]])
+    return mindformers_lines(perturbed(run, loss_noise=1e-4, seed=42)), megatron_lines(run)
+
+
+def test_megatron_first_interval_averaging_is_undone_before_the_mean_error_is_judged() -> None:
+    npu, gpu = _first_step_drop()
+    test = parse_log(npu, source="npu.log")
+    raw = compare(test, parse_log(gpu, source="gpu.log", first_interval="raw"), default_criteria())
+    assert raw.verdict == "fail"  # the printed average at step 2 alone moves ME by ~-0.5 / 20
+    assert raw.criteria[0].value == pytest.approx(-0.53 / 20, abs=2e-3)  # (v2 - v1) / 2 over 20 steps
+    result = compare(test, parse_log(gpu, source="gpu.log"), default_criteria())
+    assert result.verdict == "pass", result.reasons
+    assert abs(result.criteria[0].value) < 1e-4
+    assert "reference step 2 de-averaged from Megatron's first interval (rounding error up to 3x the printed one)" \
+        in result.metrics["lm_loss"].resolution_text
+    assert "de-averaged" not in result.metrics["grad_norm"].resolution_text
+    at_two = Criterion(metric="lm_loss", statistic="step_rel", threshold=0.01, steps=[2])
+    (judged,) = compare(test, parse_log(gpu), [at_two]).criteria
+    assert "reference step 2 de-averaged" in judged.note
+    inputs = result.to_json()["inputs"]
+    assert inputs["test"]["first_interval"] is None
+    assert inputs["reference"]["first_interval"]["corrected_steps"] == [2]
+    assert inputs["reference"]["first_interval"]["intervals"][0]["columns"] == [
+        "lm_loss", "load_balancing_loss", "mtp_1_loss"]

@@ -103,3 +103,21 @@ def test_envelope_keeps_the_extremes_of_long_curves() -> None:
     short_x, short_y = envelope(x[:100], y[:100])
     assert short_y.tolist() == y[:100].tolist()
     assert short_x.tolist() == x[:100].tolist()
+
+
+def test_report_says_which_megatron_steps_were_de_averaged(tmp_path: Path) -> None:
+    ref_run = make_run(30, seed=23)
+    test_run = perturbed(ref_run, loss_noise=1e-4, seed=24)
+    result = compare(parse_log(mindformers_lines(test_run), source="npu.log"),
+                     parse_log(megatron_lines(ref_run), source="gpu.log"), default_criteria())
+    files = write_report(result, tmp_path, labels=("NPU", "GPU"), plots=False)
+    md = files.markdown.read_text()
+    assert "| side | log | format | rank | steps | repeated steps (last kept) | restarts | de-averaged steps |" in md
+    assert re.search(r"^\| NPU \| npu.log \|.*\| n/a \|$", md, re.M)
+    assert re.search(r"^\| GPU \| gpu.log \|.*\| 2 \|$", md, re.M)
+    assert "- GPU: first interval (auto): step 2 de-averaged with step 1's line (lm_loss, load_balancing_loss, " \
+           "mtp_1_loss; rounding error up to 3x the printed one): microsecond timestamps" in md
+    page = files.html.read_text()
+    assert "<li>GPU: first interval (auto): step 2 de-averaged" in page
+    row = next(line for line in md.splitlines() if line.startswith("| lm_loss |"))
+    assert "reference step 2 de-averaged" in row

@@ -18,7 +18,7 @@ def test_megatron_non_strict_load_is_fatal_even_after_a_successful_load_line() -
     assert parsed.steps == [1, 2, 3]
     found = [(s.line_no, s.kind, s.fatal) for s in parsed.sentinels]
     assert found == [(2, "megatron_padded_vocab", False), (5, "megatron_nonstrict_load", True)]
-    assert parsed.markers == {"checkpoint_load_started": 3, "checkpoint_loaded": 6}
+    assert parsed.markers == {"checkpoint_load_started": 3, "checkpoint_loaded": 6, "training_started": 7}
     with pytest.raises(SentinelError) as info:
         check_sentinels(parsed)
     message = str(info.value)
@@ -114,9 +114,9 @@ def test_skipped_iterations_and_loss_scale_overflow_are_warnings() -> None:
     from alignflow.logs.render import megatron_line, mindformers_legacy_line
 
     mg = [megatron_line(s, 3, consumed_samples=s, elapsed_ms=1.0, lr=1e-4, global_batch_size=1,
-                        losses={"lm loss": 2.0}, grad_norm=1.0, skipped=int(s == 2)) + "\n" for s in (1, 2, 3)]
+                        losses={"lm loss": 2.0}, grad_norm=1.0, skipped=int(s == 3)) + "\n" for s in (1, 2, 3)]
     parsed = parse_log(mg)
-    assert [(s.line_no, s.kind, s.fatal) for s in parsed.sentinels] == [(2, "skipped_iterations", False)]
+    assert [(s.line_no, s.kind, s.fatal) for s in parsed.sentinels] == [(3, "skipped_iterations", False)]
     legacy = [mindformers_legacy_line(1, 1, s, 3, loss=2.0, step_time_ms=5, lr=1e-5, global_norm=1.0,
                                       overflow=s == 3, loss_scale="65536.0") + "\n" for s in (1, 2, 3)]
     parsed = parse_log(legacy)

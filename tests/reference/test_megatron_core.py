@@ -107,9 +107,7 @@ def test_forward_and_gradients_agree(name: str) -> None:
     ids, labels = tokens[:, :-1], tokens[:, 1:]
     positions = torch.arange(32).unsqueeze(0).expand(2, -1)
     causal = torch.triu(torch.ones(32, 32), diagonal=1).bool()[None, None]
-    print("BEFORE", MTPLossLoggingHelper.tracker)
     per_token = reference(ids, positions, causal, labels=labels, loss_mask=torch.ones(2, 32))
-    print("AFTER", MTPLossLoggingHelper.tracker)
     lm = per_token.float().mean()
     out = twin(ids, labels)
     # the same operations in the same order: equal up to fp32 rounding of a differently blocked matmul
