@@ -96,6 +96,23 @@ _SPEC = typer.Option(..., "--spec", help="Conversion spec name (`alignflow conve
 _FLAVOR = typer.Option(FlavorChoice.local, "--flavor", help="Megatron --transformer-impl: local or te.")
 _VERSION = typer.Option("0.16", "--megatron-version", callback=_version,
                         help="megatron-core version of the GPU side (MTP inner layer name changes in 0.17).")
+_MODEL = typer.Option(None, "--model", exists=True,
+                      help="Model dimensions: a JSON/YAML model section or an experiment file (default: the spec's).")
+
+
+def _model(path: Path | None) -> Any:
+    """The `ModelConfig` of `--model`: a bare model section (JSON or YAML) or a whole experiment file."""
+    if path is None:
+        return None
+    from alignflow.config.model import ModelConfig
+    from alignflow.config.yamlsource import load_yaml, validate
+
+    doc = load_yaml(path)  # JSON is YAML
+    if isinstance(doc.data, dict) and "model" in doc.data and "family" not in doc.data:
+        from alignflow.config.experiment import load_experiment
+
+        return load_experiment(path).model
+    return validate(ModelConfig, doc)
 
 
 def register(app: typer.Typer) -> None:
@@ -119,6 +136,7 @@ def register(app: typer.Typer) -> None:
         skeleton: Path | None = typer.Option(None, "--skeleton", exists=True,
                                              help="A Megatron-saved checkpoint of the target model: its key set, "
                                                   "shapes, dtypes and _extra_state entries become the contract."),
+        model: Path | None = _MODEL,
         as_json: bool = _JSON,
     ) -> None:
         """bf16 MindFormers checkpoint -> Megatron legacy checkpoint (iter_N/mp_rank_00/model_optim_rng.pt)."""
@@ -126,8 +144,8 @@ def register(app: typer.Typer) -> None:
 
         with _progress("megatron") as progress:
             _run(lambda: convert_to_megatron(src, dst, spec=spec, flavor=flavor.value,  # type: ignore[arg-type]
-                                             megatron_version=megatron_version, iteration=iteration,
-                                             progress=progress, skeleton=skeleton), as_json)
+                                             model=_model(model), megatron_version=megatron_version,
+                                             iteration=iteration, progress=progress, skeleton=skeleton), as_json)
 
     @convert_app.command("mindformers")
     def mindformers_cmd(
@@ -136,6 +154,7 @@ def register(app: typer.Typer) -> None:
         iteration: int | None = typer.Option(None, "--iteration", min=0,
                                              help="Iteration of the output; default: the Megatron checkpoint's."),
         prefix: str = typer.Option("checkpoint", "--prefix", help="File prefix: <prefix>-model-0000000-0000001."),
+        model: Path | None = _MODEL,
         as_json: bool = _JSON,
     ) -> None:
         """Megatron legacy checkpoint -> bf16 MindFormers checkpoint (the spec's inverse)."""
@@ -143,7 +162,8 @@ def register(app: typer.Typer) -> None:
 
         with _progress("mindformers") as progress:
             _run(lambda: convert_to_mindformers(src, dst, spec=spec, flavor=flavor.value,  # type: ignore[arg-type]
-                                                megatron_version=megatron_version, iteration=iteration,
+                                                model=_model(model), megatron_version=megatron_version,
+                                                iteration=iteration,
                                                 prefix=prefix, progress=progress), as_json)
 
     @convert_app.command("specs")

@@ -39,6 +39,14 @@ class DataConfig(_Strict):
     path: str = Field(description="Data file; relative paths are relative to the experiment file.")
     sha256: str | None = Field(None, description="Expected sha256 (hex); a file that hashes otherwise is refused.")
     generate: DataGenerate | None = Field(None, description="Make the file with the twin's generator if absent.")
+    prefix: str | None = Field(
+        None, description="Megatron indexed data: `path` is a directory holding `<prefix>.bin` and `<prefix>.idx` "
+        "(both fingerprinted) and the trainings read `<path>/<prefix>`."
+    )
+    host_paths: dict[str, str] = Field(
+        default_factory=dict, description="Where the same data already lives on a training host, by role (ascend, "
+        "cuda): verified by sha256 there instead of copied."
+    )
 
     @field_validator("sha256")
     @classmethod
@@ -64,6 +72,8 @@ class NpuBackend(_Strict):
         None, description="Run under msrun with these options (worker_num, local_worker_num, master_port, log_dir)."
     )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the NPU trainings.")
+    repo: str = Field("mindformers", description="Name under the host's `repos:` whose git commit versions the NPU "
+                      "side (part of each step's cache key).")
 
 
 class GpuBackend(_Strict):
@@ -80,6 +90,8 @@ class GpuBackend(_Strict):
     megatron_version: str = Field("0.16", description="megatron-core version on the GPU host (names the MTP layer).")
     extra_args: list[str] = Field(default_factory=list, description="Flags appended to the generated ones.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the GPU training.")
+    repo: str = Field("megatron-lm", description="Name under the host's `repos:` whose git commit versions the GPU "
+                      "side (part of each step's cache key).")
 
 
 class ConversionConfig(_Strict):

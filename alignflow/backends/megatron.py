@@ -1,0 +1,199 @@
+"""Megatron-LM backend: `pretrain_gpt.py` flags generated from the experiment's model and training sections.
+
+The flags that decide alignment are not left to templates: the model shape comes from `ModelConfig`, the
+optimisation from `TrainingConfig`, and the load path is pinned with `--finetune --no-load-optim --no-load-rng
+--ckpt-format torch` (weights only, schedule and data from step 0 — the equivalent of MindFormers'
+`no_load_optim: True`), `--log-interval 1` (per-step lines; reference megatron §2.1) and
+`--dataloader-type single` (seed 001 §10.1: `cyclic` adds a second shuffle). `--exit-on-missing-checkpoint`
+does not make Megatron fail (it exits 0), which is why the log sentinels exist.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from alignflow.config.model import ModelConfig, TrainingConfig
+from alignflow.errors import ConfigError
+
+if TYPE_CHECKING:
+    from alignflow.backends import CommandTemplate, TrainSpec
+    from alignflow.config.experiment import Experiment
+
+
+def _num(value: float) -> str:
+    return repr(float(value)) if not float(value).is_integer() or abs(value) < 1 else str(int(value))
+
+
+def model_flags(model: ModelConfig, *, transformer_impl: str = "local") -> list[str]:
+    """Flags of the model shape (`--num-layers ...`)."""
+    if model.activation == "gelu" and model.gated_linear_unit:
+        raise ConfigError(
+            f"model: activation gelu with gated_linear_unit cannot be expressed with pretrain_gpt.py flags "
+            f"(--swiglu means silu); family {model.family}"
+        )
+    f: list[str] = [
+        "--num-layers", str(model.num_layers),
+        "--hidden-size", str(model.hidden_size),
+        "--ffn-hidden-size", str(model.ffn_hidden_size),
+        "--num-attention-heads", str(model.num_attention_heads),
+    ]
+    if model.num_query_groups is not None and model.num_query_groups != model.num_attention_heads:
+        f += ["--group-query-attention", "--num-query-groups", str(model.num_query_groups)]
+    if model.kv_channels is not None:
+        f += ["--kv-channels", str(model.kv_channels)]
+    f += ["--seq-length", str(model.seq_length),
+          "--max-position-embeddings", str(model.max_position_embeddings or model.seq_length)]
+    f += ["--position-embedding-type", model.position_embedding_type]
+    if model.position_embedding_type == "rope":
+        f += ["--rotary-base", _num(model.rotary_base)]
+        if model.rotary_percent != 1.0:
+            f += ["--rotary-percent", _num(model.rotary_percent)]
+    f += ["--normalization", model.normalization, "--norm-epsilon", _num(model.norm_epsilon)]
+    if model.zero_centered_gamma:
+        f.append("--apply-layernorm-1p")
+    if model.gated_linear_unit and model.activation == "silu":
+        f.append("--swiglu")
+    if not model.add_bias_linear:
+        f.append("--disable-bias-linear")
+    if model.qk_layernorm:
+        f.append("--qk-layernorm")
+    if model.attention_output_gate:
+        f.append("--attention-output-gate")
+    if model.untie_embeddings_and_output_weights:
+        f.append("--untie-embeddings-and-output-weights")
+    f += ["--vocab-size", str(model.vocab_size),
+          "--make-vocab-size-divisible-by", str(model.make_vocab_size_divisible_by)]
+    f += ["--attention-dropout", _num(model.attention_dropout), "--hidden-dropout", _num(model.hidden_dropout)]
+    f += ["--init-method-std", _num(model.init_method_std)]
+    if model.moe is not None:
+        f += _moe_flags(model, transformer_impl=transformer_impl)
+    if model.mtp is not None:
+        f += ["--mtp-num-layers", str(model.mtp.num_layers),
+              "--mtp-loss-scaling-factor", _num(model.mtp.loss_scaling_factor)]
+    if model.linear_attention is not None:
+        la = model.linear_attention
+        f += ["--experimental-attention-variant", "gated_delta_net",
+              "--linear-attention-freq", str(la.freq),
+              "--linear-conv-kernel-dim", str(la.conv_kernel_dim),
+              "--linear-key-head-dim", str(la.key_head_dim),
+              "--linear-value-head-dim", str(la.value_head_dim),
+              "--linear-num-key-heads", str(la.num_key_heads),
+              "--linear-num-value-heads", str(la.num_value_heads)]
+    if model.mla is not None:
+        mla = model.mla
+        f.append("--multi-latent-attention")
+        if mla.q_lora_rank is not None:
+            f += ["--q-lora-rank", str(mla.q_lora_rank)]
+        f += ["--kv-lora-rank", str(mla.kv_lora_rank), "--qk-head-dim", str(mla.qk_head_dim),
+              "--qk-pos-emb-head-dim", str(mla.qk_pos_emb_head_dim), "--v-head-dim", str(mla.v_head_dim)]
+    if model.dsa is not None:
+        dsa = model.dsa
+        f += ["--experimental-attention-variant", "dsa",
+              "--dsa-indexer-n-heads", str(dsa.index_n_heads),
+              "--dsa-indexer-head-dim", str(dsa.index_head_dim),
+              "--dsa-indexer-topk", str(dsa.index_topk)]
+    return f
+
+
+def _moe_flags(model: ModelConfig, *, transformer_impl: str) -> list[str]:
+    moe = model.moe
+    assert moe is not None
+    f = ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.router_topk),
+         "--moe-ffn-hidden-size", str(moe.ffn_hidden_size)]
+    if moe.shared_expert_intermediate_size is not None:
+        f += ["--moe-shared-expert-intermediate-size", str(moe.shared_expert_intermediate_size)]
+    if moe.shared_expert_gate:
+        f.append("--moe-shared-expert-gate")
+    f += ["--moe-router-score-function", moe.router_score_function]
+    if moe.router_enable_expert_bias:
+        f.append("--moe-router-enable-expert-bias")
+    if moe.router_topk_scaling_factor is not None:
+        f += ["--moe-router-topk-scaling-factor", _num(moe.router_topk_scaling_factor)]
+    f += ["--moe-router-load-balancing-type", moe.load_balancing_type]
+    if moe.load_balancing_type != "none":
+        f += ["--moe-aux-loss-coeff", _num(moe.aux_loss_coeff)]
+    if moe.z_loss_coeff is not None:
+        f += ["--moe-z-loss-coeff", _num(moe.z_loss_coeff)]
+    if moe.layer_freq is not None:
+        f += ["--moe-layer-freq", "[" + ",".join(str(int(x)) for x in moe.layer_freq) + "]"]
+    if moe.router_dtype is not None:
+        f += ["--moe-router-dtype", moe.router_dtype]
+    f += ["--moe-token-dispatcher-type", "alltoall"]
+    if transformer_impl == "transformer_engine":
+        f.append("--moe-grouped-gemm")
+    return f
+
+
+def training_flags(training: TrainingConfig, *, steps: int) -> list[str]:
+    """Optimisation flags; the schedule is the same function of the step on both sides."""
+    f = ["--seed", str(training.seed), "--train-iters", str(steps),
+         "--lr", _num(training.lr), "--min-lr", _num(training.min_lr),
+         "--lr-warmup-iters", str(min(training.lr_warmup_iters, max(steps - 1, 0))
+                                  if training.lr_decay_style != "constant" else training.lr_warmup_iters),
+         "--lr-decay-style", training.lr_decay_style]
+    if training.lr_decay_iters is not None:
+        f += ["--lr-decay-iters", str(training.lr_decay_iters)]
+    f += ["--weight-decay", _num(training.weight_decay),
+          "--adam-beta1", _num(training.adam_beta1), "--adam-beta2", _num(training.adam_beta2),
+          "--adam-eps", _num(training.adam_eps), "--clip-grad", _num(training.clip_grad),
+          "--micro-batch-size", str(training.micro_batch_size),
+          "--global-batch-size", str(training.global_batch_size)]
+    if training.bf16:
+        f.append("--bf16")
+    return f
+
+
+def pretrain_flags(
+    model: ModelConfig,
+    training: TrainingConfig,
+    *,
+    steps: int,
+    data_path: str,
+    load: str,
+    transformer_impl: str,
+    extra_args: Sequence[str] = (),
+) -> list[str]:
+    """The complete `pretrain_gpt.py` argument list of an alignment training."""
+    f = ["--transformer-impl", transformer_impl]
+    f += model_flags(model, transformer_impl=transformer_impl)
+    f += training_flags(training, steps=steps)
+    f += ["--data-path", data_path, "--split", "1,0,0", "--dataloader-type", "single",
+          "--load", load, "--finetune", "--no-load-optim", "--no-load-rng", "--ckpt-format", "torch",
+          "--exit-on-missing-checkpoint", "--log-interval", "1", "--eval-iters", "0",
+          "--eval-interval", str(max(steps, 1) * 10)]
+    if training.deterministic:
+        f.append("--deterministic-mode")
+    if transformer_impl == "local":
+        f += ["--no-persist-layer-norm", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
+              "--no-bias-dropout-fusion", "--no-bias-swiglu-fusion", "--no-rope-fusion"]
+    return [*f, *extra_args]
+
+
+def gpu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
+    """`pretrain_gpt.py <flags>` (optionally under `torchrun`) for one GPU-side training."""
+    from alignflow.backends import CommandTemplate
+
+    gpu = experiment.gpu
+    assert gpu.entry is not None
+    assert spec.load is not None
+    flags = pretrain_flags(experiment.model, experiment.training, steps=spec.steps, data_path=spec.data,
+                           load=spec.load, transformer_impl=gpu.transformer_impl, extra_args=gpu.extra_args)
+    if gpu.torchrun is not None:
+        launcher = ["{python}", "-m", "torch.distributed.run"]
+        for key, value in sorted(gpu.torchrun.items()):
+            launcher += [f"--{key}", str(value)]
+        argv = [*launcher, gpu.entry, *flags]
+    else:
+        argv = ["{python}", gpu.entry, *flags]
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    if experiment.training.deterministic:
+        env |= {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    return CommandTemplate(
+        argv=tuple(argv),
+        log_format="megatron",
+        code_version=f"entry {gpu.entry}",
+        env={**env, **gpu.env},
+        required_lines=("successfully loaded checkpoint from",),
+        code_repo=gpu.repo,
+    )

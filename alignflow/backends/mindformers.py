@@ -1,0 +1,123 @@
+"""MindFormers backend: `run_mindformer.py --config <rendered YAML> --mode 1`, optionally under `msrun`.
+
+The rendered YAML is the experiment's template (the user's real PyNative training YAML) plus the overrides that
+make it one step of an alignment experiment: where to load and save, how many steps, the seed and the data order,
+determinism. Everything else — the model, the optimizer, the schedule — stays as the template says; preflight
+then compares those values with the Megatron flags instead of alignflow silently overwriting them.
+
+Alignment-critical overrides and why (MindFormers reference §4-§5, §8, §11):
+- `checkpoint.no_load_optim: True` — weights only; LR schedule and data restart at step 0, the equivalent of
+  Megatron's `--finetune --no-load-optim --no-load-rng`;
+- `checkpoint.no_save_optim: True` for the base training — the bf16 conversion drops optimizer state anyway;
+- `train_dataset.dataloader.sizes[0] = steps * global_batch_size` — the GPTDataset shuffle index depends on
+  `num_samples`; Megatron uses `train_iters * GBS`, so both sides get the same order only with the same number;
+- `train_dataset.dataloader.config.seed` and `training.seed` — Megatron's `--seed` seeds both (seed 001 §10.1);
+- `train_dataset.dataloader.shuffle: False` — the order comes from the GPTDataset index, not a second shuffle;
+- `training.deterministic` and the host env (`HCCL_DETERMINISTIC` ...) — set by the experiment.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from alignflow.backends import CommandTemplate, TrainSpec
+from alignflow.config.experiment import Experiment
+from alignflow.config.yamlsource import load_yaml
+from alignflow.errors import ConfigError
+
+
+def set_dotted(config: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set `a.b.c` in nested dicts, creating mappings on the way; list items are addressed by index."""
+    node: Any = config
+    parts = dotted.split(".")
+    for i, part in enumerate(parts[:-1]):
+        key: Any = int(part) if isinstance(node, list) else part
+        if isinstance(node, dict):
+            if not isinstance(node.get(key), dict | list):
+                node[key] = {}
+            node = node[key]
+        elif isinstance(node, list) and isinstance(key, int) and key < len(node):
+            node = node[key]
+        else:
+            raise ConfigError(f"override {dotted}: {'.'.join(parts[:i + 1])} is not a mapping or list index")
+    last: Any = parts[-1]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def get_dotted(config: dict[str, Any], dotted: str, default: Any = None) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return default
+    return node
+
+
+def render_config(experiment: Experiment, spec: TrainSpec) -> dict[str, Any]:
+    """The template with alignflow's overrides, then the experiment's own `npu.overrides` last."""
+    npu = experiment.npu
+    assert npu.template is not None
+    doc = load_yaml(experiment.resolve_path(npu.template))
+    if not isinstance(doc.data, dict):
+        raise ConfigError(f"{doc.path}: a MindFormers YAML must be a mapping")
+    config = copy.deepcopy(doc.data)
+    training = experiment.training
+    gbs = training.global_batch_size
+    overrides: dict[str, Any] = {
+        "training.steps": spec.steps,
+        "training.seed": training.seed,
+        "training.deterministic": training.deterministic,
+        "checkpoint.load_path": spec.load or "",
+        "checkpoint.no_load_optim": True,
+        "checkpoint.enable_save": spec.save is not None,
+        "checkpoint.save_path": spec.save or "",
+        "checkpoint.no_save_optim": True,
+        "checkpoint.save_interleaved_steps": training.save_interval or spec.steps,
+        "train_dataset.dataloader.shuffle": False,
+        "train_dataset.dataloader.config.seed": training.seed,
+        "train_dataset.dataloader.config.data_path": ["1", spec.data],
+    }
+    sizes = get_dotted(config, "train_dataset.dataloader.sizes")
+    overrides["train_dataset.dataloader.sizes"] = [spec.steps * gbs, *(list(sizes[1:]) if isinstance(sizes, list)
+                                                                     else [0, 0])]
+    for key, value in {**overrides, **npu.overrides}.items():
+        set_dotted(config, key, value)
+    return config
+
+
+def npu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
+    npu = experiment.npu
+    assert npu.entry is not None
+    config = render_config(experiment, spec)
+    script = [npu.entry, "--config", "{out}/config.yaml", "--mode", "1"]
+    log = "stdout"
+    if npu.msrun is not None:
+        opts = {"worker_num": 1, "local_worker_num": 1, "master_port": 8118, "join": "True", **npu.msrun}
+        opts["log_dir"] = "{out}/msrun_log"
+        argv = ["msrun", *[a for k, v in opts.items() for a in (f"--{k}", str(v))], *script]
+        # PyNative prints real losses on the last pipeline stage only: parse the last rank's worker log.
+        log = f"msrun_log/worker_{int(opts['worker_num']) - 1}.log"
+    else:
+        argv = ["{python}", *script]
+    env = {"LOCAL_DEFAULT_PATH": "{out}/output", "LOG_MF_PATH": "{out}/output/log", **npu.env}
+    required = ("All Network parameters are loaded.",) if spec.load else ()
+    return CommandTemplate(
+        argv=tuple(argv),
+        log_format="mindformers",
+        code_version=f"entry {npu.entry}",
+        files={"config.yaml": yaml.safe_dump(config, sort_keys=False)},
+        env=env,
+        log=log,
+        checkpoint="checkpoint" if spec.save else None,
+        required_lines=required,
+        code_repo=npu.repo,
+    )
