@@ -182,15 +182,21 @@ def register(app: typer.Typer) -> None:
             diffs = diff_runs(store, original.id, record["run_id"])
         finally:
             store.close()
+        real = [d for d in diffs if d.substantive]
         if as_json:
             typer.echo(json.dumps({"original": original.id, "reproduction": record["run_id"],
-                                   "differences": [d.__dict__ for d in diffs]}, indent=2))
+                                   "reproduced": not real,
+                                   "differences": [{"what": d.what, "original": d.original,
+                                                    "reproduction": d.reproduction, "note": d.note}
+                                                   for d in diffs]}, indent=2))
         else:
             print_record(record)
             if diffs:
                 Console().print(f"[bold yellow]{len(diffs)} fingerprint(s) differ from run {original.id}:[/]")
                 for d in diffs:
-                    typer.echo(f"  {d.what}: {d.original} -> {d.reproduction}")
-            else:
-                Console().print(f"[green]every fingerprint equals run {original.id}'s[/]")
-        raise typer.Exit(1 if diffs else 0)
+                    note = f"  ({d.note})" if d.note else ""
+                    typer.echo(f"  {d.what}: {d.original} -> {d.reproduction}{note}")
+            verdict = "reproduced" if not real else f"NOT reproduced: {len(real)} substantive difference(s)"
+            Console().print(f"[bold]{verdict}[/] — every checkpoint, input and logged metric compared with run "
+                            f"{original.id}")
+        raise typer.Exit(1 if real else 0)

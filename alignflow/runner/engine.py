@@ -234,7 +234,7 @@ class StepRunner:
                 if template.log == "stdout":
                     transport.run(["cp", f"{handle.job_dir}/stdout", f"{out}/train.log"])
                 outputs = {k: (log_rel if v == "train.log" else v) for k, v in outputs.items()}
-                self._check_log(step, transport, f"{out}/{log_rel}", command)
+                self._check_log(step, transport, f"{out}/{log_rel}", command, step_run.id)
             refs = self._fingerprint_outputs(step, host, transport, out, outputs)
             for ref in refs.values():
                 self.store.add_artifact(step_run.id, name=ref.name, host=ref.host, path=ref.path, kind=ref.kind,
@@ -282,7 +282,7 @@ class StepRunner:
 
         return transport.wait(handle, poll_s=self.poll_s, timeout_s=timeout_s, on_poll=on_poll)
 
-    def _check_log(self, step: str, transport: Any, path: str, command: StepCommand) -> None:
+    def _check_log(self, step: str, transport: Any, path: str, command: StepCommand, step_run_id: str) -> None:
         """Parse the training log on the controller: sentinels, required lines, every step present."""
         from alignflow.logs import check_sentinels, parse_log
 
@@ -306,7 +306,8 @@ class StepRunner:
                     f"{step}: the log holds steps {got[:3]}...{got[-3:] if got else []} ({len(got)}), expected "
                     f"1..{command.expect_steps}; missing {missing[:10]}", sentinels=[])
         if command.log_source:
-            self.store.add_metrics(self.run_id, source=command.log_source, frame=parsed.frame)
+            self.store.add_metrics(self.run_id, source=command.log_source, frame=parsed.frame,
+                                   step_run_id=step_run_id)
 
     def _fingerprint_outputs(self, step: str, host: Host, transport: Any, out: str,
                              outputs: Mapping[str, str]) -> dict[str, ArtifactRef]:

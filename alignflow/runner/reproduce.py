@@ -1,9 +1,17 @@
-"""Compare the fingerprints of a reproduction with those of the original run."""
+"""Compare the fingerprints of a reproduction with those of the original run.
+
+Checkpoints, data and configs are compared byte for byte (sha256). A training log's bytes always differ between
+two executions (timestamps, step times), so a differing log is also compared by what it *measured*: when every
+logged metric except the timings is identical, the difference is reported as timing-only, not as a divergence.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+# Columns that measure the machine, not the model: they differ between two identical trainings.
+TIMING_METRICS = frozenset({"step_time_ms", "throughput", "tflops", "samples_per_s", "elapsed_ms", "per_step_time"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -13,10 +21,12 @@ class FingerprintDiff:
     what: str
     original: str | None
     reproduction: str | None
+    note: str = ""
+    substantive: bool = True  # False when the bytes differ but nothing about the model does
 
 
 def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[FingerprintDiff]:
-    """Every artifact sha256, input fingerprint, code version and host snapshot field that differs."""
+    """Every artifact sha256, input fingerprint, cache key and host snapshot field that differs."""
     diffs: list[FingerprintDiff] = []
     a_steps = {s.step: s for s in store.steps(original_id)}
     b_steps = {s.step: s for s in store.steps(reproduction_id)}
@@ -25,11 +35,19 @@ def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[Finger
         if sa is None or sb is None:
             diffs.append(FingerprintDiff(f"{step}: step", sa.status if sa else None, sb.status if sb else None))
             continue
-        arts_a = {x.name: x.sha256 for x in store.artifacts(sa.id)}
-        arts_b = {x.name: x.sha256 for x in store.artifacts(sb.id)}
+        arts_a = {x.name: x for x in store.artifacts(sa.id)}
+        arts_b = {x.name: x for x in store.artifacts(sb.id)}
         for name in sorted(set(arts_a) | set(arts_b)):
-            if arts_a.get(name) != arts_b.get(name):
-                diffs.append(FingerprintDiff(f"{step}: {name} sha256", arts_a.get(name), arts_b.get(name)))
+            xa, xb = arts_a.get(name), arts_b.get(name)
+            if xa is not None and xb is not None and xa.sha256 == xb.sha256:
+                continue
+            note, substantive = "", True
+            if xa is not None and xb is not None and xa.kind == "log":
+                note, substantive = _log_note(store, sa, sb)
+            elif xa is not None and xb is not None and xa.kind == "report":
+                note, substantive = "the report names its run; the verdicts are compared below", False
+            diffs.append(FingerprintDiff(f"{step}: {name} sha256", xa.sha256 if xa else None,
+                                         xb.sha256 if xb else None, note, substantive))
         ins_a = {k: v.get("sha256") for k, v in (sa.inputs or {}).items()}
         ins_b = {k: v.get("sha256") for k, v in (sb.inputs or {}).items()}
         for name in sorted(set(ins_a) | set(ins_b)):
@@ -38,16 +56,43 @@ def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[Finger
         if sa.cache_key != sb.cache_key:
             diffs.append(FingerprintDiff(f"{step}: cache key (command, config or code version)", sa.cache_key,
                                          sb.cache_key))
+    ca, cb = store.comparison(original_id), store.comparison(reproduction_id)
+    if ca is not None and cb is not None and ca.verdict != cb.verdict:
+        diffs.append(FingerprintDiff("compare: verdict", ca.verdict, cb.verdict))
     snaps_a = {s.host: s.data for s in store.snapshots(original_id)}
     snaps_b = {s.host: s.data for s in store.snapshots(reproduction_id)}
     for host in sorted(set(snaps_a) | set(snaps_b)):
         flat_a, flat_b = _flatten(snaps_a.get(host, {})), _flatten(snaps_b.get(host, {}))
         for key in sorted(set(flat_a) | set(flat_b)):
-            if key.endswith(("taken_at", "latency_ms", "uptime")):
+            if key.endswith(("taken_at", "latency_ms", "uptime", "duration_s", "load", "memory_free")):
                 continue
             if flat_a.get(key) != flat_b.get(key):
                 diffs.append(FingerprintDiff(f"{host}: snapshot {key}", flat_a.get(key), flat_b.get(key)))
     return diffs
+
+
+def _origin(store: Any, step_run: Any) -> Any:
+    """The step run that actually executed (a cached step points at it)."""
+    return store.get_step(step_run.reused_from) if step_run.reused_from else step_run
+
+
+def _log_note(store: Any, sa: Any, sb: Any) -> tuple[str, bool]:
+    ma, mb = _metrics_of(store, _origin(store, sa)), _metrics_of(store, _origin(store, sb))
+    if ma is None or mb is None:
+        return "log bytes differ; no recorded metrics to compare", True
+    if ma == mb:
+        return "timing only: every logged metric is identical (timestamps and step times differ)", False
+    changed = sorted({k[0] for k in set(ma) ^ set(mb)} | {k[0] for k in set(ma) & set(mb) if ma[k] != mb[k]})
+    return f"logged metrics differ: {', '.join(changed)}", True
+
+
+def _metrics_of(store: Any, step_run: Any) -> dict[tuple[str, int], float] | None:
+    frame = store.metrics(step_run.run_id)
+    rows = frame[frame["step_run_id"] == step_run.id]
+    if rows.empty:
+        return None
+    return {(str(r.metric), int(r.step)): float(r.value) for r in rows.itertuples()
+            if str(r.metric) not in TIMING_METRICS and r.value == r.value}
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, str]:

@@ -124,6 +124,23 @@ def test_rerun_after_a_spec_change_reexecutes_only_conversion_gpu_training_and_c
                 assert s.reused_from == parent_ids[s.step]
 
 
+def test_reproduce_reruns_every_step_and_finds_the_same_fingerprints(env: FlowEnv, first: dict[str, Any]) -> None:
+    result = CliRunner().invoke(app, ["reproduce", first["run_id"], "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output[result.output.index('{\n  "original"'):])
+    assert out["reproduced"] is True
+    diffs = {d["what"]: d for d in out["differences"]}
+    # every checkpoint byte-identical (the twin is deterministic); logs differ only in timestamps and timings
+    assert not any(k.endswith(("base_ckpt sha256", "bf16_ckpt sha256", "megatron_ckpt sha256")) for k in diffs)
+    for what, d in diffs.items():
+        if what.endswith("_log sha256"):
+            assert d["note"].startswith("timing only"), d
+    with Store.open(state_dir=env.state) as store:
+        reproduction = store.get_run(out["reproduction"])
+        assert reproduction.parent_id == first["run_id"]
+        assert {s.status for s in store.steps(reproduction.id)} == {"ran"}
+
+
 def test_a_sentinel_in_the_gpu_log_fails_the_run_although_the_process_exited_0(env: FlowEnv) -> None:
     # A converter of the user's own that loses a tensor: Megatron (and the twin, faithfully) falls back to a
     # non-strict load, prints `load_return:` and trains on with random weights for that tensor, exit code 0.
