@@ -445,6 +445,9 @@ class ShellTransport(ABC):
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         last_error: TransportError | None = None
+        # Start polling fast and back off to `poll_s`: a conversion that ends in 2 s should not wait out a
+        # 5 s interval, and a 10-hour training still costs one status command per `poll_s`.
+        ramp = min(0.1, poll_s)
         while True:
             state: JobState | None = None
             try:
@@ -463,7 +466,8 @@ class ShellTransport(ABC):
                 why = f" (last error: {last_error})" if state is None and last_error else ""
                 raise CommandTimeout(f"job {handle.job_id} still running after {timeout_s} s{why}",
                                      host=self.host.name)
-            pause = poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic()))
+            pause = ramp if deadline is None else max(0.0, min(ramp, deadline - time.monotonic()))
+            ramp = min(poll_s, ramp * 2)
             self._sleep(pause)
         assert state is not None  # the loop only breaks on a finished state
         if check and not state.ok:
