@@ -113,7 +113,7 @@ def test_experiment_with_undefined_host_names_the_line_and_the_alternatives(repo
         ("  steps: 30\n", "  steps: thirty\n", "training.steps: Input should be a valid integer"),
         ("    router_topk: 2\n", "    router_topk: 9\n", "router_topk 9 exceeds num_experts 4"),
         ("conversion:\n", "steps:\n  gpu_trian: {timeout_s: 5}\nconversion:\n", "unknown step(s) gpu_trian"),
-        ("  generate:", "  sha256: xyz\n  generate:", "data.sha256: sha256 must be 64 hexadecimal characters"),
+        ("  sha256: e3bd", "  sha256: xyz\n  old: e3bd", "data.sha256: sha256 must be 64 hexadecimal characters"),
     ],
 )
 def test_broken_experiment_names_key(repo_root: Path, tmp_path: Path, old: str, new: str, fragment: str) -> None:
