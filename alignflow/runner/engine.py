@@ -33,6 +33,7 @@ from alignflow.runner.cache import cache_key, repo_version
 from alignflow.runner.commands import StepCommand, step_command, timeout_for
 from alignflow.runner.placeholders import fill, fill_all
 from alignflow.runner.session import CONTROLLER, Events, StepOutcome, resolve_host
+from alignflow.runner.slots import host_slot
 
 log = logging.getLogger(__name__)
 
@@ -200,26 +201,34 @@ class StepRunner:
              inputs: Mapping[str, ArtifactRef]) -> StepOutcome:
         template = command.template
         sdef = pipeline.step(step)
-        local_inputs = {n: self.stage(inputs[n], host) for n in sdef.inputs}
-        out = str(transport.path(f"artifacts/{step}/{key[:12]}-{uuid.uuid4().hex[:8]}"))
-        values = {"python": transport.python(), "out": out, **{f"in:{n}": p for n, p in local_inputs.items()}}
-        argv = fill_all(template.argv, values)
-        step_run = self.store.start_step(self.run_id, step, host=host.name, command=shlex.join(argv), cache_key=key,
-                                         inputs={n: inputs[n].to_dict() for n in sdef.inputs})
+        from alignflow.transport import JobHandle, JobSpec
+
         state: Any = None
         handle: Any = None
+        resumed = self._resumable(step, key)
+        if resumed is not None:
+            # An earlier attempt of this task launched the job and lost its connection: re-attach, never relaunch.
+            step_run, recorded = resumed
+            handle, out = JobHandle.from_dict(recorded), str(recorded["out"])
+            self.emit(f"{step}: re-attaching to job {handle.job_dir} launched by an earlier attempt")
+        else:
+            local_inputs = {n: self.stage(inputs[n], host) for n in sdef.inputs}
+            out = str(transport.path(f"artifacts/{step}/{key[:12]}-{uuid.uuid4().hex[:8]}"))
+            values = {"python": transport.python(), "out": out, **{f"in:{n}": p for n, p in local_inputs.items()}}
+            argv = fill_all(template.argv, values)
+            step_run = self.store.start_step(self.run_id, step, host=host.name, command=shlex.join(argv),
+                                             cache_key=key, inputs={n: inputs[n].to_dict() for n in sdef.inputs})
         try:
-            transport.mkdir(out)
-            for rel, text in template.files.items():
-                transport.write_text(f"{out}/{rel}", fill(text, values))
-            from alignflow.transport import JobSpec
-
-            env = {k: fill(v, values) for k, v in template.env.items()}
-            spec = JobSpec(argv=argv, name=f"{self.run_id}-{step}", env=env, cwd=out)
-            handle = transport.launch(spec)
-            self.store.attach_job(step_run.id, job_dir=handle.job_dir, handle=handle.to_dict())
-            self.emit(f"{step}: launched on {host.name} (job {handle.job_dir})")
-            state = self._wait(step, transport, handle, timeout_for(self.experiment, step))
+            with host_slot(self.state_dir, host.name, host.max_concurrent_jobs, on_wait=self.emit):
+                if handle is None:
+                    transport.mkdir(out)
+                    for rel, text in template.files.items():
+                        transport.write_text(f"{out}/{rel}", fill(text, values))
+                    env = {k: fill(v, values) for k, v in template.env.items()}
+                    handle = transport.launch(JobSpec(argv=argv, name=f"{self.run_id}-{step}", env=env, cwd=out))
+                    self.store.attach_job(step_run.id, job_dir=handle.job_dir, handle={**handle.to_dict(), "out": out})
+                    self.emit(f"{step}: launched on {host.name} (job {handle.job_dir})")
+                state = self._wait(step, transport, handle, timeout_for(self.experiment, step))
             stdout_tail = transport.tail(handle, TAIL_BYTES, stream="stdout")
             stderr_tail = transport.tail(handle, TAIL_BYTES, stream="stderr")
             if not state.ok:
@@ -228,7 +237,6 @@ class StepRunner:
                     + "\n".join("    " + line for line in stderr_tail.rstrip().splitlines()[-15:]),
                     handle=handle, state=state)
             outputs = dict(command.outputs)
-            log_rel = None
             if template.log_format and command.log_source is not None:
                 log_rel = "train.log" if template.log == "stdout" else template.log
                 if template.log == "stdout":
@@ -245,7 +253,8 @@ class StepRunner:
             return StepOutcome(step, "ran", refs, step_run.id, key)
         except AlignflowError as exc:
             if getattr(exc, "retryable", False):
-                # A transport failure: the job may still be running; leave the step run open for re-attachment.
+                # A transport failure: the job may still be running; the step run stays open so that the retry
+                # of this task re-attaches to it (`_resumable`).
                 raise
             # The job's own exit code even when the step failed for another reason (a sentinel in a log of a
             # process that exited 0 is exactly the case people must be able to see).
@@ -254,6 +263,14 @@ class StepRunner:
             self.store.finish_step(step_run.id, status="failed", exit_code=code, stdout_tail=tails[0],
                                    stderr_tail=tails[1], error=str(exc))
             raise
+
+    def _resumable(self, step: str, key: str) -> tuple[Any, dict[str, Any]] | None:
+        """This run's open step run of `step` with the same key and a recorded job, if an attempt left one."""
+        for sr in reversed(self.store.steps(self.run_id)):
+            if sr.step == step and sr.status == "running" and sr.cache_key == key and sr.job_handle \
+                    and "out" in sr.job_handle:
+                return sr, dict(sr.job_handle)
+        return None
 
     @staticmethod
     def _tails(transport: Any, handle: Any) -> tuple[str, str]:

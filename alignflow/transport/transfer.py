@@ -152,19 +152,24 @@ def copy_between(
 
 
 def _sender(src: ShellTransport, dst: ShellTransport, route: Route) -> Sender:
-    key = (type(src), type(dst))
     if isinstance(src, SSHTransport) and isinstance(dst, SSHTransport):
         if _same_host(src, dst):
             return _on_host
         return {"auto": _direct_or_relay, "direct": _direct, "relay": _relay}[route]
-    table: dict[tuple[type, type], Sender] = {
-        (LocalTransport, LocalTransport): _local_rsync,
-        (LocalTransport, SSHTransport): _push,
-        (SSHTransport, LocalTransport): _pull,
+    table: dict[tuple[str, str], Sender] = {
+        ("local", "local"): _local_rsync,
+        ("local", "ssh"): _push,
+        ("ssh", "local"): _pull,
     }
+    key = (_kind(src), _kind(dst))
     if key not in table:
         raise TypeError(f"no copy route from {type(src).__name__} to {type(dst).__name__}")
     return table[key]
+
+
+def _kind(t: ShellTransport) -> str:
+    # isinstance, not type(): subclasses (a transport with extra instrumentation) take their base's route
+    return "ssh" if isinstance(t, SSHTransport) else "local" if isinstance(t, LocalTransport) else type(t).__name__
 
 
 def _same_host(a: SSHTransport, b: SSHTransport) -> bool:

@@ -1,0 +1,104 @@
+"""The step engine's guarantees that need no training: re-attachment after a lost connection, host job slots."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from alignflow.errors import HostUnreachable
+from alignflow.logs.render import mindformers_pynative_line
+from alignflow.runner.run import data_artifact, open_runner, start_run
+from alignflow.runner.slots import host_slot
+from alignflow.store import Store
+from alignflow.transport import LocalTransport
+from tests.flows.conftest import make_flow_env
+
+
+class DropsFirstWait(LocalTransport):
+    """A real LocalTransport whose first `wait` ends like a poller that lost its host for good.
+
+    A fake only for the fault: `wait` itself reconnects through ordinary drops (tested for real with sshd in
+    tests/transport); giving up entirely needs a host down for longer than the poll deadline.
+    """
+
+    dropped = 0
+
+    def wait(self, handle: Any, **kw: Any) -> Any:
+        if DropsFirstWait.dropped == 0:
+            DropsFirstWait.dropped += 1
+            raise HostUnreachable("connection lost while polling", host=self.host.name)
+        return super().wait(handle, **kw)
+
+
+def test_a_retried_step_reattaches_to_its_running_job_instead_of_launching_again(
+    tmp_path: Path, repo_root: Path
+) -> None:
+    env = make_flow_env(tmp_path, repo_root)
+    log = tmp_path / "base.log"
+    log.write_text("".join(mindformers_pynative_line(s, 4, loss=5.0, step_time_ms=1, lr=1e-3, grad_norm=1.0,
+                                                     consumed_samples=4 * s, global_batch_size=4) + "\n"
+                           for s in range(1, 5)))
+    exp = yaml.safe_load(env.experiment.read_text())
+    exp["steps"] = {"npu_base_train": {"command": [
+        "bash", "-c", 'sleep 2; mkdir -p "$1/checkpoint" && echo 1 > "$1/checkpoint/latest_checkpointed_iteration.txt"'
+        ' && cat "$2"', "x", "{out}", str(log)]}}
+    env.experiment.write_text(yaml.safe_dump(exp, sort_keys=False))
+    with Store.open(state_dir=env.state) as store:
+        run_id = start_run(env.experiment, env.hosts, store=store, state_dir=env.state)
+        runner = open_runner(run_id, store=store, state_dir=env.state,
+                             transport_factory=DropsFirstWait)
+        try:
+            data = data_artifact(runner)
+            with pytest.raises(HostUnreachable):
+                runner.execute("npu_base_train", {"data": data})
+            outcome = runner.execute("npu_base_train", {"data": data})  # what Prefect's retry does
+        finally:
+            runner.close()
+        assert outcome.status == "ran"
+        steps = [s for s in store.steps(run_id) if s.step == "npu_base_train"]
+        assert len(steps) == 1  # one step run, one job
+        jobs = list((env.root / "hosts" / "ascend" / "jobs").iterdir())
+        assert len(jobs) == 1
+
+
+def test_a_host_runs_at_most_max_concurrent_jobs(tmp_path: Path) -> None:
+    order: list[str] = []
+    first_in = threading.Event()
+
+    def job(name: str, hold_s: float) -> None:
+        with host_slot(tmp_path, "cuda", 1, poll_s=0.02):
+            order.append(f"{name} start")
+            first_in.set()
+            time.sleep(hold_s)
+            order.append(f"{name} end")
+
+    a = threading.Thread(target=job, args=("a", 0.3))
+    a.start()
+    first_in.wait(5)
+    b = threading.Thread(target=job, args=("b", 0.0))
+    b.start()
+    a.join()
+    b.join()
+    assert order == ["a start", "a end", "b start", "b end"]
+
+
+def test_two_slots_let_two_jobs_overlap(tmp_path: Path) -> None:
+    inside = []
+    barrier = threading.Barrier(2, timeout=5)
+
+    def job() -> None:
+        with host_slot(tmp_path, "cuda", 2, poll_s=0.02) as slot:
+            inside.append(slot)
+            barrier.wait()  # both must be inside at once, or this times out
+
+    threads = [threading.Thread(target=job) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(inside) == [0, 1]
