@@ -30,11 +30,13 @@ def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[Finger
     diffs: list[FingerprintDiff] = []
     a_steps = {s.step: s for s in store.steps(original_id)}
     b_steps = {s.step: s for s in store.steps(reproduction_id)}
-    for step in sorted(set(a_steps) | set(b_steps)):
+    benign: set[str] = set()  # sha256 pairs of artifacts whose bytes differ without meaning (timing-only logs)
+    for step in _pipeline_order(set(a_steps) | set(b_steps)):
         sa, sb = a_steps.get(step), b_steps.get(step)
         if sa is None or sb is None:
             diffs.append(FingerprintDiff(f"{step}: step", sa.status if sa else None, sb.status if sb else None))
             continue
+        step_outputs_differ = False
         arts_a = {x.name: x for x in store.artifacts(sa.id)}
         arts_b = {x.name: x for x in store.artifacts(sb.id)}
         for name in sorted(set(arts_a) | set(arts_b)):
@@ -46,16 +48,28 @@ def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[Finger
                 note, substantive = _log_note(store, sa, sb)
             elif xa is not None and xb is not None and xa.kind == "report":
                 note, substantive = "the report names its run; the verdicts are compared below", False
+            if not substantive and xa is not None and xb is not None:
+                benign.add(f"{xa.sha256}:{xb.sha256}")
+            step_outputs_differ = step_outputs_differ or substantive
             diffs.append(FingerprintDiff(f"{step}: {name} sha256", xa.sha256 if xa else None,
                                          xb.sha256 if xb else None, note, substantive))
+        inputs_differ = False
         ins_a = {k: v.get("sha256") for k, v in (sa.inputs or {}).items()}
         ins_b = {k: v.get("sha256") for k, v in (sb.inputs or {}).items()}
         for name in sorted(set(ins_a) | set(ins_b)):
             if ins_a.get(name) != ins_b.get(name):
-                diffs.append(FingerprintDiff(f"{step}: input {name} sha256", ins_a.get(name), ins_b.get(name)))
+                same = f"{ins_a.get(name)}:{ins_b.get(name)}" in benign
+                inputs_differ = inputs_differ or not same
+                diffs.append(FingerprintDiff(f"{step}: input {name} sha256", ins_a.get(name), ins_b.get(name),
+                                             "the upstream log differs in timings only" if same else "", not same))
         if sa.cache_key != sb.cache_key:
-            diffs.append(FingerprintDiff(f"{step}: cache key (command, config or code version)", sa.cache_key,
-                                         sb.cache_key))
+            # A different key means a different command, config file (a spec, a template) or code version. When
+            # the outputs are nonetheless identical the run is reproduced with a changed recipe: say so, do not
+            # count it as a divergence.
+            real = step_outputs_differ or inputs_differ
+            diffs.append(FingerprintDiff(
+                f"{step}: cache key (command, config or code version)", sa.cache_key, sb.cache_key,
+                "" if real else "the command, a config file or the code changed; the outputs did not", real))
     ca, cb = store.comparison(original_id), store.comparison(reproduction_id)
     if ca is not None and cb is not None and ca.verdict != cb.verdict:
         diffs.append(FingerprintDiff("compare: verdict", ca.verdict, cb.verdict))
@@ -69,6 +83,12 @@ def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[Finger
             if flat_a.get(key) != flat_b.get(key):
                 diffs.append(FingerprintDiff(f"{host}: snapshot {key}", flat_a.get(key), flat_b.get(key)))
     return diffs
+
+
+def _pipeline_order(steps: set[str]) -> list[str]:
+    from alignflow.pipeline import STEP_NAMES
+
+    return [s for s in STEP_NAMES if s in steps] + sorted(steps - set(STEP_NAMES))
 
 
 def _origin(store: Any, step_run: Any) -> Any:
