@@ -7,8 +7,9 @@ DSA, zero-centred gamma, ...). Every value says whether a flag set it or a defau
 its default" is the usual way the two sides drift apart (dropout 0.1, Adam beta2 0.999, GELU without `--swiglu`).
 
 Derived settings follow Megatron's code, not its help text: the padded vocabulary (`NullTokenizer` adds the
-end-of-document id, then `vocab_size_with_padding` rounds up to `--make-vocab-size-divisible-by` x TP; megatron
-§7.8), top-k renormalisation (`topk_routing_with_score_function`: softmax top-k is always renormalised unless
+end-of-document id, then `vocab_size_with_padding` rounds up to `--make-vocab-size-divisible-by` x TP unless
+`--padded-vocab-size` states it; megatron §7.8, `core/tokenizers/utils/build_tokenizer.py` of core_v0.17.0),
+top-k renormalisation (`topk_routing_with_score_function`: softmax top-k is always renormalised unless
 `--moe-router-pre-softmax`, sigmoid scores are when top-k > 1; seed 001 §10.4), the warm-up from
 `--lr-warmup-fraction` (a fraction of the decay steps).
 """
@@ -32,6 +33,7 @@ def _extra_parser() -> argparse.ArgumentParser:
                  "--moe-router-pre-softmax", "--squared-relu"):
         p.add_argument(flag, action="store_true")
     p.add_argument("--experimental-attention-variant")
+    p.add_argument("--padded-vocab-size", type=int)
     p.add_argument("--tokenizer-model")
     p.add_argument("--lr-warmup-fraction", type=float)
     for flag in ("--linear-attention-freq", "--linear-conv-kernel-dim", "--linear-key-head-dim",
@@ -200,6 +202,8 @@ def _model(f: _Flags) -> dict[str, Value]:
 
 def _padded_vocab(f: _Flags) -> Value:
     ns = f.ns
+    if ns.padded_vocab_size is not None:  # build_tokenizer pads only when this is unset
+        return Value(int(ns.padded_vocab_size), "--padded-vocab-size")
     tokenizer = ns.tokenizer_type
     if tokenizer != "NullTokenizer":
         return Value(MISSING, f"--tokenizer-type {tokenizer}: the vocabulary comes from the tokenizer files, which "

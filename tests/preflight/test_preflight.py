@@ -118,6 +118,14 @@ def test_a_tokenizer_whose_vocabulary_preflight_cannot_read_fails_closed(
         report.mismatches[0].line()
 
 
+def test_a_stated_padded_vocabulary_is_taken_as_is(rendered: tuple[NpuSide, GpuSide, DataBinding]) -> None:
+    npu, gpu, data = rendered
+    stated = GpuSide(gpu.kind, (*gpu.argv, "--padded-vocab-size", "248448"), gpu.env, gpu.env_source, gpu.source)
+    report = preflight(npu, stated, data)
+    assert [f.setting for f in report.mismatches] == ["model.vocab_size"]
+    assert "GPU 248448 (--padded-vocab-size)" in report.mismatches[0].line()
+
+
 def test_data_already_on_the_hosts_is_the_experiments_data(rendered: tuple[NpuSide, GpuSide, DataBinding]) -> None:
     npu, gpu, _ = rendered
     config = yaml.safe_load(yaml.safe_dump(dict(npu.config)))
