@@ -35,7 +35,11 @@ _MF = "MindFormers default"
 
 @dataclass(frozen=True, slots=True)
 class Key:
-    """One setting: its spellings (`@` = the model section), and its default per flavour."""
+    """One setting: its spellings, and its default per flavour.
+
+    A path starting with `@` is under the model section (`model`, or `model.model_config` where that exists);
+    a leading `!` negates a boolean (`!@tie_word_embeddings` spells "untied").
+    """
 
     name: str
     paths: tuple[str, ...]
@@ -56,7 +60,7 @@ def _not(value: Any) -> bool:
     return not bool(value)
 
 
-# Plain keys: one value, no derivation. Paths are tried in order; `@` is the model section.
+# Plain keys: one value, no derivation; every spelling is looked at (two that disagree are an error).
 KEYS: tuple[Key, ...] = (
     Key("train.steps", ("training.steps",), _both(1000), int),
     Key("train.micro_batch_size", ("training.local_batch_size",), _both(1), int),
@@ -126,7 +130,6 @@ KEYS: tuple[Key, ...] = (
     Key("moe.bias_update_rate", ("@moe_router_bias_update_rate",), _twin(1e-3), float),
     Key("mtp.loss_scale", ("@mtp_loss_scaling_factor",), _twin(0.1), float),
 )
-_BY_NAME = {k.name: k for k in KEYS}
 
 
 def npu_settings(config: Mapping[str, Any], flavour: NpuFlavour, *, env: Mapping[str, str],
