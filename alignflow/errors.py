@@ -22,6 +22,7 @@ AlignflowError                      retryable?
  |    +-- RecordNotFound            no   unknown id, ambiguous id prefix, unknown experiment
  |    +-- ImmutableRecord           no   a finished run / step run cannot change; a re-run makes new rows
  +-- PipelineError                  no   a step cannot run (missing upstream artifact, unknown step)
+ +-- PreflightError                 no   the two sides' configurations differ; every mismatch listed
 ```
 
 Third-party exceptions (paramiko, SQLAlchemy, yaml, pydantic) are translated into these at the edge that
@@ -195,3 +196,15 @@ class ImmutableRecord(StoreError):
 
 class PipelineError(AlignflowError):
     """A pipeline step cannot run: unknown step, missing upstream artifact, inconsistent request."""
+
+
+class PreflightError(AlignflowError):
+    """The NPU and GPU configurations differ in an alignment-critical setting; nothing was run.
+
+    `report` is the `alignflow.preflight.PreflightReport`; the message lists every mismatch with both values and
+    where each came from.
+    """
+
+    def __init__(self, message: str, *, report: Any = None) -> None:
+        self.report = report
+        super().__init__(message)

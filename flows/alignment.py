@@ -1,4 +1,5 @@
-"""The alignment flow: the six pipeline steps as Prefect tasks; gpu_train and npu_reload_train run concurrently.
+"""The alignment flow: preflight, then the pipeline steps as Prefect tasks; gpu_train and npu_reload_train run
+concurrently.
 
 No `from __future__ import annotations` here: Prefect builds the UI form from the real annotations
 (orchestration reference G4).
@@ -18,7 +19,7 @@ from alignflow.runner.run import parent_outcomes, reopen, reuse_parent_step
 from flows.artifacts import publish_run_artifacts
 from flows.hooks import kill_remote_jobs, remember_run
 from tasks.context import open_store, runner_for
-from tasks.steps import data_task, finish_task, start_run_task, step_task
+from tasks.steps import data_task, finish_task, preflight_task, start_run_task, step_task
 
 log = logging.getLogger(__name__)
 CONCURRENT = ("gpu_train", "npu_reload_train")
@@ -88,6 +89,7 @@ def alignment(
     available: dict[str, dict[str, Any]] = {}
     error: str | None = None
     try:
+        preflight_task(run_id)  # before step 1: a configuration mismatch fails the run with nothing run
         available["data"] = data_task(run_id)
         for name in plan.steps:
             if name in CONCURRENT:

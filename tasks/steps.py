@@ -8,7 +8,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from alignflow.runner.artifacts import ArtifactRef
-from alignflow.runner.run import data_artifact, finish, run_step, start_run
+from alignflow.runner.run import data_artifact, finish, preflight_run, run_step, start_run
 from alignflow.runner.session import RunOptions, StepOutcome
 from tasks.context import open_store, retry_on_transient, runner_for, state_dir
 
@@ -26,6 +26,19 @@ def start_run_task(experiment: str, hosts: str, options: dict[str, Any]) -> str:
         store.close()
     get_run_logger().info("run %s of %s started", run_id, experiment)
     return run_id
+
+
+@task(name="preflight", **_COMMON)
+def preflight_task(run_id: str) -> dict[str, Any]:
+    """Compare both sides' alignment-critical settings before anything runs; a mismatch fails the task (no retry)."""
+    logger = get_run_logger()
+    store = open_store()
+    try:
+        report = preflight_run(run_id, store=store, state_dir=state_dir(), events=logger.info)
+    finally:
+        store.close()
+    result: dict[str, Any] = report.to_dict()
+    return result
 
 
 @task(name="data", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=retry_on_transient, **_COMMON)

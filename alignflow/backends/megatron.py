@@ -6,6 +6,15 @@ optimisation from `TrainingConfig`, and the load path is pinned with `--finetune
 `no_load_optim: True`), `--log-interval 1` (per-step lines; reference megatron §2.1) and
 `--dataloader-type single` (seed 001 §10.1: `cyclic` adds a second shuffle). `--exit-on-missing-checkpoint`
 does not make Megatron fail (it exits 0), which is why the log sentinels exist.
+
+The vocabulary is given the way the twin gives it (megatron §7.8): alignment data is pre-tokenized, so the
+tokenizer is `NullTokenizer`, which appends one end-of-document id to `--vocab-size` before Megatron pads to
+`--make-vocab-size-divisible-by`; the flag is therefore `vocab_size - 1`, and a divisor that would pad the
+embedding is refused (padded rows enter the softmax and change the loss).
+
+`gpu.extra_args` holds what the generator cannot know (host-specific kernels, TE options, a tokenizer of the
+user's own); a flag given there *replaces* the generated one instead of being appended after it, so the command
+line states every setting once — and preflight reads the result with Megatron's own semantics either way.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from alignflow.config.model import ModelConfig, TrainingConfig
 from alignflow.errors import ConfigError
+from alignflow.reference.render import megatron_vocab_flags
 
 if TYPE_CHECKING:
     from alignflow.backends import CommandTemplate, TrainSpec
@@ -62,8 +72,7 @@ def model_flags(model: ModelConfig, *, transformer_impl: str = "local") -> list[
         f.append("--attention-output-gate")
     if model.untie_embeddings_and_output_weights:
         f.append("--untie-embeddings-and-output-weights")
-    f += ["--vocab-size", str(model.vocab_size),
-          "--make-vocab-size-divisible-by", str(model.make_vocab_size_divisible_by)]
+    f += ["--tokenizer-type", "NullTokenizer", *megatron_vocab_flags(model)]
     f += ["--attention-dropout", _num(model.attention_dropout), "--hidden-dropout", _num(model.hidden_dropout)]
     f += ["--init-method-std", _num(model.init_method_std)]
     if model.moe is not None:
@@ -107,7 +116,7 @@ def _moe_flags(model: ModelConfig, *, transformer_impl: str) -> list[str]:
         f.append("--moe-shared-expert-gate")
     f += ["--moe-router-score-function", moe.router_score_function]
     if moe.router_enable_expert_bias:
-        f.append("--moe-router-enable-expert-bias")
+        f += ["--moe-router-enable-expert-bias", "--moe-router-bias-update-rate", _num(moe.router_bias_update_rate)]
     if moe.router_topk_scaling_factor is not None:
         f += ["--moe-router-topk-scaling-factor", _num(moe.router_topk_scaling_factor)]
     f += ["--moe-router-load-balancing-type", moe.load_balancing_type]
@@ -126,14 +135,24 @@ def _moe_flags(model: ModelConfig, *, transformer_impl: str) -> list[str]:
 
 
 def training_flags(training: TrainingConfig, *, steps: int) -> list[str]:
-    """Optimisation flags; the schedule is the same function of the step on both sides."""
+    """Optimisation flags; the schedule is the same function of the step on both sides.
+
+    A training shorter than the experiment's (the early gate's 2 steps) keeps the long training's schedule:
+    `--lr-decay-iters` stays at the experiment's decay length, so warm-up and decay are not squeezed into 2 steps
+    (and Megatron's `lr_warmup_steps < lr_decay_steps` assertion holds).
+    """
+    warmup = training.lr_warmup_iters
+    decay = training.lr_decay_iters or training.steps
+    if decay <= warmup:
+        if training.lr_decay_style != "constant":
+            raise ConfigError(f"training: lr_decay_iters {decay} must exceed lr_warmup_iters {warmup} (Megatron "
+                              "asserts lr_warmup_steps < lr_decay_steps)")
+        decay = warmup + 1  # constant after the warm-up: any decay length past it is the same schedule
     f = ["--seed", str(training.seed), "--train-iters", str(steps),
          "--lr", _num(training.lr), "--min-lr", _num(training.min_lr),
-         "--lr-warmup-iters", str(min(training.lr_warmup_iters, max(steps - 1, 0))
-                                  if training.lr_decay_style != "constant" else training.lr_warmup_iters),
-         "--lr-decay-style", training.lr_decay_style]
-    if training.lr_decay_iters is not None:
-        f += ["--lr-decay-iters", str(training.lr_decay_iters)]
+         "--lr-warmup-iters", str(warmup), "--lr-decay-style", training.lr_decay_style]
+    if training.lr_decay_iters is not None or decay != steps:
+        f += ["--lr-decay-iters", str(decay)]
     f += ["--weight-decay", _num(training.weight_decay),
           "--adam-beta1", _num(training.adam_beta1), "--adam-beta2", _num(training.adam_beta2),
           "--adam-eps", _num(training.adam_eps), "--clip-grad", _num(training.clip_grad),
@@ -142,6 +161,25 @@ def training_flags(training: TrainingConfig, *, steps: int) -> list[str]:
     if training.bf16:
         f.append("--bf16")
     return f
+
+
+def merge_flags(generated: Sequence[str], extra: Sequence[str]) -> list[str]:
+    """`generated` with every flag that `extra` also gives removed, then `extra`: one value per flag.
+
+    A flag owns the tokens after it up to the next `--flag` (Megatron flag values never start with `--`).
+    """
+    def groups(argv: Sequence[str]) -> list[list[str]]:
+        out: list[list[str]] = []
+        for token in argv:
+            if token.startswith("--") or not out:
+                out.append([token])
+            else:
+                out[-1].append(token)
+        return out
+
+    given = {g[0].split("=", 1)[0] for g in groups(extra)}
+    kept = [g for g in groups(generated) if g[0].split("=", 1)[0] not in given]
+    return [t for g in kept for t in g] + list(extra)
 
 
 def pretrain_flags(
@@ -167,7 +205,7 @@ def pretrain_flags(
     if transformer_impl == "local":
         f += ["--no-persist-layer-norm", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
               "--no-bias-dropout-fusion", "--no-bias-swiglu-fusion", "--no-rope-fusion"]
-    return [*f, *extra_args]
+    return merge_flags(f, extra_args)
 
 
 def gpu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:

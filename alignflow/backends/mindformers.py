@@ -13,7 +13,9 @@ Alignment-critical overrides and why (MindFormers reference §4-§5, §8, §11):
   `num_samples`; Megatron uses `train_iters * GBS`, so both sides get the same order only with the same number;
 - `train_dataset.dataloader.config.seed` and `training.seed` — Megatron's `--seed` seeds both (seed 001 §10.1);
 - `train_dataset.dataloader.shuffle: False` — the order comes from the GPTDataset index, not a second shuffle;
-- `training.deterministic` and the host env (`HCCL_DETERMINISTIC` ...) — set by the experiment.
+- `training.deterministic` — the experiment's; with it on, the job also gets `HCCL_DETERMINISTIC=true` and
+  `LCCL_DETERMINISTIC=1` (deterministic collectives; MindFormers reference §8), which `npu.env` or the host's env
+  may still override — preflight reports the effective value.
 """
 
 from __future__ import annotations
@@ -108,7 +110,10 @@ def npu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
         log = f"msrun_log/worker_{int(opts['worker_num']) - 1}.log"
     else:
         argv = ["{python}", *script]
-    env = {"LOCAL_DEFAULT_PATH": "{out}/output", "LOG_MF_PATH": "{out}/output/log", **npu.env}
+    env = {"LOCAL_DEFAULT_PATH": "{out}/output", "LOG_MF_PATH": "{out}/output/log"}
+    if experiment.training.deterministic:
+        env |= {"HCCL_DETERMINISTIC": "true", "LCCL_DETERMINISTIC": "1"}
+    env |= npu.env
     required = ("All Network parameters are loaded.",) if spec.load else ()
     return CommandTemplate(
         argv=tuple(argv),

@@ -2,7 +2,14 @@
 
 Seed 001 §6.4: the most reliable proof of a correct conversion is that step 1 — a forward pass on the same batch
 from the same weights, before any update — gives the same lm loss (and MTP loss) on both sides, within 0.005%
-relative. A failing gate stops the run hours before the long trainings would have shown the same thing.
+relative. A failing gate stops the run hours before the long trainings would have shown the same thing: a GLU
+`linear_fc1` copied without its de-interleave, or a transposed square expert matrix, converts without a single
+shape error (seed 001 §10.2-10.3), and only the numbers show it.
+
+Both gate trainings are the pipeline's own trainings (same backends, same renderers), `gate.steps` long, from
+the bf16 checkpoint (NPU) and the converted Megatron checkpoint (GPU). Their logs are held to the same rules as
+the long trainings' (sentinels, required load lines); a metric that only one side reports fails the gate (seed
+001 §10.6: a MindSpore wrapper without `get_mtp_loss` logs no MTP loss).
 """
 
 from __future__ import annotations
@@ -10,119 +17,176 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from alignflow.backends import LogFormat, TrainSpec, render_training
-from alignflow.errors import PipelineError, RemoteJobError
+from alignflow.backends import CommandTemplate, Side, TrainSpec, render_training
+from alignflow.config.hosts import Host
+from alignflow.errors import AlignflowError, PipelineError, RemoteJobError, SentinelError
 from alignflow.runner.artifacts import ArtifactRef
-from alignflow.runner.cache import cache_key
-from alignflow.runner.commands import data_placeholder
+from alignflow.runner.cache import cache_key, repo_version
+from alignflow.runner.commands import DEFAULT_TIMEOUT_S, data_placeholder
 from alignflow.runner.engine import StepRunner
 from alignflow.runner.placeholders import fill, fill_all
 from alignflow.runner.session import StepOutcome
 
+STEP = "early_gate"
+CAUSE = ("step 1 is a forward pass of the same batch through the same weights on both sides, before any update, "
+         "so a difference here comes from the conversion (spec) or the model configuration, not from numerics; "
+         "check the conversion spec's rules (a GLU linear_fc1 without de-interleave, a transposed square expert "
+         "matrix converts without a shape error) and `alignflow preflight`")
+
 
 class GateFailed(PipelineError):
-    """Step-1 losses of the two sides differ beyond the gate's tolerance."""
+    """Step-1 losses of the two sides differ beyond the gate's tolerance (or cannot be compared)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Side:
+    name: str  # npu | gpu
+    host: Host
+    load: str  # the input artifact the side loads
+    template: CommandTemplate
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    side: _Side
+    transport: Any
+    handle: Any
+    out: str
 
 
 def run_gate(runner: StepRunner, inputs: Mapping[str, ArtifactRef]) -> StepOutcome:
+    """Run (or reuse) the gate; raises `GateFailed` after recording the step as failed."""
     exp = runner.experiment
     gate = exp.gate
     data = inputs["data"]
-    sides = {
-        "npu": (runner.host("npu_reload_train"),
-                TrainSpec("early_gate", "npu", gate.steps, data_placeholder(exp), data.sha256, "{in:bf16_ckpt}", None)),
-        "gpu": (runner.host("gpu_train"),
-                TrainSpec("early_gate", "gpu", gate.steps, data_placeholder(exp), data.sha256, "{in:megatron_ckpt}",
-                          None)),
-    }
-    templates = {side: render_training(exp, spec) for side, (_, spec) in sides.items()}
-    key = cache_key(step="early_gate", argv=[*templates["npu"].argv, "|", *templates["gpu"].argv],
-                    files={f"{s}/{k}": v for s, t in templates.items() for k, v in t.files.items()}, env={},
-                    code_version=templates["npu"].code_version + "|" + templates["gpu"].code_version,
-                    inputs={n: inputs[n].sha256 for n in ("data", "bf16_ckpt", "megatron_ckpt")},
-                    extra={"rel_tol": gate.rel_tol, "metrics": gate.metrics})
-    if "early_gate" not in runner.forced:
-        reused = runner._reuse("early_gate", key, runner.host("early_gate"), None)
+    sides = []
+    plan: tuple[tuple[Side, str, str], ...] = (("npu", "npu_reload_train", "bf16_ckpt"),
+                                               ("gpu", "gpu_train", "megatron_ckpt"))
+    for name, step, load in plan:
+        spec = TrainSpec(STEP, name, gate.steps, data_placeholder(exp), data.sha256, "{in:" + load + "}", None)
+        sides.append(_Side(name, runner.host(step), load, render_training(exp, spec)))
+    versions = []
+    for side in sides:
+        version = side.template.code_version
+        if side.template.code_repo:
+            version = f"{side.template.code_repo}@{repo_version(runner.snapshot(side.host), side.template.code_repo)}"
+        versions.append(version)
+    key = cache_key(step=STEP, argv=[a for s in sides for a in (*s.template.argv, "|")],
+                    files={f"{s.name}/{k}": v for s in sides for k, v in s.template.files.items()},
+                    env={f"{s.name}/{k}": v for s in sides for k, v in s.template.env.items()},
+                    code_version="|".join(versions), inputs={n: inputs[n].sha256 for n in ("data", "bf16_ckpt",
+                                                                                            "megatron_ckpt")},
+                    extra={"steps": gate.steps, "rel_tol": gate.rel_tol, "metrics": list(gate.metrics)})
+    controller = runner.host(STEP)
+    if STEP not in runner.forced:
+        reused = runner._reuse(STEP, key, controller, None)
         if reused is not None:
             return reused
-    controller = runner.host("early_gate")
-    step_run = runner.store.start_step(runner.run_id, "early_gate", host=controller.name,
-                                       command=" | ".join(" ".join(t.argv) for t in templates.values()),
+    step_run = runner.store.start_step(runner.run_id, STEP, host=controller.name,
+                                       command=" | ".join(" ".join(s.template.argv) for s in sides),
                                        cache_key=key, inputs={n: inputs[n].to_dict() for n in inputs})
+    jobs: list[_Job] = []
     try:
-        jobs: dict[str, tuple[Any, Any, str]] = {}
-        from alignflow.transport import JobSpec
-
-        for side, (host, _spec) in sides.items():
-            t = runner.transport(host)
-            load_name = "bf16_ckpt" if side == "npu" else "megatron_ckpt"
-            local = {"data": runner.stage(data, host), load_name: runner.stage(inputs[load_name], host)}
-            out = str(t.path(f"artifacts/early_gate/{key[:12]}-{side}-{uuid.uuid4().hex[:8]}"))
-            values = {"python": t.python(), "out": out, **{f"in:{n}": p for n, p in local.items()}}
-            template = templates[side]
-            t.mkdir(out)
-            for rel, text in template.files.items():
-                t.write_text(f"{out}/{rel}", fill(text, values))
-            handle = t.launch(JobSpec(argv=fill_all(template.argv, values), name=f"{runner.run_id}-gate-{side}",
-                                      env={k: fill(v, values) for k, v in template.env.items()}, cwd=out))
-            jobs[side] = (t, handle, out)
-        results: dict[str, Any] = {}
-        for side, (t, handle, _out) in jobs.items():
-            state = runner._wait(f"early_gate/{side}", t, handle, 2 * 3600.0)
-            if not state.ok:
-                raise RemoteJobError(f"{t.host.name}: early gate ({side}) {state}; job dir "
-                                     f"{handle.job_dir}", handle=handle, state=state)
-            results[side] = _step1(runner, side, t, f"{handle.job_dir}/stdout", templates[side].log_format)
-        rows, failed = [], []
-        for metric in gate.metrics:
-            npu, gpu = results["npu"].get(metric), results["gpu"].get(metric)
-            if npu is None or gpu is None:
-                continue
-            rel = abs(npu - gpu) / (abs(gpu) + 1e-8)
-            ok = rel < gate.rel_tol
-            rows.append({"metric": metric, "npu": npu, "gpu": gpu, "rel_diff": rel, "tolerance": gate.rel_tol,
-                         "passed": ok})
-            if not ok:
-                failed.append(f"{metric}: NPU {npu:.6f} vs GPU {gpu:.6f}, relative difference {rel:.3e} > "
-                              f"{gate.rel_tol:.1e}")
-        if not rows:
-            raise GateFailed("early gate: no common step-1 metric in the two logs")
-        report_dir = runner.state_dir / "runs" / runner.run_id / "early_gate"
+        jobs = [_launch(runner, side, inputs) for side in sides]
+        results = {job.side.name: _step1(runner, job) for job in jobs}
+        rows, failed = _judge(results, gate.metrics, gate.rel_tol)
+        report_dir = runner.state_dir / "runs" / runner.run_id / STEP
         report_dir.mkdir(parents=True, exist_ok=True)
         (report_dir / "gate.json").write_text(json.dumps({"rows": rows, "passed": not failed}, indent=2))
-        ctl = runner.transport(controller)
-        fp = ctl.sha256([str(report_dir)])[str(report_dir)]
+        fp = runner.transport(controller).sha256([str(report_dir)])[str(report_dir)]
         ref = ArtifactRef("gate_report", controller.name, str(report_dir), fp.sha256, fp.size, "report")
         runner.store.add_artifact(step_run.id, name=ref.name, host=ref.host, path=ref.path, kind=ref.kind,
                                   sha256=ref.sha256, size_bytes=ref.size)
         if failed:
-            raise GateFailed(
-                "early gate failed — step 1 runs the same batch through the same weights on both sides, so a "
-                "difference here means the conversion spec or the model configuration differs, not numerics:\n  "
-                + "\n  ".join(failed))
+            raise GateFailed("early gate failed — " + CAUSE + ":\n  " + "\n  ".join(failed))
         runner.store.finish_step(step_run.id, status="ran", exit_code=0, stdout_tail=json.dumps(rows),
                                  stderr_tail="")
-        runner.emit("early_gate: passed (" + ", ".join(f"{r['metric']} rel {r['rel_diff']:.2e}" for r in rows) + ")")
-        return StepOutcome("early_gate", "ran", {"gate_report": ref}, step_run.id, key)
-    except Exception as exc:
+        runner.emit(f"{STEP}: passed (" + ", ".join(f"{r['metric']} rel {r['rel_diff']:.2e}" for r in rows) + ")")
+        return StepOutcome(STEP, "ran", {"gate_report": ref}, step_run.id, key)
+    except BaseException as exc:
+        _cancel_running(jobs)
         if not getattr(exc, "retryable", False):
             runner.store.finish_step(step_run.id, status="failed", exit_code=None, stdout_tail="", stderr_tail="",
-                                     error=str(exc))
+                                     error=str(exc) if isinstance(exc, AlignflowError) else repr(exc))
         raise
 
 
-def _step1(runner: StepRunner, side: str, transport: Any, path: str, fmt: LogFormat) -> dict[str, float]:
+def _launch(runner: StepRunner, side: _Side, inputs: Mapping[str, ArtifactRef]) -> _Job:
+    from alignflow.transport import JobSpec
+
+    t = runner.transport(side.host)
+    local = {"data": runner.stage(inputs["data"], side.host), side.load: runner.stage(inputs[side.load], side.host)}
+    out = str(t.path(f"artifacts/{STEP}/{side.name}-{uuid.uuid4().hex[:12]}"))
+    values = {"python": t.python(), "out": out, **{f"in:{n}": p for n, p in local.items()}}
+    t.mkdir(out)
+    for rel, text in side.template.files.items():
+        t.write_text(f"{out}/{rel}", fill(text, values))
+    handle = t.launch(JobSpec(argv=fill_all(side.template.argv, values), name=f"{runner.run_id}-gate-{side.name}",
+                              env={k: fill(v, values) for k, v in side.template.env.items()}, cwd=out))
+    runner.emit(f"{STEP}: {side.name} side launched on {side.host.name} (job {handle.job_dir})")
+    return _Job(side, t, handle, out)
+
+
+def _step1(runner: StepRunner, job: _Job) -> dict[str, float]:
+    """Wait for one side, then read its log exactly as the long trainings' logs are read; step 1's metrics."""
     from alignflow.logs import check_sentinels, parse_log
 
-    local = runner.state_dir / "runs" / runner.run_id / "logs" / f"early_gate-{side}.log"
+    side, t = job.side, job.transport
+    state = runner._wait(f"{STEP}/{side.name}", t, job.handle, DEFAULT_TIMEOUT_S[STEP])
+    if not state.ok:
+        tail = t.tail(job.handle, 4096, stream="stderr").rstrip().splitlines()[-15:]
+        raise RemoteJobError(f"{side.host.name}: early gate ({side.name} side) {state}; job dir "
+                             f"{job.handle.job_dir}\n" + "\n".join("    " + line for line in tail),
+                             handle=job.handle, state=state)
+    remote = f"{job.handle.job_dir}/stdout" if side.template.log == "stdout" else f"{job.out}/{side.template.log}"
+    local = runner.state_dir / "runs" / runner.run_id / "logs" / f"{STEP}-{side.name}.log"
     local.parent.mkdir(parents=True, exist_ok=True)
-    transport.get(path, str(local), overwrite=True)
-    parsed = parse_log(local.read_text(encoding="utf-8", errors="replace").splitlines(), fmt=fmt,
-                       source=f"early_gate/{side}")
+    t.get(remote, str(local), overwrite=True)
+    text = local.read_text(encoding="utf-8", errors="replace")
+    parsed = parse_log(text.splitlines(), fmt=side.template.log_format, source=f"{STEP}/{side.name}")
     check_sentinels(parsed)
+    for required in side.template.required_lines:
+        if required not in text:
+            raise SentinelError(f"{STEP} ({side.name} side): the log never says {required!r} ({remote}); the "
+                                "weights were not loaded as expected", sentinels=[])
     if 1 not in parsed.frame.index:
-        raise GateFailed(f"early gate ({side}): the log has no step 1")
+        raise GateFailed(f"{STEP} ({side.name} side): the log has no step 1 ({remote})")
     row = parsed.frame.loc[1]
     return {k: float(v) for k, v in row.items() if isinstance(v, int | float) and v == v}
+
+
+def _judge(results: Mapping[str, Mapping[str, float]], metrics: list[str], rel_tol: float
+           ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Step-1 relative difference of each metric; a metric on one side only is a failure, on neither is skipped."""
+    rows: list[dict[str, Any]] = []
+    failed: list[str] = []
+    for metric in metrics:
+        npu, gpu = results["npu"].get(metric), results["gpu"].get(metric)
+        if npu is None and gpu is None:
+            continue
+        if npu is None or gpu is None:
+            missing = "NPU" if npu is None else "GPU"
+            failed.append(f"{metric}: the {missing} log has no step-1 {metric} (the other side logged "
+                          f"{gpu if npu is None else npu:.6f})")
+            continue
+        rel = abs(npu - gpu) / max(abs(gpu), 1e-12)
+        ok = rel < rel_tol
+        rows.append({"metric": metric, "npu": npu, "gpu": gpu, "rel_diff": rel, "tolerance": rel_tol, "passed": ok})
+        if not ok:
+            failed.append(f"{metric}: NPU {npu:.6f} vs GPU {gpu:.6f}, relative difference {rel:.3e} > {rel_tol:.1e}")
+    if not rows and not failed:
+        failed.append(f"no metric of {', '.join(metrics)} in either side's step-1 log")
+    return rows, failed
+
+
+def _cancel_running(jobs: list[_Job]) -> None:
+    """A failed side (or an interrupted gate) must not leave the other side training."""
+    for job in jobs:
+        try:
+            if not job.transport.status(job.handle).finished:
+                job.transport.cancel(job.handle)
+        except AlignflowError:  # best effort: the failure being raised is the one to report
+            continue

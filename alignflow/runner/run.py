@@ -17,7 +17,7 @@ from typing import Any
 from alignflow import pipeline
 from alignflow.config.experiment import Experiment
 from alignflow.config.hosts import Inventory
-from alignflow.errors import AlignflowError, PipelineError
+from alignflow.errors import AlignflowError, PipelineError, PreflightError
 from alignflow.fingerprint import HashMemo
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.cache import alignflow_version
@@ -94,6 +94,26 @@ def open_runner(
     kwargs: dict[str, Any] = {} if poll_s is None else {"poll_s": poll_s}
     return StepRunner(run_id=run_id, experiment=experiment, inventory=inventory, store=store, state_dir=state_dir,
                       forced=plan.forced, transport_factory=transport_factory, events=events, **kwargs)
+
+
+def preflight_run(run_id: str, *, store: Any, state_dir: Path, events: Events | None = None) -> Any:
+    """Preflight of a recorded run (its experiment and inventory as recorded), before any step: a mismatch raises
+    `PreflightError` listing every difference, so the run fails with that list as its error and nothing runs.
+
+    The report is kept beside the run's logs (`runs/<id>/preflight.json`) whatever the outcome.
+    """
+    from alignflow.preflight import check_experiment
+
+    experiment, inventory, _, _ = reopen(run_id, store=store)
+    report = check_experiment(experiment, inventory=inventory)
+    out = state_dir / "runs" / run_id / "preflight.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report.to_dict(), indent=2), encoding="utf-8")
+    if not report.ok:
+        raise PreflightError(f"{report.summary()}\nnothing was run; `alignflow preflight {experiment.source}` lists "
+                             "every setting with its source", report=report)
+    (events or log.info)(report.summary())
+    return report
 
 
 def data_artifact(runner: StepRunner) -> ArtifactRef:
@@ -208,6 +228,7 @@ def execute_pipeline(
     runner = open_runner(run_id, store=store, state_dir=state_dir, transport_factory=transport_factory, events=events)
     outcomes: dict[str, StepOutcome] = {}
     try:
+        preflight_run(run_id, store=store, state_dir=state_dir, events=events)
         _, _, plan, params = reopen(run_id, store=store)
         parent_id = params["options"].get("parent")
         parent = parent_outcomes(store, parent_id) if parent_id else {}

@@ -1,0 +1,105 @@
+"""The two rendered sides of an experiment, exactly as the pipeline will launch them.
+
+Preflight does not re-derive the configurations from the experiment: it takes the NPU reload training's rendered
+YAML and the GPU training's argv from the same `step_command` the runner launches, so what it checks is what
+runs (template, alignflow's overrides, `npu.overrides`, `gpu.extra_args`, per-step command overrides). The
+environment each job gets is the host's `env` (when an inventory is given) overlaid with the command's own, as the
+transport exports them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from alignflow.config.experiment import Experiment
+from alignflow.config.hosts import Inventory
+from alignflow.errors import ConfigError
+from alignflow.preflight.values import DataFile
+
+DATA_PLACEHOLDER = "{in:data}"
+TWIN_GPU_MODULE = "alignflow.reference.torch_train"
+
+
+@dataclass(frozen=True, slots=True)
+class DataBinding:
+    """What a data path in a rendered config refers to."""
+
+    sha256: str | None  # the experiment's data file, when its fingerprint is known before the run
+    host_paths: Mapping[str, str] = field(default_factory=dict)  # role -> where the same data already lives
+
+    def bind(self, path: str, role: str) -> DataFile:
+        """`{in:data}[/prefix]` and a declared host path are the experiment's data; anything else is not."""
+        if path == DATA_PLACEHOLDER or path.startswith(DATA_PLACEHOLDER + "/"):
+            return DataFile(path, self.sha256, True, path[len(DATA_PLACEHOLDER):])
+        declared = self.host_paths.get(role)
+        if declared and (path == declared or path.startswith(declared.rstrip("/") + "/")):
+            return DataFile(path, self.sha256, True, path[len(declared.rstrip("/")):])
+        return DataFile(path, None, False)
+
+
+@dataclass(frozen=True, slots=True)
+class NpuSide:
+    """The NPU training as rendered: its YAML (as a mapping) and its environment."""
+
+    kind: Literal["mindformers", "reference"]
+    config: Mapping[str, Any]
+    env: Mapping[str, str]
+    env_source: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSide:
+    """The GPU training as rendered: the `pretrain_gpt.py` flags (launcher stripped) and its environment."""
+
+    kind: Literal["megatron", "reference"]
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    env_source: str
+    source: str
+
+
+def render_sides(
+    experiment: Experiment, *, inventory: Inventory | None = None, data_sha256: str | None = None,
+) -> tuple[NpuSide, GpuSide, DataBinding]:
+    """Render the NPU reload training and the GPU training of `experiment` (no host is contacted)."""
+    from alignflow.runner.commands import step_command
+    from alignflow.runner.session import resolve_host
+
+    sha = data_sha256 or experiment.data.sha256
+    npu_cmd = step_command(experiment, "npu_reload_train", data_sha256=sha or "")
+    gpu_cmd = step_command(experiment, "gpu_train", data_sha256=sha or "")
+    where = experiment.source or experiment.name
+    text = npu_cmd.template.files.get("config.yaml")
+    if text is None:
+        raise ConfigError(f"{where}: npu_reload_train renders no config.yaml; preflight has nothing to read")
+    config = yaml.safe_load(text)
+    if not isinstance(config, dict):
+        raise ConfigError(f"{where}: the rendered NPU config is not a mapping")
+    npu_env, gpu_env = dict(npu_cmd.template.env), dict(gpu_cmd.template.env)
+    npu_env_src = gpu_env_src = "command env; no hosts file given"
+    if inventory is not None:
+        npu_host = resolve_host(experiment, inventory, "npu_reload_train", Path("."))
+        gpu_host = resolve_host(experiment, inventory, "gpu_train", Path("."))
+        npu_env, gpu_env = {**npu_host.env, **npu_env}, {**gpu_host.env, **gpu_env}
+        npu_env_src, gpu_env_src = f"host {npu_host.name} + command env", f"host {gpu_host.name} + command env"
+    template = experiment.npu.template if experiment.npu.kind == "mindformers" else "the twin's renderer"
+    npu = NpuSide(experiment.npu.kind, config, npu_env, npu_env_src,
+                  f"npu_reload_train config.yaml (from {template})")
+    flags = _megatron_flags(experiment, gpu_cmd.template.argv)
+    gpu = GpuSide(experiment.gpu.kind, flags, gpu_env, gpu_env_src, "gpu_train command line")
+    return npu, gpu, DataBinding(sha, dict(experiment.data.host_paths))
+
+
+def _megatron_flags(experiment: Experiment, argv: tuple[str, ...]) -> tuple[str, ...]:
+    """The flags after the entry point (`pretrain_gpt.py`, or the twin's module), whatever launches it."""
+    entry = experiment.gpu.entry if experiment.gpu.kind == "megatron" else TWIN_GPU_MODULE
+    if entry in argv:
+        return tuple(argv[argv.index(entry) + 1:])
+    raise ConfigError(f"{experiment.source or experiment.name}: the gpu_train command does not run {entry} "
+                      "(steps.gpu_train.command replaces it?): preflight cannot read its Megatron flags")

@@ -1,0 +1,84 @@
+CUDA_DEVICE_MAX_CONNECTIONS=1 \
+NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 \
+CUBLAS_WORKSPACE_CONFIG=:4096:8 \
+'{python}' -m torch.distributed.run \
+--master_port 6000 \
+--nnodes 1 \
+--nproc_per_node 1 \
+/data/src/Megatron-LM/pretrain_gpt.py \
+--transformer-impl transformer_engine \
+--num-layers 24 \
+--hidden-size 1024 \
+--ffn-hidden-size 2048 \
+--num-attention-heads 32 \
+--seq-length 1024 \
+--max-position-embeddings 1024 \
+--position-embedding-type rope \
+--rotary-base 10000 \
+--normalization RMSNorm \
+--norm-epsilon 1e-05 \
+--swiglu \
+--disable-bias-linear \
+--qk-layernorm \
+--untie-embeddings-and-output-weights \
+--tokenizer-type NullTokenizer \
+--vocab-size 154879 \
+--make-vocab-size-divisible-by 128 \
+--attention-dropout 0.0 \
+--hidden-dropout 0.0 \
+--init-method-std 0.02 \
+--num-experts 8 \
+--moe-router-topk 2 \
+--moe-ffn-hidden-size 512 \
+--moe-shared-expert-intermediate-size 512 \
+--moe-router-score-function sigmoid \
+--moe-router-enable-expert-bias \
+--moe-router-bias-update-rate 0.001 \
+--moe-router-load-balancing-type seq_aux_loss \
+--moe-aux-loss-coeff 0.001 \
+--moe-layer-freq '[0,0,0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]' \
+--moe-router-dtype fp32 \
+--moe-token-dispatcher-type alltoall \
+--moe-grouped-gemm \
+--mtp-num-layers 1 \
+--mtp-loss-scaling-factor 0.3 \
+--multi-latent-attention \
+--q-lora-rank 512 \
+--kv-lora-rank 512 \
+--qk-head-dim 128 \
+--qk-pos-emb-head-dim 64 \
+--v-head-dim 128 \
+--experimental-attention-variant dsa \
+--dsa-indexer-n-heads 32 \
+--dsa-indexer-head-dim 128 \
+--dsa-indexer-topk 1024 \
+--seed 1234 \
+--train-iters 2 \
+--lr 1e-05 \
+--min-lr 0.0 \
+--lr-warmup-iters 0 \
+--lr-decay-style constant \
+--lr-decay-iters 1000 \
+--weight-decay 0.01 \
+--adam-beta1 0.9 \
+--adam-beta2 0.95 \
+--adam-eps 1e-08 \
+--clip-grad 1 \
+--micro-batch-size 1 \
+--global-batch-size 1 \
+--bf16 \
+--data-path '{in:data}/glm52_1b_text_document' \
+--split 1,0,0 \
+--dataloader-type single \
+--load '{in:megatron_ckpt}' \
+--finetune \
+--no-load-optim \
+--no-load-rng \
+--ckpt-format torch \
+--exit-on-missing-checkpoint \
+--log-interval 1 \
+--eval-iters 0 \
+--eval-interval 20 \
+--deterministic-mode \
+--no-gradient-accumulation-fusion \
+--rope-type rope

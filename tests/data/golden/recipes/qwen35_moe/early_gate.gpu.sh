@@ -1,0 +1,84 @@
+CUDA_DEVICE_MAX_CONNECTIONS=1 \
+NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 \
+CUBLAS_WORKSPACE_CONFIG=:4096:8 \
+'{python}' -m torch.distributed.run \
+--master_port 6000 \
+--nnodes 1 \
+--nproc_per_node 1 \
+/data/src/Megatron-LM/pretrain_gpt.py \
+--transformer-impl transformer_engine \
+--num-layers 8 \
+--hidden-size 1024 \
+--ffn-hidden-size 3072 \
+--num-attention-heads 16 \
+--group-query-attention \
+--num-query-groups 4 \
+--kv-channels 256 \
+--seq-length 2048 \
+--max-position-embeddings 2048 \
+--position-embedding-type rope \
+--rotary-base 1000000 \
+--rotary-percent 0.25 \
+--normalization RMSNorm \
+--norm-epsilon 1e-05 \
+--swiglu \
+--disable-bias-linear \
+--qk-layernorm \
+--attention-output-gate \
+--untie-embeddings-and-output-weights \
+--tokenizer-type NullTokenizer \
+--vocab-size 248319 \
+--make-vocab-size-divisible-by 128 \
+--attention-dropout 0.0 \
+--hidden-dropout 0.0 \
+--init-method-std 0.02 \
+--num-experts 8 \
+--moe-router-topk 2 \
+--moe-ffn-hidden-size 512 \
+--moe-shared-expert-intermediate-size 512 \
+--moe-shared-expert-gate \
+--moe-router-score-function softmax \
+--moe-router-topk-scaling-factor 1 \
+--moe-router-load-balancing-type aux_loss \
+--moe-aux-loss-coeff 0.001 \
+--moe-router-dtype fp32 \
+--moe-token-dispatcher-type alltoall \
+--moe-grouped-gemm \
+--mtp-num-layers 1 \
+--mtp-loss-scaling-factor 1 \
+--experimental-attention-variant gated_delta_net \
+--linear-attention-freq 4 \
+--linear-conv-kernel-dim 4 \
+--linear-key-head-dim 128 \
+--linear-value-head-dim 128 \
+--linear-num-key-heads 16 \
+--linear-num-value-heads 16 \
+--seed 1234 \
+--train-iters 2 \
+--lr 0.0003 \
+--min-lr 0.0 \
+--lr-warmup-iters 10 \
+--lr-decay-style constant \
+--lr-decay-iters 1000 \
+--weight-decay 0.01 \
+--adam-beta1 0.9 \
+--adam-beta2 0.95 \
+--adam-eps 1e-08 \
+--clip-grad 1 \
+--micro-batch-size 1 \
+--global-batch-size 1 \
+--bf16 \
+--data-path '{in:data}/qwen35_moe_text_document' \
+--split 1,0,0 \
+--dataloader-type single \
+--load '{in:megatron_ckpt}' \
+--finetune \
+--no-load-optim \
+--no-load-rng \
+--ckpt-format torch \
+--exit-on-missing-checkpoint \
+--log-interval 1 \
+--eval-iters 0 \
+--eval-interval 20 \
+--deterministic-mode \
+--no-gradient-accumulation-fusion

@@ -1,0 +1,115 @@
+"""The checks before the long trainings, through the alignment flow on the three local hosts: preflight fails a
+misconfigured run before step 1, and the early gate passes on the twin but stops a run whose conversion spec lost
+a GLU de-interleave (shapes still match, so the converter succeeds) before gpu_train / npu_reload_train start.
+
+The tests share one experiment directory (the tiny twin experiment with `gate: {enabled: true}`) and build on each
+other's runs in file order: the second run reuses the first one's base training and bf16 checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alignflow.errors import AlignflowError
+from alignflow.store import Store
+from tests.flows.conftest import FlowEnv, make_flow_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+EVERY_STEP = ("npu_base_train", "convert_bf16", "convert_megatron", "early_gate", "gpu_train", "npu_reload_train",
+              "compare")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory, repo_root: Path, prefect_harness: None) -> Iterator[FlowEnv]:
+    flow_env = make_flow_env(tmp_path_factory.mktemp("flow-gate"), repo_root)
+    flow_env.edit_experiment(gate={"enabled": True})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ALIGNFLOW_STATE_DIR", str(flow_env.state))
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(repo_root), os.environ.get("PYTHONPATH")])))
+        mp.setenv("GLOG_v", "3")
+        mp.chdir(flow_env.root)
+        yield flow_env
+
+
+def run_flow(env: FlowEnv) -> dict[str, Any]:
+    from flows.alignment import alignment
+
+    result: dict[str, Any] = alignment(experiment=str(env.experiment), hosts=str(env.hosts), trigger="test")
+    return result
+
+
+def last_run_steps(env: FlowEnv) -> tuple[Any, dict[str, Any]]:
+    with Store.open(state_dir=env.state) as store:
+        run = store.list_runs(limit=1)[0]
+        return run, {s.step: s for s in store.steps(run.id)}
+
+
+def test_preflight_mismatch_fails_the_flow_run_before_step_1(env: FlowEnv) -> None:
+    original = env.experiment.read_text()
+    env.edit_experiment(gpu={"extra_args": ["--seed", "42"]})
+    try:
+        with pytest.raises(AlignflowError, match="preflight: 2 of"):
+            run_flow(env)
+    finally:
+        env.experiment.write_text(original)
+    run, steps = last_run_steps(env)
+    assert run.status == "failed"
+    assert "data order seed: NPU 1234 (train_dataset.dataloader.config.seed) vs GPU 42 (--seed)" in (run.error or "")
+    assert {name: s.status for name, s in steps.items()} == dict.fromkeys(EVERY_STEP, "skipped")
+    assert all(s.job_dir is None for s in steps.values())
+    assert not (env.root / "data" / "tiny.tokens").exists()  # nothing ran, not even the data generation
+
+
+@pytest.fixture(scope="module")
+def first(env: FlowEnv) -> dict[str, Any]:
+    return run_flow(env)
+
+
+def test_gate_passes_on_the_twin_before_the_long_trainings(env: FlowEnv, first: dict[str, Any]) -> None:
+    assert first["status"] == "completed", first.get("error")
+    assert first["verdict"] == "pass"
+    assert {s["step"]: s["status"] for s in first["steps"]} == dict.fromkeys(EVERY_STEP, "ran")
+    gate = next(s for s in first["steps"] if s["step"] == "early_gate")
+    (report,) = [a for a in gate["artifacts"] if a["name"] == "gate_report"]
+    rows = json.loads((Path(report["path"]) / "gate.json").read_text())
+    assert rows["passed"] is True
+    assert {r["metric"] for r in rows["rows"]} == {"lm_loss", "mtp_1_loss"}
+    assert all(r["rel_diff"] < 5e-5 for r in rows["rows"])
+    _, steps = last_run_steps(env)
+    assert steps["early_gate"].finished_at <= steps["gpu_train"].started_at
+    assert steps["early_gate"].finished_at <= steps["npu_reload_train"].started_at
+
+
+def test_gate_stops_a_run_whose_spec_lost_the_shared_expert_deinterleave(env: FlowEnv, first: dict[str, Any]
+                                                                         ) -> None:
+    # seed 001 §10.3: the shared expert's fc1 copied without de-interleaving converts without a shape error
+    spec = env.root / "twin-moe.yaml"
+    text = spec.read_text()
+    broken = text.replace("ops: [deinterleave_rows], shape: [2 * shared_ffn", "shape: [2 * shared_ffn")
+    assert broken != text
+    spec.write_text(broken)
+    try:
+        with pytest.raises(AlignflowError, match="early gate failed"):
+            run_flow(env)
+    finally:
+        spec.write_text(text)
+    run, steps = last_run_steps(env)
+    assert run.status == "failed"
+    assert {name: s.status for name, s in steps.items()} == {
+        "npu_base_train": "cached", "convert_bf16": "cached", "convert_megatron": "ran", "early_gate": "failed",
+        "gpu_train": "skipped", "npu_reload_train": "skipped", "compare": "skipped"}
+    # the long trainings never started: no job, no start time
+    for name in ("gpu_train", "npu_reload_train"):
+        assert steps[name].job_dir is None
+        assert steps[name].started_at is None
+    error = steps["early_gate"].error or ""
+    assert "the conversion (spec) or the model configuration" in error
+    assert "lm_loss: NPU" in error
+    assert error in (run.error or "")
