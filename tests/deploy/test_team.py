@@ -1,0 +1,166 @@
+"""End to end, real parts: PostgreSQL, `prefect server start`, `alignflow serve`, REST as the UI, headless Chromium.
+
+The tests of this module share one team topology (`team` fixture) and build on each other in file order: the
+UI-launched demo run is the passing baseline the nightly's first run finds; the nightly's first run is the
+baseline its second run (after the `drifting` experiment was made to regress) is compared with; the last test
+stops `alignflow serve` with SIGTERM.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from alignflow.store import Store
+from tests.deploy.conftest import Team
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+EVERY_STEP = {"npu_base_train", "convert_bf16", "convert_megatron", "gpu_train", "npu_reload_train", "compare"}
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--no-first-run"]
+
+
+def launch(team: Team, flow_name: str, deployment: str, parameters: dict[str, Any]) -> str:
+    found = team.server.deployment(flow_name, deployment)
+    assert found is not None
+    response = team.server.run_from_ui(found["id"], parameters)
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+@pytest.fixture(scope="module")
+def demo_run(team: Team) -> dict[str, Any]:
+    """The demo experiment launched from the alignment deployment, exactly as the UI's Run button does."""
+    flow_run_id = launch(team, "alignment", "launch", {"experiment": "demo"})
+    return team.server.wait_final(flow_run_id, timeout_s=900, proc=team.serve)
+
+
+def test_the_server_refuses_an_experiment_that_is_not_in_the_catalog(team: Team) -> None:
+    deployment = team.server.deployment("alignment", "launch")
+    assert deployment is not None
+    schema = deployment["parameter_openapi_schema"]
+    assert schema["definitions"]["ExperimentName"]["enum"] == ["demo", "drifting"]
+    response = team.server.run_from_ui(deployment["id"], {"experiment": "no-such-experiment"})
+    assert response.status_code in (409, 422), response.text
+    assert "no-such-experiment" in response.text
+    bad_parent = team.server.run_from_ui(deployment["id"], {"experiment": "demo", "parent": {"run_id": "ZZ"}})
+    assert bad_parent.status_code in (409, 422), bad_parent.text
+
+
+def test_ui_run_of_the_demo_completes_and_the_store_on_postgres_holds_it(team: Team, demo_run: dict[str, Any]
+                                                                          ) -> None:
+    assert demo_run["state_type"] == "COMPLETED", team.server.logs(demo_run["id"])
+    assert demo_run["name"] == "align-demo"
+    with Store.open(team.db_url, upgrade=False) as store:
+        assert store.url.startswith("postgresql")
+        runs = store.list_runs(experiment="demo")
+        assert len(runs) == 1
+        run = runs[0]
+        assert (run.status, run.verdict, run.trigger) == ("completed", "pass", "deployment")
+        steps = {s.step: s for s in store.steps(run.id)}
+        assert {name for name, s in steps.items() if s.status == "ran"} == EVERY_STEP
+        artifacts = {a.name: a for a in store.run_artifacts(run.id)}
+        assert {"base_ckpt", "bf16_ckpt", "megatron_ckpt", "gpu_log", "npu_log", "report"} <= set(artifacts)
+        assert all(len(a.sha256) == 64 for a in artifacts.values())
+        comparison = store.comparison(run.id)
+        assert comparison is not None
+        assert comparison.verdict == "pass"
+        data_sha = steps["npu_base_train"].inputs["data"]["sha256"]
+    assert run.report is not None
+    assert Path(run.report).is_file()
+
+    published = {a["key"]: a for a in team.server.artifacts(demo_run["id"])}
+    assert {"demo-summary", "demo-metrics", "demo-report"} <= set(published)
+    summary = published["demo-summary"]["data"]
+    assert f"run `{run.id}`" in summary
+    assert "**Verdict: PASS**" in summary
+    assert data_sha in summary
+    assert artifacts["megatron_ckpt"].sha256 in summary
+    assert "6 ran" in summary
+    metrics = published["demo-metrics"]["data"]
+    assert "lm_loss" in str(metrics)
+    link = published["demo-report"]["data"]  # a link artifact is stored as markdown: [text](url)
+    assert link.startswith(f"[demo report (run {run.id})]({team.reports_url}/")
+    page = httpx.get(link.split("](", 1)[1].rstrip(")"), timeout=30)
+    assert page.status_code == 200
+    assert "<img" in page.text
+
+
+def test_flow_run_page_in_chromium_shows_completed_and_the_report_artifact(
+    team: Team, demo_run: dict[str, Any], tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url = f"{team.server.url}/v2/runs/flow-run/{demo_run['id']}"
+    shot = tmp_path / "flow-run-page.png"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url, wait_until="domcontentloaded")
+            expect(page.get_by_text("align-demo").first).to_be_visible(timeout=60_000)
+            expect(page.get_by_text("Completed").first).to_be_visible(timeout=60_000)
+            page.get_by_role("tab", name="Artifacts").click()
+            expect(page.get_by_text("demo-report").first).to_be_visible(timeout=60_000)
+            page.screenshot(path=str(shot), full_page=True)
+        finally:
+            browser.close()
+    assert shot.stat().st_size > 10_000
+
+
+def test_nightly_on_demand_fails_and_names_the_experiment_that_regressed(team: Team, demo_run: dict[str, Any]
+                                                                          ) -> None:
+    nightly = team.server.deployment("nightly-regression", "nightly")
+    assert nightly is not None
+    [schedule] = nightly["schedules"]
+    assert (schedule["schedule"]["cron"], schedule["schedule"]["timezone"]) == ("0 2 * * *", "UTC")
+    params = {"config": {"experiments": ["demo", "drifting"]}}
+
+    first = team.server.wait_final(launch(team, "nightly-regression", "nightly", params), timeout_s=900,
+                                   proc=team.serve)
+    assert first["state_type"] == "COMPLETED", (first["state"]["message"], team.server.logs(first["id"]))
+    assert "no regression" in first["state"]["message"]
+
+    # Someone changes the GPU side's learning rate: the GPU training re-runs, the curves part.
+    path = team.experiments / "drifting.yaml"
+    experiment = yaml.safe_load(path.read_text())
+    experiment["gpu"] = {"extra_args": ["--lr", "3.0e-3"]}
+    path.write_text(yaml.safe_dump(experiment, sort_keys=False))
+
+    second = team.server.wait_final(launch(team, "nightly-regression", "nightly", params), timeout_s=900,
+                                    proc=team.serve)
+    assert second["state_type"] == "FAILED", team.server.logs(second["id"])
+    message = second["state"]["message"]
+    assert "1 of 2 experiment(s) regressed: drifting" in message
+    assert "demo" not in message.split("regressed:")[1]
+
+    published = {a["key"]: a for a in team.server.artifacts(second["id"])}
+    assert {"nightly-regressions", "nightly-criteria"} <= set(published)
+    markdown = published["nightly-regressions"]["data"]
+    rows = {line.split("|")[1].strip(): line for line in markdown.splitlines() if line.startswith("| ")}
+    assert "**REGRESSED**" in rows["drifting"]
+    assert "verdict fail" in rows["drifting"]
+    assert rows["demo"].rstrip(" |").endswith("ok")
+    with Store.open(team.db_url, upgrade=False) as store:
+        drifting = store.list_runs(experiment="drifting")
+        assert [(r.trigger, r.verdict) for r in drifting] == [("nightly", "fail"), ("nightly", "pass")]
+        assert f"`{drifting[1].id}`" in rows["drifting"]  # compared with the last passing run
+        statuses = {s.step: s.status for s in store.steps(drifting[0].id)}
+    assert statuses["gpu_train"] == "ran"
+    assert statuses["npu_base_train"] == "cached"
+    children = team.server.child_runs(second["id"])
+    assert sorted(c["name"] for c in children) == ["align-demo", "align-drifting"]
+
+
+def test_sigterm_stops_serve_and_leaves_the_nightly_schedule_active(team: Team) -> None:
+    assert team.serve.stop() == 0, team.serve.tail()
+    nightly = team.server.deployment("nightly-regression", "nightly")
+    assert nightly is not None
+    assert nightly["paused"] is False
+    assert all(s["active"] for s in nightly["schedules"])
