@@ -59,16 +59,20 @@ def load_serve_spec(experiments_dir: str | Path, hosts: str | Path, nightly: str
     settings = load_nightly_settings(nightly) if nightly is not None else NightlySettings()
     updates: dict[str, Any] = {k: v for k, v in (("cron", cron), ("timezone", timezone),
                                                  ("experiments", nightly_experiments)) if v}
-    source = str(nightly) if nightly is not None else "nightly settings"
     if updates:
         try:
             settings = NightlySettings.model_validate({**settings.model_dump(), **updates})
         except ValidationError as exc:
-            raise ConfigError([("", None, f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}")
+            raise ConfigError([("", None, f"--{str(e['loc'][0]).replace('_', '-')}: {_message(e['msg'])}")
                                for e in exc.errors()]) from None
-    check_nightly_experiments(settings, catalog, source=source)
-    nightly_schedule(settings, source=source)
-    return ServeSpec(catalog=catalog, hosts=inventory_path, nightly=settings, nightly_source=source)
+    file = str(nightly) if nightly is not None else "nightly settings"
+    check_nightly_experiments(settings, catalog, source="--nightly-experiment" if nightly_experiments else file)
+    nightly_schedule(settings, source="--cron/--timezone" if cron or timezone else file)
+    return ServeSpec(catalog=catalog, hosts=inventory_path, nightly=settings, nightly_source=file)
+
+
+def _message(msg: str) -> str:
+    return msg.removeprefix("Value error, ")
 
 
 def nightly_schedule(settings: NightlySettings, *, source: str = "nightly settings") -> Any:
@@ -80,7 +84,7 @@ def nightly_schedule(settings: NightlySettings, *, source: str = "nightly settin
         CronSchedule(cron=settings.cron, timezone=settings.timezone)
     except ValidationError as exc:
         raise ConfigError(f"{source}: cron {settings.cron!r} ({settings.timezone}): "
-                          f"{'; '.join(e['msg'] for e in exc.errors())}") from None
+                          f"{'; '.join(_message(e['msg']) for e in exc.errors())}") from None
     return Cron(settings.cron, timezone=settings.timezone, slug=NIGHTLY_SCHEDULE_SLUG)
 
 

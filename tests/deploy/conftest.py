@@ -37,6 +37,7 @@ class Team:
     reports_url: str
     db_url: str
     state: Path
+    env: dict[str, str]  # what `alignflow serve` runs with (API URL, store, state dir, reports URL)
 
     @property
     def experiments(self) -> Path:
@@ -96,7 +97,7 @@ def team(postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFacto
             wait_until(f"deployment {flow_name}/{name}", lambda f=flow_name, n=name: server.deployment(f, n),
                        timeout_s=120, proc=serve)
         yield Team(root=root, server=server, serve=serve, reports=reports, reports_url=reports_url, db_url=db_url,
-                   state=state)
+                   state=state, env=env)
     finally:
         for proc in reversed(started):
             proc.stop()

@@ -8,6 +8,9 @@ stops `alignflow serve` with SIGTERM.
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ import yaml
 
 from alignflow.store import Store
 from tests.deploy.conftest import Team
+from tests.deploy.team import Proc
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -164,3 +168,40 @@ def test_sigterm_stops_serve_and_leaves_the_nightly_schedule_active(team: Team) 
     assert nightly is not None
     assert nightly["paused"] is False
     assert all(s["active"] for s in nightly["schedules"])
+
+
+def test_prefect_yaml_deploys_to_a_process_pool_whose_worker_runs_the_ui_form(team: Team, repo_root: Path,
+                                                                             demo_run: dict[str, Any]) -> None:
+    """The `prefect.yaml` path, after `alignflow serve` stopped: deploy, start a process worker, launch the demo
+    (cached by now: the point is the worker loading the flow from its entry point, not training again)."""
+    (team.root / "flows").symlink_to(repo_root / "flows")  # the layout of a checkout: flows/ beside experiments/
+    shutil.copy(repo_root / "prefect.yaml", team.root / "prefect.yaml")
+    env = {**team.env, "PREFECT_HOME": str(team.root / "prefect-pool"), "ALIGNFLOW_HOME": str(team.root),
+           "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    prefect = [sys.executable, "-m", "prefect"]
+    for argv in (["work-pool", "create", "alignflow", "--type", "process"], ["--no-prompt", "deploy", "--all"]):
+        done = subprocess.run([*prefect, *argv], env=env, cwd=team.root, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+    launch_dep = team.server.deployment("alignment", "launch")
+    nightly = team.server.deployment("nightly-regression", "nightly")
+    assert launch_dep is not None
+    assert nightly is not None
+    assert launch_dep["work_pool_name"] == "alignflow"
+    assert launch_dep["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {
+        "directory": str(team.root)}}]
+    assert launch_dep["parameter_openapi_schema"]["definitions"]["ExperimentName"]["enum"] == ["demo", "drifting"]
+    assert [(s["schedule"]["cron"], s["schedule"]["timezone"]) for s in nightly["schedules"]] == [("0 2 * * *", "UTC")]
+
+    worker = Proc.start("prefect worker", [*prefect, "worker", "start", "--pool", "alignflow", "--type", "process"],
+                        env=env, cwd=team.root, log=team.root / "logs" / "worker.log")
+    try:
+        flow_run_id = launch(team, "alignment", "launch", {"experiment": "demo"})
+        done_run = team.server.wait_final(flow_run_id, timeout_s=600, proc=worker)
+    finally:
+        worker.stop()
+    assert done_run["state_type"] == "COMPLETED", (worker.tail(), team.server.logs(flow_run_id))
+    assert done_run["work_pool_name"] == "alignflow"
+    with Store.open(team.db_url, upgrade=False) as store:
+        newest = store.list_runs(experiment="demo", limit=1)[0]
+        assert newest.trigger == "deployment"
+        assert {s.status for s in store.steps(newest.id)} == {"cached"}
