@@ -115,9 +115,18 @@ def served_flows(spec: ServeSpec) -> list[ServedFlow]:
     ]
 
 
-def build_deployments(spec: ServeSpec) -> list[Any]:
-    """The `RunnerDeployment`s as they will be registered (what `alignflow serve --dry-run` prints)."""
-    return [s.flow.to_deployment(s.name, **s.options) for s in served_flows(spec)]
+def describe(spec: ServeSpec) -> list[dict[str, Any]]:
+    """What `serve` registers: name, schedules, description and the parameter schema the UI renders its form from
+    (`alignflow serve --dry-run`)."""
+    from prefect.utilities.callables import parameter_schema
+
+    out = []
+    for served in served_flows(spec):
+        schema = parameter_schema(served.flow).model_dump()
+        schedules = [{"cron": s.cron, "timezone": s.timezone} for s in served.options.get("schedules", [])]
+        out.append({"name": f"{served.flow.name}/{served.name}", "description": served.options["description"],
+                    "schedules": schedules, "parameters": list(schema.get("properties", {})), "schema": schema})
+    return out
 
 
 def serve_deployments(spec: ServeSpec, *, limit: int | None = None) -> None:

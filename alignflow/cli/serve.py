@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import typer
 from rich.console import Console
@@ -41,16 +40,6 @@ def _check_server(api_url: str) -> None:
         raise ConfigError(f"{api_url}/health answered {ok!r}, not true")
 
 
-def _describe(deployments: list[Any]) -> list[dict[str, Any]]:
-    out = []
-    for d in deployments:
-        schedules = [{"cron": s.schedule.cron, "timezone": s.schedule.timezone} for s in d.schedules or []]
-        schema = d._parameter_openapi_schema.model_dump()  # what the UI form is rendered from
-        out.append({"name": f"{d.flow_name}/{d.name}", "schedules": schedules,
-                    "parameters": list(schema.get("properties", {})), "schema": schema})
-    return out
-
-
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve_cmd(
@@ -69,14 +58,13 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the deployments as JSON."),
     ) -> None:
         """Serve the `alignment/launch` (UI form) and `nightly-regression/nightly` (cron) deployments until SIGTERM."""
-        from flows.serve import build_deployments, load_serve_spec, serve_deployments
+        from flows.serve import describe, load_serve_spec, serve_deployments
 
         if nightly is None and Path("nightly.yaml").is_file():
             nightly = Path("nightly.yaml")
         spec = load_serve_spec(experiments, hosts, nightly, cron=cron, timezone=timezone,
                                nightly_experiments=list(nightly_experiment) or None)
-        deployments = build_deployments(spec)
-        described = _describe(deployments)
+        described = describe(spec)
         if dry_run and as_json:
             typer.echo(json.dumps(described, indent=2))
             raise typer.Exit(0)

@@ -119,6 +119,12 @@ def test_flow_run_page_in_chromium_shows_completed_and_the_report_artifact(
             page.get_by_role("tab", name="Artifacts").click()
             expect(page.get_by_text("demo-report").first).to_be_visible(timeout=60_000)
             page.screenshot(path=str(shot), full_page=True)
+            # the summary artifact renders its markdown: verdict, criteria and fingerprint tables
+            summary = next(a for a in team.server.artifacts(demo_run["id"]) if a["key"] == "demo-summary")
+            page.goto(f"{team.server.url}/v2/artifacts/artifact/{summary['id']}", wait_until="domcontentloaded")
+            expect(page.get_by_text("Verdict: PASS").first).to_be_visible(timeout=60_000)
+            expect(page.get_by_role("heading", name="Fingerprints")).to_be_visible(timeout=60_000)
+            page.screenshot(path=str(tmp_path / "summary-artifact.png"), full_page=True)
         finally:
             browser.close()
     assert shot.stat().st_size > 10_000
