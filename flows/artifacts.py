@@ -114,8 +114,8 @@ def run_markdown(record: dict[str, Any], comparison: dict[str, Any] | None, *, d
         lines.append(f"| {s['step']} | {s['host'] or '—'} | {s['status']} | {_seconds(s)} | {outs} |")
     prints = fingerprints(record, data)
     if prints:
-        lines += ["", "## Fingerprints", "", "| what | where | sha256 | size |", "|---|---|---|---|"]
-        lines += [f"| {what} | `{where}` | `{sha}` | {_size(size)} |" for what, where, sha, size in prints]
+        lines += ["", "## Fingerprints", "", "| what | sha256 | size | where |", "|---|---|---|---|"]
+        lines += [f"| {what} | `{sha}` | {_size(size)} | `{where}` |" for what, where, sha, size in prints]
     if report_url:
         lines += ["", f"Report: [{Path(str(record['report'])).name}]({report_url})"]
     return "\n".join(lines)

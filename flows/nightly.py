@@ -24,6 +24,7 @@ from alignflow.regression import DriftPolicy, not_started
 from flows.alignment import alignment
 from flows.artifacts import nightly_message, publish_nightly_artifacts
 from flows.launch import experiment_enum
+from tasks.context import open_store, state_dir, transport_factory
 from tasks.regression import regression_task
 from tasks.steps import start_run_task
 
@@ -37,9 +38,39 @@ class NightlyBase(BaseModel):
                                "before it counts as a regression.")
 
 
+def _current_marker(flow_run_id: Any) -> Path:
+    return state_dir() / "nightly-runs" / str(flow_run_id)
+
+
+def stop_current_experiment(flow: Any, flow_run: Any, state: Any) -> None:
+    """On cancellation or crash of a nightly: kill the jobs of the experiment run in progress, record it cancelled.
+
+    A served flow run's hooks run in the serving process for the top-level flow only (not for its subflows), so
+    the nightly needs its own: `run_nightly` keeps `<state>/nightly-runs/<flow run id>` naming the alignflow run
+    it is waiting for. Hook arguments are the keywords `flow, flow_run, state` (orchestration reference G7).
+    """
+    from alignflow.runner.control import cancel_run_jobs
+
+    marker = _current_marker(flow_run.id)
+    if not marker.exists():
+        return
+    run_id = marker.read_text().strip()
+    store = open_store()
+    try:
+        if store.get_run(run_id).status == "running":
+            cancel_run_jobs(store, run_id, transport_factory=transport_factory())
+    finally:
+        store.close()
+        marker.unlink(missing_ok=True)
+
+
 def run_nightly(entries: list[tuple[str, Path]], hosts: Path, drift: DriftPolicy) -> State[Any]:
     """Run every experiment, check each against its last passing run; Completed or Failed with the reasons."""
+    from prefect.runtime import flow_run
+
     logger = get_run_logger()
+    marker = _current_marker(flow_run.id)
+    marker.parent.mkdir(parents=True, exist_ok=True)
     checks: list[dict[str, Any]] = []
     for name, path in entries:
         try:
@@ -48,8 +79,10 @@ def run_nightly(entries: list[tuple[str, Path]], hosts: Path, drift: DriftPolicy
             logger.error("%s: not started: %s", name, exc)
             checks.append(not_started(name, str(exc)).to_dict())
             continue
+        marker.write_text(run_id)
         state = alignment(experiment=str(path), hosts=str(hosts), trigger="nightly", run_id=run_id,
                           return_state=True)
+        marker.unlink(missing_ok=True)
         logger.info("%s: run %s ended %s", name, run_id, state.type.value)
         checks.append(regression_task(run_id, drift.model_dump(mode="json")))
     publish_nightly_artifacts(checks)
@@ -88,4 +121,5 @@ def build_nightly_flow(catalog: ExperimentCatalog, hosts: Path, settings: Nightl
         seen = dict.fromkeys(e.value for e in config.experiments)  # type: ignore[attr-defined]
         return run_nightly([(n, files[n]) for n in seen], inventory, config.drift)  # type: ignore[attr-defined]
 
-    return flow(name="nightly-regression", flow_run_name=nightly_run_name, log_prints=True)(nightly_regression)
+    return flow(name="nightly-regression", flow_run_name=nightly_run_name, log_prints=True,
+                on_cancellation=[stop_current_experiment], on_crashed=[stop_current_experiment])(nightly_regression)

@@ -108,7 +108,7 @@ def served_flows(spec: ServeSpec) -> list[ServedFlow]:
             "tags": list(spec.tags), "enforce_parameter_schema": True,
             "description": f"Run one alignment experiment ({names}) on the hosts of {spec.hosts.name}."}),
         ServedFlow(build_nightly_flow(spec.catalog, spec.hosts, spec.nightly), NIGHTLY_DEPLOYMENT, {
-            "tags": [*spec.tags, "nightly"], "enforce_parameter_schema": True,
+            "tags": [*spec.tags, "nightly"], "enforce_parameter_schema": True, "concurrency_limit": 1,
             "schedules": [nightly_schedule(spec.nightly, source=spec.nightly_source)],
             "description": f"Nightly regression check at {spec.nightly.cron!r} ({spec.nightly.timezone}); "
                            "fails when an experiment regressed against its last passing run."}),

@@ -53,10 +53,9 @@ def test_run_summary_has_verdict_criteria_steps_and_every_fingerprint() -> None:
     assert "| convert_megatron | cpu | ran | 12.5 s | megatron_ckpt `eeeeeeeeeeee` |" in md
     for what, sha in (("data", SHA["data"]), ("NPU base checkpoint", SHA["base"]), ("bf16 checkpoint", SHA["bf16"]),
                       ("Megatron checkpoint", SHA["mg"])):
-        assert f"| {what} | " in md
-        assert f"`{sha}`" in md  # full digests, not prefixes
-    assert "| 512.0 KiB |" in md
-    assert "| 3.0 MiB |" in md
+        assert f"| {what} | `{sha}` | " in md  # full digests, not prefixes
+    assert f"| data | `{SHA['data']}` | 512.0 KiB | `/data/demo.tokens` |" in md
+    assert f"| Megatron checkpoint | `{SHA['mg']}` | 3.0 MiB | `cpu:/w/megatron_ckpt` |" in md
     assert md.endswith("Report: [report.html](http://r/x/report.html)")
 
 

@@ -42,6 +42,19 @@ def compose_config(repo_root: Path, *extra: str, env: dict[str, str] | None = No
                           env={**environ, **(env or {})}, capture_output=True, text=True, timeout=120, check=False)
 
 
+def mounts(service: dict[str, Any]) -> dict[str, str]:
+    """target -> source of a service's volumes, from the short syntax (docker-compose 1.x prints) or the long one
+    (the compose plugin prints)."""
+    out = {}
+    for v in service.get("volumes", []):
+        if isinstance(v, dict):
+            out[v["target"]] = str(v.get("source", ""))
+        else:
+            source, target = v.split(":")[:2]
+            out[target] = source
+    return out
+
+
 @pytest.fixture(scope="module")
 def config(repo_root: Path) -> dict[str, Any]:
     done = compose_config(repo_root, "--profile", "lab", env={"POSTGRES_PASSWORD": "s3cret"})
@@ -69,7 +82,7 @@ def test_compose_file_is_valid_and_has_the_team_topology(config: dict[str, Any])
     for name in ("lab-ascend", "lab-cpu", "lab-cuda"):
         assert services[name]["build"]["dockerfile"] == "docker/sshd.Dockerfile"
         assert services[name]["profiles"] == ["lab"]
-        assert any(v.endswith(f"lab/keys/{name}:/etc/alignflow-lab:ro") for v in services[name]["volumes"])
+        assert mounts(services[name])["/etc/alignflow-lab"].endswith(f"docker/lab/keys/{name}")
 
 
 def test_compose_refuses_to_start_without_a_database_password(repo_root: Path) -> None:
@@ -140,9 +153,14 @@ def test_lab_keys_sshd_config_and_inventory_fit_together(tmp_path: Path, repo_ro
 
 def test_compose_mounts_what_the_lab_inventory_and_the_image_expect(config: dict[str, Any], repo_root: Path) -> None:
     worker = config["services"]["worker"]
-    targets = {v.split(":")[-2] if v.count(":") >= 2 else v for v in worker["volumes"]}
-    assert {"/srv/alignflow/experiments", "/srv/alignflow/hosts.yaml", "/srv/alignflow/nightly.yaml",
-            "/srv/alignflow/ssh", "/var/lib/alignflow"} <= targets
+    targets = mounts(worker)
+    assert targets["/srv/alignflow/experiments"] == str(repo_root / "experiments")
+    assert targets["/srv/alignflow/hosts.yaml"] == str(repo_root / "hosts.yaml")
+    assert targets["/srv/alignflow/nightly.yaml"] == str(repo_root / "nightly.yaml")
+    assert targets["/var/lib/alignflow"] == "alignflow-state"
+    assert "/srv/alignflow/ssh" in targets
+    # the reports service sees the same state volume, read-only
+    assert mounts(config["services"]["reports"])["/srv/state"] == "alignflow-state"
     assert worker["command"] == ["alignflow", "serve", "--experiments", "experiments", "--hosts", "hosts.yaml",
                                  "--nightly", "nightly.yaml"]
     dockerfile = (repo_root / "docker" / "Dockerfile").read_text()

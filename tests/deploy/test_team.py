@@ -2,9 +2,9 @@
 
 The tests of this module share one team topology (`team` fixture) and build on each other in file order: the
 UI-launched demo run is the passing baseline the nightly's first run finds; the nightly's first run is the
-baseline its second run (after the `drifting` experiment was made to regress) is compared with; then
-`alignflow serve` is stopped with SIGTERM while a launch is training; last, `prefect.yaml` is deployed to a
-process work pool whose worker runs a launch.
+baseline its second run (after the `drifting` experiment was made to regress) is compared with; then a launch
+is cancelled from the UI and `alignflow serve` is stopped with SIGTERM while a nightly is training; last,
+`prefect.yaml` is deployed to a process work pool whose worker runs a launch.
 """
 
 from __future__ import annotations
@@ -136,6 +136,7 @@ def test_nightly_on_demand_fails_and_names_the_experiment_that_regressed(team: T
     assert nightly is not None
     [schedule] = nightly["schedules"]
     assert (schedule["schedule"]["cron"], schedule["schedule"]["timezone"]) == ("0 2 * * *", "UTC")
+    assert nightly["global_concurrency_limit"]["limit"] == 1  # one nightly at a time
     params = {"config": {"experiments": ["demo", "drifting"]}}
 
     first = team.server.wait_final(launch(team, "nightly-regression", "nightly", params), timeout_s=900,
@@ -187,33 +188,52 @@ def live_in_group(pgid: int) -> list[int]:
     return alive
 
 
-def test_sigterm_cancels_the_run_in_flight_kills_its_job_and_leaves_the_nightly_schedule_active(team: Team) -> None:
-    flow_run_id = launch(team, "alignment", "launch", {"experiment": "demo", "steps": {"force": ["npu_base_train"]}})
+def test_cancel_from_the_ui_and_sigterm_stop_runs_in_flight_and_kill_their_jobs(team: Team, demo_run: dict[str, Any]
+                                                                                 ) -> None:
+    """A UI launch that re-trains the NPU base is cancelled as the UI's Cancel button does; a nightly whose
+    experiment now has a long NPU base training is still running when `alignflow serve` gets SIGTERM. Both jobs
+    are killed, both runs recorded cancelled, and the nightly's schedule stays active."""
+    launch_id = launch(team, "alignment", "launch", {"experiment": "demo", "steps": {"force": ["npu_base_train"]}})
+    path = team.experiments / "drifting.yaml"
+    experiment = yaml.safe_load(path.read_text())
+    experiment["training"]["base_steps"] = 2000  # minutes of training: it must still run when SIGTERM comes
+    experiment["data"] = {"path": "data/drifting-long.tokens", "generate": {"tokens": 2000 * 4 * 33 + 1, "seed": 7}}
+    path.write_text(yaml.safe_dump(experiment, sort_keys=False))
+    nightly_id = launch(team, "nightly-regression", "nightly", {"config": {"experiments": ["drifting"]}})
 
-    def running_job() -> dict[str, Any] | None:
+    def running_job(name: str, trigger: str) -> dict[str, Any] | None:
         with Store.open(team.db_url, upgrade=False) as store:
-            newest = store.list_runs(experiment="demo", limit=1)[0]
-            if newest.trigger != "deployment" or newest.status != "running":
+            newest = store.list_runs(experiment=name, limit=1)[0]
+            if newest.trigger != trigger or newest.status != "running":
                 return None
             return next((s.job_handle for s in store.steps(newest.id) if s.job_handle and s.status == "running"),
                         None)
 
-    handle = wait_until("npu_base_train's job to be running", running_job, timeout_s=300, proc=team.serve)
+    jobs = [wait_until(f"{name}'s training job", lambda n=name, t=trigger: running_job(n, t), timeout_s=300,
+                       proc=team.serve) for name, trigger in (("demo", "deployment"), ("drifting", "nightly"))]
     try:
-        assert live_in_group(handle["pgid"])
+        assert all(live_in_group(job["pgid"]) for job in jobs)
+        cancel = team.server.client.post(f"/flow_runs/{launch_id}/set_state", json={
+            "state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
+        assert cancel.status_code in (200, 201), cancel.text
+        assert team.server.wait_final(launch_id, timeout_s=120)["state_type"] == "CANCELLED"
+        wait_until("the cancelled launch's job to be gone", lambda: not live_in_group(jobs[0]["pgid"]), timeout_s=30)
+        assert live_in_group(jobs[1]["pgid"])  # the nightly trains on
+
         assert team.serve.stop() == 0, team.serve.tail()
-        final = team.server.wait_final(flow_run_id, timeout_s=120)
-        assert final["state_type"] == "CANCELLED", final["state"]
-        wait_until("the job's processes to be gone", lambda: not live_in_group(handle["pgid"]), timeout_s=30)
+        assert team.server.wait_final(nightly_id, timeout_s=120)["state_type"] == "CANCELLED"
+        wait_until("the nightly's job to be gone", lambda: not live_in_group(jobs[1]["pgid"]), timeout_s=30)
     finally:
-        for pid in live_in_group(handle["pgid"]):  # never leave a training behind, whatever failed above
-            os.kill(pid, signal.SIGKILL)
+        for job in jobs:  # never leave a training behind, whatever failed above
+            for pid in live_in_group(job["pgid"]):
+                os.kill(pid, signal.SIGKILL)
     with Store.open(team.db_url, upgrade=False) as store:
-        run = store.list_runs(experiment="demo", limit=1)[0]
-        assert run.status == "cancelled"
-        step = next(s for s in store.steps(run.id) if s.step == "npu_base_train")
-        assert step.status == "failed"
-        assert "remote job was killed" in (step.error or "")
+        for name in ("demo", "drifting"):
+            run = store.list_runs(experiment=name, limit=1)[0]
+            assert run.status == "cancelled", name
+            step = next(s for s in store.steps(run.id) if s.step == "npu_base_train")
+            assert step.status == "failed"
+            assert "remote job was killed" in (step.error or "")
     nightly = team.server.deployment("nightly-regression", "nightly")
     assert nightly is not None
     assert nightly["paused"] is False
@@ -241,6 +261,7 @@ def test_prefect_yaml_deploys_to_a_process_pool_whose_worker_runs_the_ui_form(te
         "directory": str(team.root)}}]
     assert launch_dep["parameter_openapi_schema"]["definitions"]["ExperimentName"]["enum"] == ["demo", "drifting"]
     assert [(s["schedule"]["cron"], s["schedule"]["timezone"]) for s in nightly["schedules"]] == [("0 2 * * *", "UTC")]
+    assert nightly["global_concurrency_limit"]["limit"] == 1
 
     worker = Proc.start("prefect worker", [*prefect, "worker", "start", "--pool", "alignflow", "--type", "process"],
                         env=env, cwd=team.root, log=team.root / "logs" / "worker.log")
