@@ -132,3 +132,28 @@ def test_pool_entry_points_are_only_the_two_flows() -> None:
 
     with pytest.raises(AttributeError, match="no attribute 'launch'"):
         _ = flows.serve.launch  # type: ignore[attr-defined]
+
+
+def test_the_form_maps_onto_the_alignment_flows_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a UI launch hands the alignment flow (the one fake here stands for the flow body, run end to end in
+    test_team.py)."""
+    import flows.launch as launch
+
+    seen: dict[str, Any] = {}
+
+    class AlignmentBody:
+        @staticmethod
+        def fn(**kwargs: Any) -> dict[str, Any]:
+            seen.update(kwargs)
+            return {"run_id": "r"}
+
+    monkeypatch.setattr(launch, "alignment_flow", AlignmentBody)
+    steps = launch.StepSelection.model_validate({"from_step": "gpu_train", "force": ["compare"]})
+    parent = launch.ParentRun(run_id="abcd1234", reuse_artifacts=True)
+    assert launch.run_alignment(Path("/x/e.yaml"), Path("/x/hosts.yaml"), steps, parent) == {"run_id": "r"}
+    assert seen == {"experiment": "/x/e.yaml", "hosts": "/x/hosts.yaml", "from_step": "gpu_train", "only": None,
+                    "force": ["compare"], "parent_run": "abcd1234", "reuse_parent": True, "trigger": "deployment"}
+    launch.run_alignment(Path("/x/e.yaml"), Path("/x/hosts.yaml"), launch.StepSelection(), None)
+    assert (seen["from_step"], seen["force"], seen["parent_run"], seen["reuse_parent"]) == (None, None, None, False)
+    with pytest.raises(ValueError, match="gpu_trian"):
+        launch.StepSelection.model_validate({"only": ["gpu_trian"]})
