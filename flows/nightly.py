@@ -1,0 +1,125 @@
+"""The nightly regression flow: run a set of experiments, compare each with its last passing run, fail if worse.
+
+Each experiment runs as a subflow of the alignment flow (its own flow run in the UI, with its own artifacts),
+one after another: the experiments of a nightly usually share hosts, and a queue on the hosts would only make the
+runs slower and their timings noisier. After each run, `alignflow.regression` compares its verdict and every
+criterion's value with the experiment's last passing run (`store.last_passing_run`). The summary is published
+as a markdown artifact and a table artifact; the flow run ends **Failed** when anything regressed, so that a
+Prefect automation ("flow run failed" trigger) can notify the team.
+
+No `from __future__ import annotations` in this module (orchestration reference G4).
+"""
+
+from pathlib import Path
+from typing import Any
+
+from prefect import Flow, flow, get_run_logger
+from prefect.client.schemas.objects import State
+from prefect.states import Completed, Failed
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from alignflow.config.catalog import ExperimentCatalog, NightlySettings
+from alignflow.errors import AlignflowError
+from alignflow.regression import DriftPolicy, not_started
+from flows.alignment import alignment
+from flows.artifacts import nightly_message, publish_nightly_artifacts
+from flows.launch import experiment_enum
+from tasks.context import open_store, state_dir, transport_factory
+from tasks.regression import regression_task
+from tasks.steps import start_run_task
+
+
+class NightlyBase(BaseModel):
+    """Settings of one nightly run (the experiment list is added per catalog, as an enum)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    drift: DriftPolicy = Field(default_factory=DriftPolicy, description="How far a criterion's value may grow "
+                               "before it counts as a regression.")
+
+
+def _current_marker(flow_run_id: Any) -> Path:
+    return state_dir() / "nightly-runs" / str(flow_run_id)
+
+
+def stop_current_experiment(flow: Any, flow_run: Any, state: Any) -> None:
+    """On cancellation or crash of a nightly: kill the jobs of the experiment run in progress, record it cancelled.
+
+    A served flow run's hooks run in the serving process for the top-level flow only (not for its subflows), so
+    the nightly needs its own: `run_nightly` keeps `<state>/nightly-runs/<flow run id>` naming the alignflow run
+    it is waiting for. Hook arguments are the keywords `flow, flow_run, state` (orchestration reference G7).
+    """
+    from alignflow.runner.control import cancel_run_jobs
+
+    marker = _current_marker(flow_run.id)
+    if not marker.exists():
+        return
+    run_id = marker.read_text().strip()
+    store = open_store()
+    try:
+        if store.get_run(run_id).status == "running":
+            cancel_run_jobs(store, run_id, transport_factory=transport_factory())
+    finally:
+        store.close()
+        marker.unlink(missing_ok=True)
+
+
+def run_nightly(entries: list[tuple[str, Path]], hosts: Path, drift: DriftPolicy) -> State[Any]:
+    """Run every experiment, check each against its last passing run; Completed or Failed with the reasons."""
+    from prefect.runtime import flow_run
+
+    logger = get_run_logger()
+    marker = _current_marker(flow_run.id)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    checks: list[dict[str, Any]] = []
+    for name, path in entries:
+        try:
+            run_id = start_run_task(str(path), str(hosts), {"trigger": "nightly"})
+        except AlignflowError as exc:  # a broken file must not hide the other experiments' results
+            logger.error("%s: not started: %s", name, exc)
+            checks.append(not_started(name, str(exc)).to_dict())
+            continue
+        marker.write_text(run_id)
+        state = alignment(experiment=str(path), hosts=str(hosts), trigger="nightly", run_id=run_id,
+                          return_state=True)
+        marker.unlink(missing_ok=True)
+        logger.info("%s: run %s ended %s", name, run_id, state.type.value)
+        checks.append(regression_task(run_id, drift.model_dump(mode="json")))
+    publish_nightly_artifacts(checks)
+    message = nightly_message(checks)
+    if any(c["regressed"] for c in checks):
+        logger.error(message)
+        return Failed(message=message)
+    logger.info(message)
+    return Completed(message=message)
+
+
+def nightly_run_name() -> str:
+    from prefect.runtime import flow_run
+
+    scheduled = flow_run.scheduled_start_time
+    return f"nightly-{scheduled:%Y-%m-%d}" if scheduled is not None else "nightly"
+
+
+def build_nightly_flow(catalog: ExperimentCatalog, hosts: Path, settings: NightlySettings) -> Flow[..., Any]:
+    """The nightly regression flow for this catalog; its defaults come from `nightly.yaml` (all experiments when
+    the file lists none)."""
+    ExperimentName = experiment_enum(catalog)
+    files = {name: path for name, path in catalog.files}
+    inventory = Path(hosts).resolve()
+    chosen = settings.experiments or list(catalog.names)
+    NightlyConfig = create_model(  # a class, made per catalog
+        "NightlyConfig", __base__=NightlyBase, __doc__="What one nightly run checks.",
+        experiments=(list[ExperimentName], Field(  # type: ignore[valid-type]
+            default=[ExperimentName(n) for n in chosen], min_length=1,
+            description="Experiments to run, in order (each is compared with its own last passing run).")),
+    )
+    defaults = NightlyConfig(drift=settings.drift)
+
+    def nightly_regression(config: NightlyConfig = defaults) -> Any:  # type: ignore[valid-type]
+        """Run the nightly experiments and fail when any of them regressed against its last passing run."""
+        seen = dict.fromkeys(e.value for e in config.experiments)  # type: ignore[attr-defined]
+        return run_nightly([(n, files[n]) for n in seen], inventory, config.drift)  # type: ignore[attr-defined]
+
+    return flow(name="nightly-regression", flow_run_name=nightly_run_name, log_prints=True,
+                on_cancellation=[stop_current_experiment], on_crashed=[stop_current_experiment])(nightly_regression)

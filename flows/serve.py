@@ -1,0 +1,174 @@
+"""Deployments of alignflow's flows: the UI launch of the alignment flow and the nightly regression on a cron.
+
+Two ways to run them (orchestration reference §1.6):
+
+- `alignflow serve` (`build_deployments` + `serve_deployments`): one long-running process on the controller —
+  the host that holds the SSH keys, `hosts.yaml` and the repository — registers both deployments and runs each
+  flow run in a subprocess. `pause_on_shutdown=False`: by default Prefect pauses every schedule when `serve`
+  stops, so a plain restart (systemd, `docker compose restart`) would silently stop the nightly (G6). SIGTERM
+  stops it cleanly: in-flight flow runs are cancelled, and their cancellation hooks kill the remote jobs.
+- `prefect.yaml` + `prefect deploy --all` + `prefect worker start --pool NAME` (a process work pool): the same
+  flows, loaded by the worker from this module's entry points `alignment` and `nightly_regression`, built on
+  first access from the working directory (`$ALIGNFLOW_EXPERIMENTS_DIR` or `experiments/`, `$ALIGNFLOW_HOSTS` or
+  `hosts.yaml`, `$ALIGNFLOW_NIGHTLY` or `nightly.yaml` when present). Nothing is read at import time.
+
+No `from __future__ import annotations` in this module (orchestration reference G4).
+"""
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from alignflow.config.catalog import (
+    ExperimentCatalog,
+    NightlySettings,
+    check_nightly_experiments,
+    load_nightly_settings,
+)
+from alignflow.config.hosts import load_hosts
+from alignflow.errors import ConfigError
+
+log = logging.getLogger(__name__)
+ALIGNMENT_DEPLOYMENT = "launch"
+NIGHTLY_DEPLOYMENT = "nightly"
+NIGHTLY_SCHEDULE_SLUG = "nightly"
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    """Everything the deployments are built from, validated (`load_serve_spec`)."""
+
+    catalog: ExperimentCatalog
+    hosts: Path
+    nightly: NightlySettings
+    nightly_source: str
+    tags: tuple[str, ...] = field(default=("alignflow",))
+
+
+def load_serve_spec(experiments_dir: str | Path, hosts: str | Path, nightly: str | Path | None = None, *,
+                    cron: str | None = None, timezone: str | None = None,
+                    nightly_experiments: list[str] | None = None) -> ServeSpec:
+    """Read and check the catalog, the inventory and the nightly settings; the options override the file."""
+    inventory_path = Path(hosts).expanduser().resolve()
+    inventory = load_hosts(inventory_path)
+    catalog = ExperimentCatalog.discover(experiments_dir, inventory)
+    settings = load_nightly_settings(nightly) if nightly is not None else NightlySettings()
+    updates: dict[str, Any] = {k: v for k, v in (("cron", cron), ("timezone", timezone),
+                                                 ("experiments", nightly_experiments)) if v}
+    if updates:
+        try:
+            settings = NightlySettings.model_validate({**settings.model_dump(), **updates})
+        except ValidationError as exc:
+            raise ConfigError([("", None, f"--{str(e['loc'][0]).replace('_', '-')}: {_message(e['msg'])}")
+                               for e in exc.errors()]) from None
+    file = str(nightly) if nightly is not None else "nightly settings"
+    check_nightly_experiments(settings, catalog, source="--nightly-experiment" if nightly_experiments else file)
+    nightly_schedule(settings, source="--cron/--timezone" if cron or timezone else file)
+    return ServeSpec(catalog=catalog, hosts=inventory_path, nightly=settings, nightly_source=file)
+
+
+def _message(msg: str) -> str:
+    return msg.removeprefix("Value error, ")
+
+
+def nightly_schedule(settings: NightlySettings, *, source: str = "nightly settings") -> Any:
+    """The nightly's `Cron` schedule, its time zone explicit (serve's `cron=` keyword would store none)."""
+    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.schedules import Cron
+
+    try:
+        CronSchedule(cron=settings.cron, timezone=settings.timezone)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: cron {settings.cron!r} ({settings.timezone}): "
+                          f"{'; '.join(_message(e['msg']) for e in exc.errors())}") from None
+    return Cron(settings.cron, timezone=settings.timezone, slug=NIGHTLY_SCHEDULE_SLUG)
+
+
+@dataclass(frozen=True)
+class ServedFlow:
+    """A flow object and the deployment options it is served with."""
+
+    flow: Any
+    name: str
+    options: dict[str, Any]
+
+
+def served_flows(spec: ServeSpec) -> list[ServedFlow]:
+    """`alignment/launch` (on demand, from the UI form) and `nightly-regression/nightly` (cron)."""
+    from flows.launch import build_alignment_flow
+    from flows.nightly import build_nightly_flow
+
+    names = ", ".join(spec.catalog.names)
+    return [
+        ServedFlow(build_alignment_flow(spec.catalog, spec.hosts), ALIGNMENT_DEPLOYMENT, {
+            "tags": list(spec.tags), "enforce_parameter_schema": True,
+            "description": f"Run one alignment experiment ({names}) on the hosts of {spec.hosts.name}."}),
+        ServedFlow(build_nightly_flow(spec.catalog, spec.hosts, spec.nightly), NIGHTLY_DEPLOYMENT, {
+            "tags": [*spec.tags, "nightly"], "enforce_parameter_schema": True, "concurrency_limit": 1,
+            "schedules": [nightly_schedule(spec.nightly, source=spec.nightly_source)],
+            "description": f"Nightly regression check at {spec.nightly.cron!r} ({spec.nightly.timezone}); "
+                           "fails when an experiment regressed against its last passing run."}),
+    ]
+
+
+def describe(spec: ServeSpec) -> list[dict[str, Any]]:
+    """What `serve` registers: name, schedules, description and the parameter schema the UI renders its form from
+    (`alignflow serve --dry-run`)."""
+    from prefect.utilities.callables import parameter_schema
+
+    out = []
+    for served in served_flows(spec):
+        schema = parameter_schema(served.flow).model_dump()
+        schedules = [{"cron": s.cron, "timezone": s.timezone} for s in served.options.get("schedules", [])]
+        out.append({"name": f"{served.flow.name}/{served.name}", "description": served.options["description"],
+                    "schedules": schedules, "parameters": list(schema.get("properties", {})), "schema": schema})
+    return out
+
+
+def serve_deployments(spec: ServeSpec, *, limit: int | None = None) -> None:
+    """Register the deployments and run their flow runs until SIGTERM / Ctrl-C (schedules stay active).
+
+    Each flow is added to the runner as the object built here (`Runner.add_flow`), so a flow run executes exactly
+    that object in a subprocess; `prefect.serve(*deployments)` would instead re-import each flow from its
+    entrypoint in `python -m prefect.engine`, where a flow made per catalog does not exist.
+    """
+    import asyncio
+
+    from prefect.exceptions import TerminationSignal
+    from prefect.runner import Runner
+
+    runner = Runner(name="alignflow-serve", pause_on_shutdown=False, limit=limit)
+    for served in served_flows(spec):
+        runner.add_flow(served.flow, name=served.name, **served.options)
+    try:
+        asyncio.run(runner.start())
+    except (KeyboardInterrupt, TerminationSignal) as exc:
+        log.info("%s: stopping", type(exc).__name__)
+
+
+_POOL_FLOWS: dict[str, Any] = {}
+
+
+def _pool_spec() -> ServeSpec:
+    nightly = os.environ.get("ALIGNFLOW_NIGHTLY") or ("nightly.yaml" if Path("nightly.yaml").is_file() else None)
+    return load_serve_spec(os.environ.get("ALIGNFLOW_EXPERIMENTS_DIR", "experiments"),
+                           os.environ.get("ALIGNFLOW_HOSTS", "hosts.yaml"), nightly)
+
+
+def __getattr__(name: str) -> Any:
+    """Entry points of `prefect.yaml` (`flows/serve.py:alignment`, `flows/serve.py:nightly_regression`), built on
+    first access in the deployment's working directory."""
+    if name not in ("alignment", "nightly_regression"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in _POOL_FLOWS:
+        from flows.launch import build_alignment_flow
+        from flows.nightly import build_nightly_flow
+
+        spec = _pool_spec()
+        _POOL_FLOWS["alignment"] = build_alignment_flow(spec.catalog, spec.hosts)
+        _POOL_FLOWS["nightly_regression"] = build_nightly_flow(spec.catalog, spec.hosts, spec.nightly)
+    return _POOL_FLOWS[name]

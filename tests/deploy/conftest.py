@@ -1,0 +1,107 @@
+"""Fixtures of the deployment tests: the team topology (PostgreSQL, Prefect server, `alignflow serve`) for real.
+
+`team` starts, once per module that asks for it:
+
+- the session's PostgreSQL lab server with two new databases, `prefect_<hex>` (Prefect's) and `alignflow_<hex>`
+  (the store), as docker/compose.yaml puts both on one server;
+- `prefect server start` on 127.0.0.1 with its database on PostgreSQL (asyncpg);
+- a static file server for the state dir's `reports/` (compose's `reports` service), so report links resolve;
+- `alignflow serve` in a workspace holding `experiments/demo.yaml` (the repository's demo, unchanged), a small
+  twin experiment `drifting.yaml`, and the repository's `hosts.yaml` (three local hosts).
+
+Teardown stops every process (SIGTERM, then SIGKILL by process group) and drops both databases.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.deploy.team import PrefectServer, Proc, free_port, wait_until
+from tests.lab.postgres import PostgresServer
+
+
+@dataclass
+class Team:
+    root: Path
+    server: PrefectServer
+    serve: Proc
+    reports: Proc
+    reports_url: str
+    db_url: str
+    state: Path
+    env: dict[str, str]  # what `alignflow serve` runs with (API URL, store, state dir, reports URL)
+
+    @property
+    def experiments(self) -> Path:
+        return self.root / "experiments"
+
+
+def write_workspace(root: Path, repo_root: Path) -> None:
+    """experiments/ (the demo as shipped + `drifting`, a short twin run) and the repository's hosts.yaml."""
+    (root / "experiments").mkdir(parents=True)
+    shutil.copy(repo_root / "experiments" / "demo.yaml", root / "experiments" / "demo.yaml")
+    tiny = yaml.safe_load((repo_root / "tests" / "data" / "flow" / "tiny.yaml").read_text())
+    tiny.update(name="drifting", description="A short twin run that the nightly test makes regress.",
+                conversion={"spec": "twin-moe"})
+    (root / "experiments" / "drifting.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False))
+    shutil.copy(repo_root / "hosts.yaml", root / "hosts.yaml")
+
+
+def serve_env(base: dict[str, str], *, api_url: str, db_url: str, state: Path, home: Path,
+              reports_url: str) -> dict[str, str]:
+    return {**base, "PREFECT_API_URL": api_url, "PREFECT_HOME": str(home), "ALIGNFLOW_DB_URL": db_url,
+            "ALIGNFLOW_STATE_DIR": str(state), "ALIGNFLOW_REPORTS_URL": reports_url,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "GLOG_v": "3",
+            # the runner asks for due flow runs every 10 s by default; the tests should not wait for that
+            "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+
+
+@pytest.fixture(scope="module")
+def team(postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory, repo_root: Path,
+         subprocess_env: dict[str, str]) -> Iterator[Team]:
+    root = tmp_path_factory.mktemp("team")
+    write_workspace(root, repo_root)
+    suffix = secrets.token_hex(4)
+    prefect_db, store_db = f"prefect_{suffix}", f"alignflow_{suffix}"
+    postgres_server.create_database(prefect_db)
+    db_url = postgres_server.create_database(store_db)
+    state = root / "state"
+    (state / "reports").mkdir(parents=True)
+    started: list[Proc] = []
+    server: PrefectServer | None = None
+    try:
+        server = PrefectServer.start(
+            database_url=postgres_server.url(prefect_db).replace("+psycopg", "+asyncpg"),
+            home=root / "prefect-server", env=subprocess_env, log=root / "logs" / "prefect-server.log")
+        started.append(server.proc)
+        port = free_port()
+        reports = Proc.start("reports", [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "--directory",
+                                         str(state / "reports"), str(port)],
+                             env=subprocess_env, cwd=root, log=root / "logs" / "reports.log")
+        started.append(reports)
+        reports_url = f"http://127.0.0.1:{port}"
+        env = serve_env(subprocess_env, api_url=server.api_url, db_url=db_url, state=state,
+                        home=root / "prefect-serve", reports_url=reports_url)
+        serve = Proc.start("alignflow serve", [sys.executable, "-m", "alignflow", "serve"], env=env, cwd=root,
+                           log=root / "logs" / "serve.log")
+        started.append(serve)
+        for flow_name, name in (("alignment", "launch"), ("nightly-regression", "nightly")):
+            wait_until(f"deployment {flow_name}/{name}", lambda f=flow_name, n=name: server.deployment(f, n),
+                       timeout_s=120, proc=serve)
+        yield Team(root=root, server=server, serve=serve, reports=reports, reports_url=reports_url, db_url=db_url,
+                   state=state, env=env)
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+        if server is not None:
+            server.client.close()
+        postgres_server.drop_database(prefect_db)
+        postgres_server.drop_database(store_db)

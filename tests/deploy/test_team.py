@@ -1,0 +1,278 @@
+"""End to end, real parts: PostgreSQL, `prefect server start`, `alignflow serve`, REST as the UI, headless Chromium.
+
+The tests of this module share one team topology (`team` fixture) and build on each other in file order: the
+UI-launched demo run is the passing baseline the nightly's first run finds; the nightly's first run is the
+baseline its second run (after the `drifting` experiment was made to regress) is compared with; then a launch
+is cancelled from the UI and `alignflow serve` is stopped with SIGTERM while a nightly is training; last,
+`prefect.yaml` is deployed to a process work pool whose worker runs a launch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from alignflow.store import Store
+from tests.deploy.conftest import Team
+from tests.deploy.team import Proc, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+EVERY_STEP = {"npu_base_train", "convert_bf16", "convert_megatron", "gpu_train", "npu_reload_train", "compare"}
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--no-first-run"]
+
+
+def launch(team: Team, flow_name: str, deployment: str, parameters: dict[str, Any]) -> str:
+    found = team.server.deployment(flow_name, deployment)
+    assert found is not None
+    response = team.server.run_from_ui(found["id"], parameters)
+    assert response.status_code == 201, response.text
+    return str(response.json()["id"])
+
+
+@pytest.fixture(scope="module")
+def demo_run(team: Team) -> dict[str, Any]:
+    """The demo experiment launched from the alignment deployment, exactly as the UI's Run button does."""
+    flow_run_id = launch(team, "alignment", "launch", {"experiment": "demo"})
+    return team.server.wait_final(flow_run_id, timeout_s=900, proc=team.serve)
+
+
+def test_the_server_refuses_an_experiment_that_is_not_in_the_catalog(team: Team) -> None:
+    deployment = team.server.deployment("alignment", "launch")
+    assert deployment is not None
+    schema = deployment["parameter_openapi_schema"]
+    assert schema["definitions"]["ExperimentName"]["enum"] == ["demo", "drifting"]
+    response = team.server.run_from_ui(deployment["id"], {"experiment": "no-such-experiment"})
+    assert response.status_code == 409, response.text
+    assert "no-such-experiment" in response.text
+    for bad in ({"experiment": "demo", "parent": {"run_id": "ZZ"}},
+                {"experiment": "demo", "steps": {"force": ["gpu_trian"]}},
+                {"experiment": "demo", "steps": {"forse": ["gpu_train"]}}):
+        refused = team.server.run_from_ui(deployment["id"], bad)
+        assert refused.status_code == 409, (bad, refused.text)
+
+
+def test_ui_run_of_the_demo_completes_and_the_store_on_postgres_holds_it(team: Team, demo_run: dict[str, Any]
+                                                                          ) -> None:
+    assert demo_run["state_type"] == "COMPLETED", team.server.logs(demo_run["id"])
+    assert demo_run["name"] == "align-demo"
+    with Store.open(team.db_url, upgrade=False) as store:
+        assert store.url.startswith("postgresql")
+        runs = store.list_runs(experiment="demo")
+        assert len(runs) == 1
+        run = runs[0]
+        assert (run.status, run.verdict, run.trigger) == ("completed", "pass", "deployment")
+        steps = {s.step: s for s in store.steps(run.id)}
+        assert {name for name, s in steps.items() if s.status == "ran"} == EVERY_STEP
+        artifacts = {a.name: a for a in store.run_artifacts(run.id)}
+        assert {"base_ckpt", "bf16_ckpt", "megatron_ckpt", "gpu_log", "npu_log", "report"} <= set(artifacts)
+        assert all(len(a.sha256) == 64 for a in artifacts.values())
+        comparison = store.comparison(run.id)
+        assert comparison is not None
+        assert comparison.verdict == "pass"
+        data_sha = steps["npu_base_train"].inputs["data"]["sha256"]
+    assert run.report is not None
+    assert Path(run.report).is_file()
+
+    published = {a["key"]: a for a in team.server.artifacts(demo_run["id"])}
+    assert {"demo-summary", "demo-metrics", "demo-report"} <= set(published)
+    summary = published["demo-summary"]["data"]
+    assert f"run `{run.id}`" in summary
+    assert "**Verdict: PASS**" in summary
+    assert data_sha in summary
+    assert artifacts["megatron_ckpt"].sha256 in summary
+    assert "6 ran" in summary
+    metrics = published["demo-metrics"]["data"]
+    assert "lm_loss" in str(metrics)
+    link = published["demo-report"]["data"]  # a link artifact is stored as markdown: [text](url)
+    assert link.startswith(f"[demo report (run {run.id})]({team.reports_url}/")
+    page = httpx.get(link.split("](", 1)[1].rstrip(")"), timeout=30)
+    assert page.status_code == 200
+    assert "<img" in page.text
+
+
+def test_flow_run_page_in_chromium_shows_completed_and_the_report_artifact(
+    team: Team, demo_run: dict[str, Any], tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    url = f"{team.server.url}/v2/runs/flow-run/{demo_run['id']}"
+    shot = tmp_path / "flow-run-page.png"
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(url, wait_until="domcontentloaded")
+            expect(page.get_by_text("align-demo").first).to_be_visible(timeout=60_000)
+            expect(page.get_by_text("Completed", exact=True).first).to_be_visible(timeout=60_000)
+            page.get_by_role("tab", name="Artifacts").click()
+            expect(page.get_by_text("demo-report").first).to_be_visible(timeout=60_000)
+            page.screenshot(path=str(shot), full_page=True)
+            # the summary artifact renders its markdown: verdict, criteria and fingerprint tables
+            summary = next(a for a in team.server.artifacts(demo_run["id"]) if a["key"] == "demo-summary")
+            page.goto(f"{team.server.url}/v2/artifacts/artifact/{summary['id']}", wait_until="domcontentloaded")
+            expect(page.get_by_text("Verdict: PASS").first).to_be_visible(timeout=60_000)
+            expect(page.get_by_role("heading", name="Fingerprints")).to_be_visible(timeout=60_000)
+            page.screenshot(path=str(tmp_path / "summary-artifact.png"), full_page=True)
+        finally:
+            browser.close()
+    assert shot.stat().st_size > 10_000
+
+
+def test_nightly_on_demand_fails_and_names_the_experiment_that_regressed(team: Team, demo_run: dict[str, Any]
+                                                                          ) -> None:
+    nightly = team.server.deployment("nightly-regression", "nightly")
+    assert nightly is not None
+    [schedule] = nightly["schedules"]
+    assert (schedule["schedule"]["cron"], schedule["schedule"]["timezone"]) == ("0 2 * * *", "UTC")
+    assert nightly["global_concurrency_limit"]["limit"] == 1  # one nightly at a time
+    params = {"config": {"experiments": ["demo", "drifting"]}}
+
+    first = team.server.wait_final(launch(team, "nightly-regression", "nightly", params), timeout_s=900,
+                                   proc=team.serve)
+    assert first["state_type"] == "COMPLETED", (first["state"]["message"], team.server.logs(first["id"]))
+    assert "no regression" in first["state"]["message"]
+
+    # Someone changes the GPU side's learning rate: the GPU training re-runs, the curves part.
+    path = team.experiments / "drifting.yaml"
+    experiment = yaml.safe_load(path.read_text())
+    experiment["gpu"] = {"extra_args": ["--lr", "3.0e-3"]}
+    path.write_text(yaml.safe_dump(experiment, sort_keys=False))
+
+    second = team.server.wait_final(launch(team, "nightly-regression", "nightly", params), timeout_s=900,
+                                    proc=team.serve)
+    assert second["state_type"] == "FAILED", team.server.logs(second["id"])
+    message = second["state"]["message"]
+    assert "1 of 2 experiment(s) regressed: drifting" in message
+    assert "demo" not in message.split("regressed:")[1]
+
+    published = {a["key"]: a for a in team.server.artifacts(second["id"])}
+    assert {"nightly-regressions", "nightly-criteria"} <= set(published)
+    markdown = published["nightly-regressions"]["data"]
+    rows = {line.split("|")[1].strip(): line for line in markdown.splitlines() if line.startswith("| ")}
+    assert "**REGRESSED**" in rows["drifting"]
+    assert "verdict fail" in rows["drifting"]
+    assert rows["demo"].rstrip(" |").endswith("ok")
+    with Store.open(team.db_url, upgrade=False) as store:
+        drifting = store.list_runs(experiment="drifting")
+        assert [(r.trigger, r.verdict) for r in drifting] == [("nightly", "fail"), ("nightly", "pass")]
+        assert f"`{drifting[1].id}`" in rows["drifting"]  # compared with the last passing run
+        statuses = {s.step: s.status for s in store.steps(drifting[0].id)}
+    assert statuses["gpu_train"] == "ran"
+    assert statuses["npu_base_train"] == "cached"
+    children = team.server.child_runs(second["id"])
+    assert sorted(c["name"] for c in children) == ["align-demo", "align-drifting"]
+
+
+def live_in_group(pgid: int) -> list[int]:
+    """Processes of a process group that are not zombies (`kill -0` would count zombies: reference G12)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+def test_cancel_from_the_ui_and_sigterm_stop_runs_in_flight_and_kill_their_jobs(team: Team, demo_run: dict[str, Any]
+                                                                                 ) -> None:
+    """A UI launch that re-trains the NPU base is cancelled as the UI's Cancel button does; a nightly whose
+    experiment now has a long NPU base training is still running when `alignflow serve` gets SIGTERM. Both jobs
+    are killed, both runs recorded cancelled, and the nightly's schedule stays active."""
+    launch_id = launch(team, "alignment", "launch", {"experiment": "demo", "steps": {"force": ["npu_base_train"]}})
+    path = team.experiments / "drifting.yaml"
+    experiment = yaml.safe_load(path.read_text())
+    experiment["training"]["base_steps"] = 2000  # minutes of training: it must still run when SIGTERM comes
+    experiment["data"] = {"path": "data/drifting-long.tokens", "generate": {"tokens": 2000 * 4 * 33 + 1, "seed": 7}}
+    path.write_text(yaml.safe_dump(experiment, sort_keys=False))
+    nightly_id = launch(team, "nightly-regression", "nightly", {"config": {"experiments": ["drifting"]}})
+
+    def running_job(name: str, trigger: str) -> dict[str, Any] | None:
+        with Store.open(team.db_url, upgrade=False) as store:
+            newest = store.list_runs(experiment=name, limit=1)[0]
+            if newest.trigger != trigger or newest.status != "running":
+                return None
+            return next((s.job_handle for s in store.steps(newest.id) if s.job_handle and s.status == "running"),
+                        None)
+
+    jobs = [wait_until(f"{name}'s training job", lambda n=name, t=trigger: running_job(n, t), timeout_s=300,
+                       proc=team.serve) for name, trigger in (("demo", "deployment"), ("drifting", "nightly"))]
+    try:
+        assert all(live_in_group(job["pgid"]) for job in jobs)
+        cancel = team.server.client.post(f"/flow_runs/{launch_id}/set_state", json={
+            "state": {"type": "CANCELLING", "name": "Cancelling"}, "force": True})
+        assert cancel.status_code in (200, 201), cancel.text
+        assert team.server.wait_final(launch_id, timeout_s=120)["state_type"] == "CANCELLED"
+        wait_until("the cancelled launch's job to be gone", lambda: not live_in_group(jobs[0]["pgid"]), timeout_s=30)
+        assert live_in_group(jobs[1]["pgid"])  # the nightly trains on
+
+        assert team.serve.stop() == 0, team.serve.tail()
+        assert team.server.wait_final(nightly_id, timeout_s=120)["state_type"] == "CANCELLED"
+        wait_until("the nightly's job to be gone", lambda: not live_in_group(jobs[1]["pgid"]), timeout_s=30)
+    finally:
+        for job in jobs:  # never leave a training behind, whatever failed above
+            for pid in live_in_group(job["pgid"]):
+                os.kill(pid, signal.SIGKILL)
+    with Store.open(team.db_url, upgrade=False) as store:
+        for name in ("demo", "drifting"):
+            run = store.list_runs(experiment=name, limit=1)[0]
+            assert run.status == "cancelled", name
+            step = next(s for s in store.steps(run.id) if s.step == "npu_base_train")
+            assert step.status == "failed"
+            assert "remote job was killed" in (step.error or "")
+    nightly = team.server.deployment("nightly-regression", "nightly")
+    assert nightly is not None
+    assert nightly["paused"] is False
+    assert all(s["active"] for s in nightly["schedules"])
+
+
+def test_prefect_yaml_deploys_to_a_process_pool_whose_worker_runs_the_ui_form(team: Team, repo_root: Path,
+                                                                             demo_run: dict[str, Any]) -> None:
+    """The `prefect.yaml` path, after `alignflow serve` stopped: deploy, start a process worker, launch the demo
+    (cached by now: the point is the worker loading the flow from its entry point, not training again)."""
+    (team.root / "flows").symlink_to(repo_root / "flows")  # the layout of a checkout: flows/ beside experiments/
+    shutil.copy(repo_root / "prefect.yaml", team.root / "prefect.yaml")
+    env = {**team.env, "PREFECT_HOME": str(team.root / "prefect-pool"), "ALIGNFLOW_HOME": str(team.root),
+           "PREFECT_WORKER_QUERY_SECONDS": "2"}
+    prefect = [sys.executable, "-m", "prefect"]
+    for argv in (["work-pool", "create", "alignflow", "--type", "process"], ["--no-prompt", "deploy", "--all"]):
+        done = subprocess.run([*prefect, *argv], env=env, cwd=team.root, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stdout + done.stderr
+    launch_dep = team.server.deployment("alignment", "launch")
+    nightly = team.server.deployment("nightly-regression", "nightly")
+    assert launch_dep is not None
+    assert nightly is not None
+    assert launch_dep["work_pool_name"] == "alignflow"
+    assert launch_dep["pull_steps"] == [{"prefect.deployments.steps.set_working_directory": {
+        "directory": str(team.root)}}]
+    assert launch_dep["parameter_openapi_schema"]["definitions"]["ExperimentName"]["enum"] == ["demo", "drifting"]
+    assert [(s["schedule"]["cron"], s["schedule"]["timezone"]) for s in nightly["schedules"]] == [("0 2 * * *", "UTC")]
+    assert nightly["global_concurrency_limit"]["limit"] == 1
+
+    worker = Proc.start("prefect worker", [*prefect, "worker", "start", "--pool", "alignflow", "--type", "process"],
+                        env=env, cwd=team.root, log=team.root / "logs" / "worker.log")
+    try:
+        flow_run_id = launch(team, "alignment", "launch", {"experiment": "demo"})
+        done_run = team.server.wait_final(flow_run_id, timeout_s=600, proc=worker)
+    finally:
+        worker.stop()
+    assert done_run["state_type"] == "COMPLETED", (worker.tail(), team.server.logs(flow_run_id))
+    assert done_run["work_pool_name"] == "alignflow"
+    with Store.open(team.db_url, upgrade=False) as store:
+        newest = store.list_runs(experiment="demo", limit=1)[0]
+        assert newest.trigger == "deployment"
+        assert {s.status for s in store.steps(newest.id)} == {"cached"}
