@@ -8,7 +8,6 @@ starts: the experiment and inventory as they were, the plan, the trigger and the
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterable
@@ -79,9 +78,10 @@ class StepOutcome:
 
 
 def default_state_dir() -> Path:
-    """`$ALIGNFLOW_STATE_DIR`, else `./.alignflow` (resolved at call time)."""
-    env = os.environ.get("ALIGNFLOW_STATE_DIR")
-    return Path(env).expanduser().resolve() if env else (Path.cwd() / ".alignflow").resolve()
+    """`$ALIGNFLOW_STATE_DIR`, else `./.alignflow` (resolved at call time; see `alignflow.state`)."""
+    from alignflow.state import state_dir
+
+    return state_dir()
 
 
 def controller_host(inventory: Inventory, state_dir: Path) -> Host:
