@@ -52,7 +52,11 @@ def write_workspace(root: Path, repo_root: Path) -> None:
     tiny.update(name="drifting", description="A short twin run that the nightly test makes regress.",
                 conversion={"spec": "twin-moe"})
     (root / "experiments" / "drifting.yaml").write_text(yaml.safe_dump(tiny, sort_keys=False))
-    shutil.copy(repo_root / "hosts.yaml", root / "hosts.yaml")
+    # The repository's three local hosts; the NPU host takes two jobs at once here because the cancellation test
+    # trains a UI launch and a nightly side by side on it (one slot would queue the second behind the first).
+    hosts = yaml.safe_load((repo_root / "hosts.yaml").read_text())
+    hosts["hosts"]["ascend"]["max_concurrent_jobs"] = 2
+    (root / "hosts.yaml").write_text(yaml.safe_dump(hosts, sort_keys=False))
 
 
 def serve_env(base: dict[str, str], *, api_url: str, db_url: str, state: Path, home: Path,

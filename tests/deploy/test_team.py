@@ -21,6 +21,7 @@ import httpx
 import pytest
 import yaml
 
+from alignflow.convert.registry import SPEC_DIR
 from alignflow.store import Store
 from tests.deploy.conftest import Team
 from tests.deploy.team import Proc, wait_until
@@ -144,10 +145,17 @@ def test_nightly_on_demand_fails_and_names_the_experiment_that_regressed(team: T
     assert first["state_type"] == "COMPLETED", (first["state"]["message"], team.server.logs(first["id"]))
     assert "no regression" in first["state"]["message"]
 
-    # Someone changes the GPU side's learning rate: the GPU training re-runs, the curves part.
+    # Someone "simplifies" the conversion spec and drops the shared expert's fc1 de-interleave: names and shapes
+    # still match, so the converter and Megatron accept it, and preflight has nothing to object to (both sides'
+    # settings still agree) — only the curves part: the GPU side re-runs on mis-laid weights.
+    spec = (SPEC_DIR / "twin-moe.yaml").read_text()
+    broken = spec.replace("ops: [deinterleave_rows], shape: [2 * shared_ffn", "shape: [2 * shared_ffn")
+    assert broken != spec
+    (team.experiments / "specs").mkdir(exist_ok=True)
+    (team.experiments / "specs" / "twin-moe-edited.yaml").write_text(broken)
     path = team.experiments / "drifting.yaml"
     experiment = yaml.safe_load(path.read_text())
-    experiment["gpu"] = {"extra_args": ["--lr", "3.0e-3"]}
+    experiment["conversion"]["spec"] = "specs/twin-moe-edited.yaml"
     path.write_text(yaml.safe_dump(experiment, sort_keys=False))
 
     second = team.server.wait_final(launch(team, "nightly-regression", "nightly", params), timeout_s=900,
@@ -169,6 +177,7 @@ def test_nightly_on_demand_fails_and_names_the_experiment_that_regressed(team: T
         assert [(r.trigger, r.verdict) for r in drifting] == [("nightly", "fail"), ("nightly", "pass")]
         assert f"`{drifting[1].id}`" in rows["drifting"]  # compared with the last passing run
         statuses = {s.step: s.status for s in store.steps(drifting[0].id)}
+    assert statuses["convert_megatron"] == "ran"
     assert statuses["gpu_train"] == "ran"
     assert statuses["npu_base_train"] == "cached"
     children = team.server.child_runs(second["id"])
