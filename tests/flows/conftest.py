@@ -22,8 +22,13 @@ from alignflow.convert.registry import SPEC_DIR
 def prefect_harness() -> Iterator[None]:
     """One Prefect test harness (a temporary API server, ~9 s to start) for the whole session."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.logging.configuration import setup_logging
     from prefect.testing.utilities import prefect_test_harness
 
+    # Prefect binds its console handlers to the sys.stderr of the moment it first configures logging; if that was
+    # inside a typer CliRunner call of an earlier test (its streams are closed afterwards), every later log line
+    # raises "I/O operation on closed file". Rebind them to this session's streams.
+    setup_logging(incremental=False)
     with prefect_test_harness(server_startup_timeout=120):
         yield
 
