@@ -37,6 +37,8 @@ def preflight_task(run_id: str) -> dict[str, Any]:
         report = preflight_run(run_id, store=store, state_dir=state_dir(), events=logger.info)
     finally:
         store.close()
+    if report is None:  # turned off by the experiment (`preflight: false`); said in the log
+        return {"checked": False}
     result: dict[str, Any] = report.to_dict()
     return result
 

@@ -141,6 +141,11 @@ class Experiment(_Strict):
     steps: dict[str, StepConfig] = Field(default_factory=dict, description="Per-step overrides by step name.")
     criteria: list[Criterion] = Field(default_factory=default_criteria, description="Acceptance criteria.")
     gate: GateConfig = Field(default_factory=GateConfig, description="Early gate after conversion.")
+    preflight: bool = Field(
+        True, description="Compare both sides' settings before step 1 and refuse to run on a mismatch. Turn off "
+        "only for experiments whose training commands preflight cannot read (replaced commands, benchmarks); "
+        "the run records that it was not checked."
+    )
     source: str | None = Field(None, exclude=True, description="File the experiment was read from.")
 
     @field_validator("steps")

@@ -105,6 +105,10 @@ def preflight_run(run_id: str, *, store: Any, state_dir: Path, events: Events | 
     from alignflow.preflight import check_experiment
 
     experiment, inventory, _, _ = reopen(run_id, store=store)
+    if not experiment.preflight:
+        (events or log.warning)(f"preflight: turned off by {experiment.source} (preflight: false); both sides' "
+                                "settings were NOT compared")
+        return None
     report = check_experiment(experiment, inventory=inventory)
     out = state_dir / "runs" / run_id / "preflight.json"
     out.parent.mkdir(parents=True, exist_ok=True)
