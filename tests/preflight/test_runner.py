@@ -43,3 +43,18 @@ def test_a_mismatch_fails_the_run_before_anything_runs(repo_root: Path, tmp_path
     report = json.loads((state / "runs" / run_id / "preflight.json").read_text())
     assert report["ok"] is False
     assert [f["setting"] for f in report["findings"] if f["status"] == "mismatch"] == ["model.hidden_dropout"]
+
+
+def test_an_experiment_that_turns_preflight_off_is_run_unchecked_and_says_so(
+    repo_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from alignflow.runner.run import preflight_run
+
+    edits = {"gpu.extra_args": ["--hidden-dropout", "0.1"], "preflight": False}
+    experiment = copy_twin(repo_root, tmp_path, edits=edits)
+    state = tmp_path / "state"
+    with Store.open(state_dir=state) as store, caplog.at_level("WARNING"):
+        run_id = start_run(experiment, local_hosts(tmp_path), store=store, state_dir=state)
+        assert preflight_run(run_id, store=store, state_dir=state) is None  # the mismatch is not looked at
+    assert "settings were NOT compared" in caplog.text
+    assert not (state / "runs" / run_id / "preflight.json").exists()
