@@ -15,7 +15,8 @@ if not report.ok: print(report.summary())
 ```
 
 Modules: `values` (Value, DataFile, equality), `npu` (MindFormers / twin YAML reader), `gpu` (Megatron argv
-reader), `rules` (the table, `compare`, the report), `sides` (rendering an experiment's two sides).
+reader), `megatron_lm` (Megatron-LM's argument parser as data: does `pretrain_gpt.py` accept the flags at all),
+`rules` (the table, `compare`, the report), `sides` (rendering an experiment's two sides).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 from alignflow.config.experiment import Experiment
 from alignflow.config.hosts import Inventory
 from alignflow.preflight.gpu import gpu_settings
+from alignflow.preflight.megatron_lm import check_flags
 from alignflow.preflight.npu import npu_settings
 from alignflow.preflight.rules import RULES, Finding, PreflightReport, Rule, compare
 from alignflow.preflight.sides import DataBinding, GpuSide, NpuSide, render_sides
@@ -51,6 +53,9 @@ def preflight(npu: NpuSide, gpu: GpuSide, data: DataBinding) -> PreflightReport:
     gpu_s = gpu_settings(gpu.argv, env=gpu.env, env_source=gpu.env_source, bind=data.bind)
     npu_s["side.kind"] = Value(npu.kind, "npu.kind")
     gpu_s["side.kind"] = Value(gpu.kind, "gpu.kind")
+    if gpu.kind == "megatron":
+        accepted, why = check_flags(gpu.argv, gpu.megatron_version)
+        gpu_s["gpu.flags"] = Value({True: "accepted", False: "refused", None: "not checked"}[accepted], why)
     return compare(npu_s, gpu_s, sources={"npu": npu.source, "gpu": gpu.source})
 
 

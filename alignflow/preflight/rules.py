@@ -54,7 +54,7 @@ class Rule:
     label: str
     group: str
     agree: bool = True  # both sides must hold the same value
-    required: Any = _NO  # each side in `sides` must hold this value
+    required: Any = _NO  # each side in `sides` must hold this value (or one of a frozenset of values)
     sides: tuple[Side, ...] = ("npu", "gpu")
     when: Cond | None = None
     why: str = ""
@@ -158,7 +158,20 @@ RULES: tuple[Rule, ...] = (
          sides=("npu",), when=_kind("npu", "mindformers")),
     Rule("det.nvte", "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 on the GPU host", "determinism", agree=False, required=True,
          sides=("gpu",), when=_kind("gpu", "megatron")),
+    # the command line itself: a misspelt flag stops pretrain_gpt.py at argparse, hours into the experiment
+    Rule("gpu.flags", "pretrain_gpt.py accepts every flag", "command line", agree=False,
+         required=frozenset({"accepted", "not checked"}), sides=("gpu",), when=_kind("gpu", "megatron"),
+         why="checked against Megatron-LM's parser for gpu.megatron_version"),
 )
+
+
+def _meets(value: Any, required: Any) -> bool:
+    """`required` is one value, or a frozenset of the values allowed."""
+    return value in required if isinstance(required, frozenset) else same(value, required)
+
+
+def _shown(required: Any) -> str:
+    return " or ".join(sorted(map(display, required))) if isinstance(required, frozenset) else display(required)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,8 +241,8 @@ def compare(npu: Settings, gpu: Settings, *, rules: tuple[Rule, ...] = RULES,
         for side, value in values.items():
             if value.missing:
                 problems.append(f"{side.upper()}: {value.source}")
-            elif rule.required is not _NO and not same(value.value, rule.required):
-                problems.append(f"{side.upper()} must be {display(rule.required)}")
+            elif rule.required is not _NO and not _meets(value.value, rule.required):
+                problems.append(f"{side.upper()} must be {_shown(rule.required)}")
         if rule.agree and len(values) == 2 and not any(v.missing for v in values.values()) and not same(
                 values["npu"].value, values["gpu"].value):
             problems.insert(0, "the two sides differ" + (f" ({rule.why})" if rule.why else ""))

@@ -62,6 +62,7 @@ class GpuSide:
     env: Mapping[str, str]
     env_source: str
     source: str
+    megatron_version: str = "0.16"  # picks the table of flags Megatron-LM's parser accepts (megatron only)
 
 
 def render_sides(
@@ -92,7 +93,8 @@ def render_sides(
     npu = NpuSide(experiment.npu.kind, config, npu_env, npu_env_src,
                   f"npu_reload_train config.yaml (from {template})")
     flags = _megatron_flags(experiment, gpu_cmd.template.argv)
-    gpu = GpuSide(experiment.gpu.kind, flags, gpu_env, gpu_env_src, "gpu_train command line")
+    gpu = GpuSide(experiment.gpu.kind, flags, gpu_env, gpu_env_src, "gpu_train command line",
+                  experiment.gpu.megatron_version)
     return npu, gpu, DataBinding(sha, dict(experiment.data.host_paths))
 
 
