@@ -85,16 +85,20 @@ def megatron_losses(name: str, ckpt: Path, data: TokenData, gbs: int) -> dict[st
     sd = {k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v
           for k, v in checkpoint_state(ckpt).items()}
     result = model.load_state_dict(sd, strict=True)
-    model.eval()
+    # training mode, as pretrain_gpt.py's first iteration: megatron-core logs the MTP loss only while training
+    # (`process_mtp_loss(is_training=...)`); dropout is 0 and nothing random runs, so the forward is the same
+    model.train()
     batch = torch.from_numpy(data.batch(0, gbs)).cuda()
     ids, labels = batch[:, :-1], batch[:, 1:]
     s = ids.shape[1]
     pos = torch.arange(s, device="cuda").unsqueeze(0).expand(ids.shape[0], -1)
     mask = torch.ones(ids.shape, device="cuda")
+    tracker = MTPLossLoggingHelper.tracker
+    tracker.clear()
     with torch.no_grad():
         per_token = model(ids, pos, None, labels=labels, loss_mask=mask)
     out = {"lm_loss": float(per_token.float().mean())}
-    values = MTPLossLoggingHelper.tracker.get("values") if hasattr(MTPLossLoggingHelper, "tracker") else None
+    values = tracker.get("loss_values", tracker.get("values"))  # the key is "loss_values" from core 0.17 on
     if values is not None:
         out["mtp_1_loss"] = float(values[0])
     out["strict_load"] = str(result)
