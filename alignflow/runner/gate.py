@@ -26,6 +26,7 @@ from alignflow.errors import AlignflowError, PipelineError, RemoteJobError, Sent
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.cache import cache_key, repo_version
 from alignflow.runner.commands import DEFAULT_TIMEOUT_S, data_placeholder
+from alignflow.runner.control import attach_jobs
 from alignflow.runner.engine import StepRunner
 from alignflow.runner.placeholders import fill, fill_all
 from alignflow.runner.session import StepOutcome
@@ -90,7 +91,9 @@ def run_gate(runner: StepRunner, inputs: Mapping[str, ArtifactRef]) -> StepOutco
                                        cache_key=key, inputs={n: inputs[n].to_dict() for n in inputs})
     jobs: list[_Job] = []
     try:
-        jobs = [_launch(runner, side, inputs) for side in sides]
+        for side in sides:
+            jobs.append(_launch(runner, side, inputs))
+        attach_jobs(runner.store, step_run.id, [job.handle for job in jobs])  # a cancelled run kills both
         results = {job.side.name: _step1(runner, job) for job in jobs}
         rows, failed = _judge(results, gate.metrics, gate.rel_tol)
         report_dir = runner.state_dir / "runs" / runner.run_id / STEP

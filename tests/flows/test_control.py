@@ -79,3 +79,34 @@ def test_cancelling_a_run_kills_the_remote_process_group(tmp_path: Path, repo_ro
         recorded = store.get_step(step.id)
         assert recorded.status == "failed"
         assert "cancelled" in (recorded.error or "")
+
+
+def test_cancelling_a_run_in_its_early_gate_kills_both_sides(tmp_path: Path, repo_root: Path) -> None:
+    """The gate runs one job per side under one step run: both are recorded, both are killed."""
+    from alignflow.runner.control import attach_jobs
+
+    env = make_flow_env(tmp_path, repo_root)
+    inventory = load_hosts(env.hosts)
+    with Store.open(state_dir=env.state) as store:
+        run_id = start_run(env.experiment, env.hosts, store=store, state_dir=env.state)
+        step = store.start_step(run_id, "early_gate", host="cpu", command="gate", cache_key="k", inputs={})
+        handles = []
+        for role in ("ascend", "cuda"):
+            with open_transport(inventory.get(role)) as t:
+                handles.append(t.launch(JobSpec(argv=["bash", "-c", "sleep 300 & sleep 300; wait"],
+                                                name=f"gate-{role}")))
+        attach_jobs(store, step.id, handles)
+        deadline = time.monotonic() + 10
+        while any(len(_group(h.pgid)) < 3 for h in handles) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(len(_group(h.pgid)) >= 3 for h in handles)
+        killed = cancel_run_jobs(store, run_id, transport_factory=open_transport)
+        assert killed == [h.job_dir for h in handles]
+        deadline = time.monotonic() + 15
+        while any(_group(h.pgid) for h in handles) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [_group(h.pgid) for h in handles] == [[], []]
+        for h in handles:
+            with open_transport(inventory.get(h.host)) as t:
+                assert t.status(h).kind == "cancelled"
+        assert store.get_step(step.id).status == "failed"

@@ -83,6 +83,10 @@ def test_gate_passes_on_the_twin_before_the_long_trainings(env: FlowEnv, first: 
     assert {r["metric"] for r in rows["rows"]} == {"lm_loss", "mtp_1_loss"}
     assert all(r["rel_diff"] < 5e-5 for r in rows["rows"])
     _, steps = last_run_steps(env)
+    # both sides' jobs were recorded under the gate's step run (a cancelled run finds and kills them)
+    jobs = (steps["early_gate"].job_handle or {}).get("jobs", [])
+    assert [(j["host"], j["name"].rsplit("-", 1)[-1]) for j in jobs] == [
+        (steps["npu_reload_train"].host, "npu"), (steps["gpu_train"].host, "gpu")]
     assert steps["early_gate"].finished_at <= steps["gpu_train"].started_at
     assert steps["early_gate"].finished_at <= steps["npu_reload_train"].started_at
 
