@@ -33,7 +33,6 @@ from alignflow.runner.cache import cache_key, repo_version
 from alignflow.runner.commands import StepCommand, step_command, timeout_for
 from alignflow.runner.placeholders import fill, fill_all
 from alignflow.runner.session import CONTROLLER, Events, StepOutcome, resolve_host
-from alignflow.runner.slots import host_slot
 
 log = logging.getLogger(__name__)
 
@@ -219,16 +218,18 @@ class StepRunner:
             step_run = self.store.start_step(self.run_id, step, host=host.name, command=shlex.join(argv),
                                              cache_key=key, inputs={n: inputs[n].to_dict() for n in sdef.inputs})
         try:
-            with host_slot(self.state_dir, host.name, host.max_concurrent_jobs, on_wait=self.emit):
-                if handle is None:
-                    transport.mkdir(out)
-                    for rel, text in template.files.items():
-                        transport.write_text(f"{out}/{rel}", fill(text, values))
-                    env = {k: fill(v, values) for k, v in template.env.items()}
-                    handle = transport.launch(JobSpec(argv=argv, name=f"{self.run_id}-{step}", env=env, cwd=out))
-                    self.store.attach_job(step_run.id, job_dir=handle.job_dir, handle={**handle.to_dict(), "out": out})
-                    self.emit(f"{step}: launched on {host.name} (job {handle.job_dir})")
-                state = self._wait(step, transport, handle, timeout_for(self.experiment, step))
+            if handle is None:
+                transport.mkdir(out)
+                for rel, text in template.files.items():
+                    transport.write_text(f"{out}/{rel}", fill(text, values))
+                env = {k: fill(v, values) for k, v in template.env.items()}
+                # the job holds one of the host's max_concurrent_jobs slots (on the host: shared by every
+                # controller) while it runs, waiting there for one if all are taken
+                handle = transport.launch(JobSpec(argv=argv, name=f"{self.run_id}-{step}", env=env, cwd=out,
+                                                  take_slot=True))
+                self.store.attach_job(step_run.id, job_dir=handle.job_dir, handle={**handle.to_dict(), "out": out})
+                self.emit(f"{step}: launched on {host.name} (job {handle.job_dir})")
+            state = self._wait(step, transport, handle, timeout_for(self.experiment, step))
             stdout_tail = transport.tail(handle, TAIL_BYTES, stream="stdout")
             stderr_tail = transport.tail(handle, TAIL_BYTES, stream="stderr")
             if not state.ok:
@@ -294,6 +295,9 @@ class StepRunner:
                     tail = transport.tail(handle, 600).rstrip().splitlines()
                 except AlignflowError:
                     tail = []
+                if not tail:  # nothing printed yet: perhaps still waiting for a job slot on the host
+                    note = transport.slot_note(handle)
+                    tail = [note] if note.startswith("waiting") else []
                 line = f" | {tail[-1].strip()[-160:]}" if tail else ""
                 self.emit(f"{step}: {state} after {now - started:.0f}s{line}")
 

@@ -128,7 +128,8 @@ def _launch(runner: StepRunner, side: _Side, inputs: Mapping[str, ArtifactRef]) 
     for rel, text in side.template.files.items():
         t.write_text(f"{out}/{rel}", fill(text, values))
     handle = t.launch(JobSpec(argv=fill_all(side.template.argv, values), name=f"{runner.run_id}-gate-{side.name}",
-                              env={k: fill(v, values) for k, v in side.template.env.items()}, cwd=out))
+                              env={k: fill(v, values) for k, v in side.template.env.items()}, cwd=out,
+                              take_slot=True))  # one of the host's job slots, as every training
     runner.emit(f"{STEP}: {side.name} side launched on {side.host.name} (job {handle.job_dir})")
     return _Job(side, t, handle, out)
 

@@ -8,6 +8,7 @@ job.sh      the supervisor: writes `pid`, runs cmd.sh, writes `exit_code` atomic
 spec.json   what was asked (argv, name, env, cwd, started_at): lets a restarted controller re-attach by id
 pid         the supervisor's pid; it is also the process group id (setsid), which `cancel` kills
 stdout, stderr
+slot        (a job that takes a slot) "waiting for one of the host's N job slot(s) ..." / "holding job slot i ..."
 exit_code   present only once the command has ended - the truth about "finished"
 cancelled   marker written by `cancel` before it signals the group
 ```
@@ -55,6 +56,7 @@ class JobSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
     job_id: str | None = None
+    take_slot: bool = False  # hold one of the host's max_concurrent_jobs slots while running (waits for one)
 
     def __init__(
         self,
@@ -63,6 +65,7 @@ class JobSpec:
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         job_id: str | None = None,
+        take_slot: bool = False,
     ) -> None:
         if isinstance(argv, str) or not argv:
             raise ValueError("JobSpec.argv must be a non-empty list of arguments, not a string")
@@ -71,6 +74,7 @@ class JobSpec:
         object.__setattr__(self, "env", dict(env or {}))
         object.__setattr__(self, "cwd", cwd)
         object.__setattr__(self, "job_id", check_job_id(job_id) if job_id is not None else None)
+        object.__setattr__(self, "take_slot", bool(take_slot))
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +145,54 @@ bash ./cmd.sh > stdout 2> stderr < /dev/null
 code=$?
 echo "$code" > exit_code.tmp && mv -f exit_code.tmp exit_code
 """
+
+# Exit code of a job that could not take a slot because the host has no `flock`.
+NO_FLOCK_EXIT = 97
+
+# The supervisor of a job that holds one of the host's `max_concurrent_jobs` slots while it runs. The slots are
+# lock files in `<workdir>/slots/`, on the host, so every controller that launches there (a teammate's laptop, the
+# team's Prefect worker, the nightly) shares them. The supervisor waits (writing `slot`) until it can `flock` one,
+# keeps the lock on fd 9 while the command runs — the command does not inherit it — and loses it when it ends or
+# is killed: a cancelled or crashed job never leaks a slot.
+SLOT_SUPERVISOR_SH = """\
+echo $$ > pid.tmp && mv -f pid.tmp pid
+: > stdout; : > stderr
+af_slots=%(slots)d; af_slot_dir=%(slot_dir)s
+if ! command -v flock > /dev/null 2>&1; then
+  echo "alignflow: this host has no flock (util-linux), which a job needs to hold one of its max_concurrent_jobs \
+slots" > stderr
+  echo %(no_flock)d > exit_code.tmp && mv -f exit_code.tmp exit_code; exit 0
+fi
+mkdir -p -- "$af_slot_dir"
+waited=
+while :; do
+  i=0
+  while [ "$i" -lt "$af_slots" ]; do
+    exec 9>> "$af_slot_dir/$i.lock"
+    flock -n 9 && break 2
+    exec 9>&-
+    i=$((i+1))
+  done
+  [ -n "$waited" ] || { echo "waiting for one of the host's $af_slots job slot(s) (max_concurrent_jobs) since \
+$(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ)" > slot; waited=1; }
+  sleep 1
+done
+echo "holding job slot $i of $af_slots since $(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ)" > slot
+bash ./cmd.sh > stdout 2> stderr < /dev/null 9>&-
+code=$?
+echo "$code" > exit_code.tmp && mv -f exit_code.tmp exit_code
+"""
+
+
+def supervisor_script(slots: int | None, slot_dir: str | None = None) -> str:
+    """The job's supervisor: plain, or holding one of `slots` slots (lock files under `slot_dir`) while it runs."""
+    if slots is None:
+        return SUPERVISOR_SH
+    if slots < 1 or not slot_dir:
+        raise ValueError("a job slot needs slots >= 1 and a slot directory")
+    import shlex
+
+    return SLOT_SUPERVISOR_SH % {"slots": slots, "slot_dir": shlex.quote(slot_dir), "no_flock": NO_FLOCK_EXIT}
 
 # $1 job dir, $2 cmd.sh, $3 job.sh, $4 spec.json. Prints the pid. Exit 98 when the job dir exists (job ids
 # are never reused, so a job's files are never overwritten).

@@ -92,6 +92,8 @@ class Transport(Protocol):
 
     def cancel(self, handle: JobHandle, *, grace_s: float = 10.0) -> JobState: ...
 
+    def slot_note(self, handle: JobHandle) -> str: ...
+
     def wait(
         self,
         handle: JobHandle,

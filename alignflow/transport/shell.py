@@ -25,6 +25,7 @@ from typing import Any, Literal, Protocol
 
 from alignflow.config.hosts import Host
 from alignflow.errors import (
+    AlignflowError,
     CommandTimeout,
     PathMissing,
     PathNotAllowed,
@@ -369,10 +370,14 @@ class ShellTransport(ABC):
         cwd = self.path(spec.cwd) if spec.cwd else self.workdir().real
         prologue = render_prologue(host_env=self.host.env, setup=self.host.setup, env=spec.env, cwd=cwd)
         header = f"alignflow job {job_id} ({spec.name}) on host {self.host.name}, launched {now.isoformat()}"
-        record = {"job_id": job_id, "name": spec.name, "argv": list(spec.argv), "env": dict(spec.env), "cwd": cwd,
+        record: dict[str, Any] = {"job_id": job_id, "name": spec.name, "argv": list(spec.argv), "env": dict(spec.env), "cwd": cwd,
                   "host": self.host.name, "started_at": now.isoformat()}
+        supervisor = jobs.supervisor_script(None)
+        if spec.take_slot:
+            supervisor = jobs.supervisor_script(self.host.max_concurrent_jobs, self.slot_dir())
+            record["slots"] = self.host.max_concurrent_jobs
         raw = self._exec(["bash", "-c", jobs.LAUNCH_SH, commands.ARGV0, job_dir,
-                          commands.render_job_script(spec.argv, prologue, header=header), jobs.SUPERVISOR_SH,
+                          commands.render_job_script(spec.argv, prologue, header=header), supervisor,
                           json.dumps(record, indent=1)], timeout_s=CONTROL_TIMEOUT_S)
         if raw.exit_code == 98:
             raise RemoteJobError(f"{self.host.name}: job {job_id} already exists in {job_dir}; job ids are never "
@@ -382,6 +387,17 @@ class ShellTransport(ABC):
         pid = int(raw.text().split()[-1])
         log.info("%s: launched job %s (pid %d) in %s", self.host.name, job_id, pid, job_dir)
         return JobHandle(self.host.name, job_id, job_dir, pid, pid, now, spec.name, spec.argv)
+
+    def slot_dir(self) -> str:
+        """Where the host's job slots live (`<workdir>/slots/<i>.lock`), shared by every controller."""
+        return f"{self.workdir().real}/slots"
+
+    def slot_note(self, handle: JobHandle) -> str:
+        """The job's slot line ("waiting for one of ..." / "holding job slot ..."), or "" for a job without one."""
+        try:
+            return self.read_text(f"{handle.job_dir}/slot", max_bytes=4096).strip()
+        except AlignflowError:
+            return ""
 
     def attach(self, job_id: str) -> JobHandle:
         """The handle of an existing job, from its job dir (for a controller that restarted)."""

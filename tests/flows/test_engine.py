@@ -1,9 +1,8 @@
-"""The step engine's guarantees that need no training: re-attachment after a lost connection, host job slots."""
+"""The step engine's guarantees that need no training: re-attachment after a lost connection, host job slots
+(the slots themselves are tested in tests/transport/test_behaviour.py, across two controllers)."""
 
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,6 @@ import yaml
 from alignflow.errors import HostUnreachable
 from alignflow.logs.render import mindformers_pynative_line
 from alignflow.runner.run import data_artifact, open_runner, start_run
-from alignflow.runner.slots import host_slot
 from alignflow.store import Store
 from alignflow.transport import LocalTransport
 from tests.flows.conftest import make_flow_env
@@ -64,41 +62,5 @@ def test_a_retried_step_reattaches_to_its_running_job_instead_of_launching_again
         assert len(steps) == 1  # one step run, one job
         jobs = list((env.root / "hosts" / "ascend" / "jobs").iterdir())
         assert len(jobs) == 1
-
-
-def test_a_host_runs_at_most_max_concurrent_jobs(tmp_path: Path) -> None:
-    order: list[str] = []
-    first_in = threading.Event()
-
-    def job(name: str, hold_s: float) -> None:
-        with host_slot(tmp_path, "cuda", 1, poll_s=0.02):
-            order.append(f"{name} start")
-            first_in.set()
-            time.sleep(hold_s)
-            order.append(f"{name} end")
-
-    a = threading.Thread(target=job, args=("a", 0.3))
-    a.start()
-    first_in.wait(5)
-    b = threading.Thread(target=job, args=("b", 0.0))
-    b.start()
-    a.join()
-    b.join()
-    assert order == ["a start", "a end", "b start", "b end"]
-
-
-def test_two_slots_let_two_jobs_overlap(tmp_path: Path) -> None:
-    inside = []
-    barrier = threading.Barrier(2, timeout=5)
-
-    def job() -> None:
-        with host_slot(tmp_path, "cuda", 2, poll_s=0.02) as slot:
-            inside.append(slot)
-            barrier.wait()  # both must be inside at once, or this times out
-
-    threads = [threading.Thread(target=job) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert sorted(inside) == [0, 1]
+        # the step's job held one of the host's job slots (on the host, shared by every controller)
+        assert (jobs[0] / "slot").read_text().startswith("holding job slot 0 of 1 since ")

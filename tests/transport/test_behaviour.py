@@ -311,6 +311,76 @@ def test_a_restarted_controller_reattaches_by_id(make_transport: MakeTransport) 
         second.attach("never-launched")
 
 
+# -- job slots: at most max_concurrent_jobs jobs that take a slot, per host, whoever launches them ----------------
+STAMP = 'date +%s.%N > "$1.start"; sleep "$2"; date +%s.%N > "$1.end"'
+
+
+def _stamps(t: ShellTransport, path: str) -> tuple[float, float]:
+    return float(t.read_text(f"{path}.start")), float(t.read_text(f"{path}.end"))
+
+
+def test_two_controllers_share_the_hosts_job_slots(make_transport: MakeTransport, area: str) -> None:
+    mine, theirs = make_transport(max_concurrent_jobs=1), make_transport(max_concurrent_jobs=1)
+    mine.mkdir(area)
+    a = mine.launch(JobSpec(["bash", "-c", STAMP, "x", mine.path(f"{area}/a"), "1.5"], name="a", take_slot=True))
+    _wait_for_path(mine, f"{area}/a.start")
+    b = theirs.launch(JobSpec(["bash", "-c", STAMP, "x", theirs.path(f"{area}/b"), "0"], name="b", take_slot=True))
+    free = theirs.launch(JobSpec(["bash", "-c", STAMP, "x", theirs.path(f"{area}/free"), "0"], name="free"))
+    assert theirs.wait(free, poll_s=0.1, timeout_s=30).ok  # a job that takes no slot does not wait
+    assert theirs.status(b) == JobState("running")
+    assert theirs.slot_note(b).startswith("waiting for one of the host's 1 job slot(s) (max_concurrent_jobs) since ")
+    assert not theirs.exists(f"{area}/b.start")
+    assert mine.wait(a, poll_s=0.1, timeout_s=60).ok
+    assert theirs.wait(b, poll_s=0.1, timeout_s=60).ok
+    assert _stamps(mine, f"{area}/a")[1] <= _stamps(theirs, f"{area}/b")[0]  # b started after a ended
+    assert theirs.slot_note(b).startswith("holding job slot 0 of 1 since ")
+    assert theirs.slot_note(free) == ""
+
+
+def test_two_slots_let_two_jobs_run_at_once(make_transport: MakeTransport, area: str) -> None:
+    t = make_transport(max_concurrent_jobs=2)
+    t.mkdir(area)
+    # each job waits (up to 10 s) for the other to have started: only two jobs running at once both succeed
+    meet = 'touch "$1"; for i in $(seq 200); do [ -e "$2" ] && exit 0; sleep 0.05; done; exit 1'
+    handles = [t.launch(JobSpec(["bash", "-c", meet, "x", t.path(f"{area}/{me}"), t.path(f"{area}/{other}")],
+                                name=me, take_slot=True)) for me, other in (("p", "q"), ("q", "p"))]
+    assert [t.wait(h, poll_s=0.1, timeout_s=60) for h in handles] == [JobState("exited", 0)] * 2
+    assert sorted(t.slot_note(h)[:len("holding job slot 0")] for h in handles) == [
+        "holding job slot 0", "holding job slot 1"]
+
+
+def test_a_cancelled_job_gives_its_slot_back_and_a_waiting_one_never_runs(transport: ShellTransport, area: str
+                                                                          ) -> None:
+    transport.mkdir(area)
+    holder = transport.launch(JobSpec(["sleep", "300"], name="holder", take_slot=True))
+    queued = transport.launch(JobSpec(["bash", "-c", STAMP, "x", transport.path(f"{area}/queued"), "0"],
+                                      name="queued", take_slot=True))
+    never = transport.launch(JobSpec(["bash", "-c", STAMP, "x", transport.path(f"{area}/never"), "0"],
+                                     name="never", take_slot=True))
+    _wait_for_note(transport, never, "waiting")
+    assert transport.cancel(never, grace_s=1) == JobState("cancelled")  # cancelled while waiting: never ran
+    assert transport.cancel(holder, grace_s=1) == JobState("cancelled")
+    assert transport.wait(queued, poll_s=0.1, timeout_s=60).ok  # the slot came back with the holder's end
+    assert transport.exists(f"{area}/queued.end")
+    assert not transport.exists(f"{area}/never.start")
+
+
+def _wait_for_path(t: ShellTransport, path: str) -> None:
+    for _ in range(300):
+        if t.exists(path):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{path} never appeared")
+
+
+def _wait_for_note(t: ShellTransport, handle: JobHandle, prefix: str) -> None:
+    for _ in range(300):
+        if t.slot_note(handle).startswith(prefix):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"job {handle.job_id} never wrote a slot note starting {prefix!r}")
+
+
 def test_wait_times_out_without_touching_the_job(transport: ShellTransport) -> None:
     handle = transport.launch(JobSpec(["sleep", "20"], name="slow"))
     try:
@@ -408,3 +478,26 @@ def test_a_directory_changed_after_it_was_fingerprinted_is_refused_and_the_diff_
     with pytest.raises(FingerprintMismatch, match=r"differing files: b\.json"):
         copy_between(transport, f"{area}/ckpt", transport, f"{area}/copy", expected=recorded)
     assert not transport.exists(f"{area}/copy")
+
+
+def test_a_host_without_flock_fails_the_job_with_a_clear_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                 ) -> None:
+    """A real host without util-linux's flock: the local host, with a PATH that has every tool but flock."""
+    from alignflow.config.hosts import Host
+    from alignflow.transport import open_transport
+    from alignflow.transport.jobs import NO_FLOCK_EXIT
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for folder in os.environ["PATH"].split(os.pathsep):
+        for tool in Path(folder).glob("*") if Path(folder).is_dir() else ():
+            if tool.name != "flock" and not (tools / tool.name).exists():
+                (tools / tool.name).symlink_to(tool)
+    monkeypatch.setenv("PATH", str(tools))
+    host = Host(name="no-flock", role="cpu", transport="local", workdir=str(tmp_path / "wd"))
+    with open_transport(host) as t:
+        handle = t.launch(JobSpec(["true"], name="needs-a-slot", take_slot=True))
+        assert t.wait(handle, poll_s=0.1, timeout_s=30) == JobState("exited", NO_FLOCK_EXIT)
+        assert "this host has no flock (util-linux)" in t.tail(handle, stream="stderr")
+        plain = t.launch(JobSpec(["true"], name="no-slot"))
+        assert t.wait(plain, poll_s=0.1, timeout_s=30).ok  # jobs that take no slot do not need it
