@@ -370,8 +370,8 @@ class ShellTransport(ABC):
         cwd = self.path(spec.cwd) if spec.cwd else self.workdir().real
         prologue = render_prologue(host_env=self.host.env, setup=self.host.setup, env=spec.env, cwd=cwd)
         header = f"alignflow job {job_id} ({spec.name}) on host {self.host.name}, launched {now.isoformat()}"
-        record: dict[str, Any] = {"job_id": job_id, "name": spec.name, "argv": list(spec.argv), "env": dict(spec.env), "cwd": cwd,
-                  "host": self.host.name, "started_at": now.isoformat()}
+        record: dict[str, Any] = {"job_id": job_id, "name": spec.name, "argv": list(spec.argv), "env": dict(spec.env),
+                                  "cwd": cwd, "host": self.host.name, "started_at": now.isoformat()}
         supervisor = jobs.supervisor_script(None)
         if spec.take_slot:
             supervisor = jobs.supervisor_script(self.host.max_concurrent_jobs, self.slot_dir())
