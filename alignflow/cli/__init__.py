@@ -1,12 +1,13 @@
 """The `alignflow` command line (typer + rich).
 
 Each command group lives in its own module with a `register(app)` function; heavy imports (torch, MindSpore,
-Prefect) happen inside the commands so that `alignflow --help` stays fast. Only the CLI chooses exit codes.
+the orchestrator) happen inside the commands so that `alignflow --help` stays fast. Only the CLI chooses exit codes.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import sys
 
@@ -31,11 +32,16 @@ def _root() -> None:
 
 # Command modules, in help order. A module that is not there yet is skipped.
 _COMMAND_MODULES = (
-    "run", "validate", "preflight", "hosts", "convert", "compare", "reference", "hash", "db", "history", "serve",
+    "validate", "preflight", "hosts", "convert", "compare", "reference", "hash", "db", "history", "show",
 )
+# Commands of other packages (`run`, `rerun`, `reproduce`, `serve`, defined in flows/cli.py): `register(app)`
+# named by entry points of this group, registered first (they are the product's main commands).
+COMMAND_GROUP = "alignflow.commands"
 
 
 def _register_all() -> None:
+    for entry in sorted(importlib.metadata.entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
+        entry.load()(app)
     for name in _COMMAND_MODULES:
         module_name = f"alignflow.cli.{name}"
         if importlib.util.find_spec(module_name) is None:

@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         show_all: bool = typer.Option(False, "--all", help="List every checked setting, not only mismatches."),
     ) -> None:
         """Compare the NPU and GPU sides' alignment-critical settings; exit 1 on any mismatch."""
-        from alignflow.cli.run import resolve_experiment
+        from alignflow.cli.show import resolve_experiment
         from alignflow.config import load_experiment, load_hosts
         from alignflow.preflight import check_experiment
 

@@ -1,8 +1,15 @@
-"""`alignflow run | rerun | show | reproduce` — the product's main commands.
+"""The commands that drive the orchestrator: `alignflow run | rerun | reproduce | serve`.
 
-`run` and `rerun` execute the Prefect alignment flow (the CLI is the application's outermost layer, the one
-place in this package allowed to reach up into `flows/`; the core modules never import Prefect). Without a
-`PREFECT_API_URL` Prefect starts a temporary local server for the run (a few seconds).
+They join the `alignflow` command line through the `alignflow.commands` entry point group (pyproject.toml), so
+the core library stays free of Prefect: `alignflow.cli` knows nothing of this module, and a host that only
+converts or trains (`python -m alignflow convert ...`) never loads it. Prefect itself is imported inside the
+commands, so `alignflow --help` stays fast.
+
+`run` and `rerun` execute the alignment flow; without a `PREFECT_API_URL` Prefect starts a temporary local server
+for the run (a few seconds). `serve` registers the alignment and nightly deployments with a Prefect server and runs
+their flow runs. Everything is checked before anything is registered: the inventory, every experiment file offered
+in the UI, the nightly settings (experiments, cron, time zone), the Prefect server and the alignflow store — a
+team server that starts with a broken piece would only fail at 2 a.m.
 """
 
 from __future__ import annotations
@@ -16,46 +23,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from alignflow.cli.show import print_record, resolve_experiment
 from alignflow.errors import AlignflowError, ConfigError
 
-_STATUS_STYLE = {"ran": "green", "cached": "cyan", "failed": "bold red", "skipped": "dim", "running": "yellow"}
 
-
-def resolve_experiment(name_or_path: str) -> Path:
-    """A path as given, else `experiments/<name>.yaml`."""
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.exists():
-            raise ConfigError(f"{path}: file not found")
-        return path
-    candidate = Path("experiments") / f"{name_or_path}.yaml"
-    if candidate.exists():
-        return candidate
-    known = sorted(p.stem for p in Path("experiments").glob("*.yaml"))
-    raise ConfigError(f"unknown experiment '{name_or_path}'; experiments/ has: {', '.join(known) or 'nothing'}")
-
-
-def print_record(record: dict[str, Any], *, seconds: float | None = None) -> None:
-    console = Console()
-    console.print(f"run [bold]{record['run_id']}[/] of {record['experiment']}"
-                  + (f" (parent {record['parent']})" if record.get("parent") else ""))
-    table = Table(show_header=True, header_style="bold")
-    for col in ("step", "host", "status", "outputs"):
-        table.add_column(col)
-    for s in record["steps"]:
-        outs = ", ".join(f"{a['name']} {a['sha256'][:12]}" for a in s["artifacts"])
-        style = _STATUS_STYLE.get(s["status"], "")
-        table.add_row(s["step"], s["host"] or "", f"[{style}]{s['status']}[/]" if style else s["status"], outs)
-    console.print(table)
-    if record.get("error"):
-        console.print(f"[bold red]error:[/] {record['error']}", highlight=False)
-    verdict = record.get("verdict") or "none"
-    color = "green" if verdict == "pass" else "red"
-    console.print(f"verdict: [bold {color}]{verdict.upper()}[/]")
-    if record.get("report"):
-        console.print(f"report:  {record['report']}", highlight=False)
-    if seconds is not None:
-        console.print(f"time:    {seconds:.1f} s")
+def register(app: typer.Typer) -> None:
+    """Entry point of the `alignflow.commands` group: add this module's commands to `app`."""
+    _register_run(app)
+    _register_serve(app)
 
 
 def _flow_run(**params: Any) -> dict[str, Any]:
@@ -98,7 +73,7 @@ def _finish(record: dict[str, Any], as_json: bool, started: float) -> None:
     raise typer.Exit(0 if record.get("verdict") == "pass" and record.get("status") == "completed" else 1)
 
 
-def register(app: typer.Typer) -> None:
+def _register_run(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
         experiment: str = typer.Argument(..., help="Experiment file or name under experiments/."),
@@ -138,25 +113,6 @@ def register(app: typer.Typer) -> None:
         record = _flow_run(experiment=params["experiment_path"], hosts=params["hosts_path"], force=[step],
                            parent_run=parent.id, reuse_parent=True, trigger="rerun")
         _finish(record, as_json, started)
-
-    @app.command("show")
-    def show_cmd(
-        run_id: str = typer.Argument(..., help="Run id (a unique prefix is enough)."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-    ) -> None:
-        """Show a run: steps, hosts, statuses, artifacts with sha256, verdict, report."""
-        from alignflow.runner.run import show
-        from tasks.context import open_store
-
-        store = open_store()
-        try:
-            record = show(store, store.get_run(run_id).id)
-        finally:
-            store.close()
-        if as_json:
-            typer.echo(json.dumps(record, indent=2))
-        else:
-            print_record(record)
 
     @app.command("reproduce")
     def reproduce_cmd(
@@ -200,3 +156,79 @@ def register(app: typer.Typer) -> None:
             Console().print(f"[bold]{verdict}[/] — every checkpoint, input and logged metric compared with run "
                             f"{original.id}")
         raise typer.Exit(1 if real else 0)
+
+
+def _api_url() -> str:
+    from prefect.settings import get_current_settings
+
+    url = get_current_settings().api.url
+    if not url:
+        raise ConfigError("PREFECT_API_URL is not set: `alignflow serve` registers deployments with a Prefect "
+                          "server; start one (`prefect server start`, or docker/compose.yaml) and export "
+                          "PREFECT_API_URL=http://HOST:4200/api")
+    return str(url)
+
+
+def _check_server(api_url: str) -> None:
+    import httpx
+
+    try:
+        ok = httpx.get(f"{api_url.rstrip('/')}/health", timeout=10).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise ConfigError(f"{api_url}: Prefect server not reachable ({exc}); is it running?") from None
+    if ok is not True:
+        raise ConfigError(f"{api_url}/health answered {ok!r}, not true")
+
+
+def _register_serve(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve_cmd(
+        experiments: Path = typer.Option(Path("experiments"), "--experiments",
+                                         help="Directory whose *.yaml experiments the UI offers."),
+        hosts: Path = typer.Option(Path("hosts.yaml"), "--hosts", help="Host inventory every run uses."),
+        nightly: Path | None = typer.Option(None, "--nightly",
+                                            help="Nightly settings (experiments, cron, timezone, drift); "
+                                                 "default: nightly.yaml when present."),
+        cron: str | None = typer.Option(None, "--cron", help="Nightly schedule (default '0 2 * * *')."),
+        timezone: str | None = typer.Option(None, "--timezone", help="Time zone of the schedule (default UTC)."),
+        nightly_experiment: list[str] = typer.Option([], "--nightly-experiment",
+                                                     help="Experiment of the nightly (repeatable; default: all)."),
+        limit: int | None = typer.Option(None, "--limit", min=1, help="Most flow runs executing at once."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Build and print the deployments, then exit."),
+        as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the deployments as JSON."),
+    ) -> None:
+        """Serve the `alignment/launch` (UI form) and `nightly-regression/nightly` (cron) deployments until SIGTERM."""
+        from flows.serve import describe, load_serve_spec, serve_deployments
+
+        if nightly is None and Path("nightly.yaml").is_file():
+            nightly = Path("nightly.yaml")
+        spec = load_serve_spec(experiments, hosts, nightly, cron=cron, timezone=timezone,
+                               nightly_experiments=list(nightly_experiment) or None)
+        described = describe(spec)
+        if dry_run and as_json:
+            typer.echo(json.dumps(described, indent=2))
+            raise typer.Exit(0)
+        console = Console()
+        table = Table(show_header=True, header_style="bold")
+        for col in ("deployment", "schedule", "parameters"):
+            table.add_column(col)
+        for d in described:
+            when = ", ".join(f"{s['cron']} ({s['timezone']})" for s in d["schedules"]) or "on demand"
+            table.add_row(d["name"], when, ", ".join(d["parameters"]))
+        console.print(table)
+        console.print(f"experiments: {', '.join(spec.catalog.names)} ({spec.catalog.directory})", highlight=False)
+        console.print(f"nightly:     {', '.join(spec.nightly.experiments or spec.catalog.names)}", highlight=False)
+        if dry_run:
+            raise typer.Exit(0)
+        api = _api_url()
+        _check_server(api)
+        from tasks.context import open_store
+
+        store = open_store()  # fails now, with the database named, if the store is unreachable or too new
+        try:
+            console.print(f"store:       {store.url}", highlight=False)
+        finally:
+            store.close()
+        console.print(f"prefect:     {api} — UI {api.rstrip('/').removesuffix('/api')}/v2/deployments", highlight=False)
+        serve_deployments(spec, limit=limit)
+        console.print("stopped (schedules left active)")
