@@ -138,24 +138,25 @@ class JobState:
         return f"exited({self.exit_code})" if self.kind == "exited" else self.kind
 
 
-# The supervisor. Runs in the job dir, in its own session; `$$` is the process group id.
-SUPERVISOR_SH = """\
-echo $$ > pid.tmp && mv -f pid.tmp pid
-bash ./cmd.sh > stdout 2> stderr < /dev/null
+# The supervisor. Runs in the job dir, in its own session; `$$` is the process group id. It writes `pid`, runs
+# cmd.sh, and writes the exit code atomically.
+_PID_SH = "echo $$ > pid.tmp && mv -f pid.tmp pid\n"
+_RUN_SH = """\
+bash ./cmd.sh > stdout 2> stderr < /dev/null%s
 code=$?
 echo "$code" > exit_code.tmp && mv -f exit_code.tmp exit_code
 """
+SUPERVISOR_SH = _PID_SH + _RUN_SH % ""
 
 # Exit code of a job that could not take a slot because the host has no `flock`.
 NO_FLOCK_EXIT = 97
 
-# The supervisor of a job that holds one of the host's `max_concurrent_jobs` slots while it runs. The slots are
-# lock files in `<workdir>/slots/`, on the host, so every controller that launches there (a teammate's laptop, the
-# team's Prefect worker, the nightly) shares them. The supervisor waits (writing `slot`) until it can `flock` one,
-# keeps the lock on fd 9 while the command runs — the command does not inherit it — and loses it when it ends or
-# is killed: a cancelled or crashed job never leaks a slot.
-SLOT_SUPERVISOR_SH = """\
-echo $$ > pid.tmp && mv -f pid.tmp pid
+# Before running, the supervisor of a job that holds one of the host's `max_concurrent_jobs` slots takes one. The
+# slots are lock files in `<workdir>/slots/`, on the host, so every controller that launches there (a teammate's
+# laptop, the team's worker, the nightly) shares them. It waits (writing `slot`) until it can `flock` one, keeps
+# the lock on fd 9 while the command runs — the command does not inherit it (`9>&-`) — and loses it when it ends
+# or is killed: a cancelled or crashed job never leaks a slot.
+_TAKE_SLOT_SH = """\
 : > stdout; : > stderr
 af_slots=%(slots)d; af_slot_dir=%(slot_dir)s
 if ! command -v flock > /dev/null 2>&1; then
@@ -178,9 +179,6 @@ $(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ)" > slot; waited=1; }
   sleep 1
 done
 echo "holding job slot $i of $af_slots since $(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ)" > slot
-bash ./cmd.sh > stdout 2> stderr < /dev/null 9>&-
-code=$?
-echo "$code" > exit_code.tmp && mv -f exit_code.tmp exit_code
 """
 
 
@@ -192,7 +190,8 @@ def supervisor_script(slots: int | None, slot_dir: str | None = None) -> str:
         raise ValueError("a job slot needs slots >= 1 and a slot directory")
     import shlex
 
-    return SLOT_SUPERVISOR_SH % {"slots": slots, "slot_dir": shlex.quote(slot_dir), "no_flock": NO_FLOCK_EXIT}
+    take = _TAKE_SLOT_SH % {"slots": slots, "slot_dir": shlex.quote(slot_dir), "no_flock": NO_FLOCK_EXIT}
+    return _PID_SH + take + _RUN_SH % " 9>&-"
 
 # $1 job dir, $2 cmd.sh, $3 job.sh, $4 spec.json. Prints the pid. Exit 98 when the job dir exists (job ids
 # are never reused, so a job's files are never overwritten).
