@@ -19,8 +19,6 @@ if TYPE_CHECKING:
     from alignflow.logs import ParsedLog
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
-_INTEGER = frozenset({"consumed_samples", "skipped_samples", "global_batch_size", "skipped", "nan_iterations",
-                      "num_zeros"})
 
 
 class LogFormatOption(StrEnum):
@@ -148,13 +146,15 @@ def _records(frame: Any) -> list[dict[str, Any]]:
     """One JSON object per step: `step` and every column that has a value there (absent values left out)."""
     import pandas as pd
 
+    from alignflow.logs.schema import INTEGER_COLUMNS
+
     out = []
     for step, row in zip(frame.index, frame.to_dict(orient="records"), strict=True):
         item: dict[str, Any] = {"step": int(step)}
         for key, value in row.items():
             if pd.isna(value):
                 continue
-            item[key] = int(value) if key in _INTEGER and float(value).is_integer() else float(value)
+            item[key] = int(value) if key in INTEGER_COLUMNS and float(value).is_integer() else float(value)
         out.append(item)
     return out
 

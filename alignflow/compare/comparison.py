@@ -22,7 +22,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from alignflow.compare.criteria import Criterion
+from alignflow.compare.criteria import RELATIVE_STATISTICS, Criterion
 from alignflow.compare.performance import DEFAULT_WARMUP_STEPS, Performance, compare_performance
 from alignflow.compare.statistics import (
     REL_EPS,
@@ -34,12 +34,12 @@ from alignflow.compare.statistics import (
     finite_or_none,
     paired,
     perplexity,
+    relative_error,
     step_relative_errors,
 )
 from alignflow.logs.schema import BOOKKEEPING_COLUMNS, ParsedLog, Resolution, Sentinel, column_order, is_cross_entropy
 
 Verdict = Literal["pass", "fail"]
-RELATIVE_STATISTICS = frozenset({"step_rel", "mean_rel", "max_rel"})
 # Metrics whose printed value may lag or lead by a step (MindFormers prints the next step's lr).
 SHIFTABLE = frozenset({"lr"})
 
@@ -212,7 +212,7 @@ def compare(
             not_compared=int((~on_common).sum()), shift=shift, resolution=quantum, resolution_text=text,
             perplexity=perplexity(pairs[m]) if is_cross_entropy(m) else None, magnitude=magnitude,
         )
-    results = tuple(_evaluate(c, pairs, test, reference, t_metrics, r_metrics) for c in criteria)
+    results = tuple(_evaluate(c, pairs, metrics, test, reference, t_metrics, r_metrics) for c in criteria)
     sentinels = {"test": test.sentinels, "reference": reference.sentinels}
     reasons = _reasons(results, sentinels, coverage, criteria)
     return Comparison(
@@ -251,8 +251,8 @@ def _resolution(
 
 
 def _evaluate(
-    c: Criterion, pairs: dict[str, Pairs], test: ParsedLog, reference: ParsedLog, t_metrics: list[str],
-    r_metrics: list[str],
+    c: Criterion, pairs: dict[str, Pairs], metrics: dict[str, MetricComparison], test: ParsedLog,
+    reference: ParsedLog, t_metrics: list[str], r_metrics: list[str],
 ) -> CriterionResult:
     if c.metric not in pairs:
         missing = [side for side, cols in (("test", t_metrics), ("reference", r_metrics)) if c.metric not in cols]
@@ -272,11 +272,16 @@ def _evaluate(
         magnitude = min(ref_at) if ref_at else math.nan
         notes += _deaveraged(c.metric, test, reference, steps)
     else:
-        stats = error_statistics(p)
+        if c.exclude_steps:  # statistics over fewer steps than the metric's own
+            stats = error_statistics(p)
+            magnitude = float(np.median(np.abs(p.reference))) if len(p.reference) else math.nan
+        else:
+            stats = metrics[c.metric].stats
+            known = metrics[c.metric].magnitude
+            magnitude = known if known is not None else math.nan
         value = stats.get(c.statistic)
         if stats.n == 0:
             notes.append("no step has the metric on both sides")
-        magnitude = float(np.median(np.abs(p.reference))) if len(p.reference) else math.nan
     check = abs(value) if c.absolute else value
     passed = math.isfinite(check) and (check <= c.threshold if c.inclusive else check < c.threshold)
     below = _below_resolution(c, test.resolution.get(c.metric), reference.resolution.get(c.metric), magnitude)
@@ -335,7 +340,7 @@ def _aligned(
         rs = rf[m].reindex(idx + shift).to_numpy(dtype=float, na_value=np.nan) if shift else rv
         data[f"{m}_test"], data[f"{m}_reference"] = tv, rv
         data[f"{m}_error"] = tv - rs
-        data[f"{m}_rel_error"] = np.abs(tv - rs) / (np.abs(rs) + REL_EPS)
+        data[f"{m}_rel_error"] = relative_error(tv, rs)
     for m in column_order([m for m in t_metrics if m not in r_metrics]):
         data[f"{m}_test"] = tf[m].reindex(idx).to_numpy(dtype=float, na_value=np.nan)
     for m in column_order([m for m in r_metrics if m not in t_metrics]):

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Statistic = Literal["me", "mean_abs", "max_error", "min_error", "max_abs", "step_rel", "mean_rel", "max_rel"]
+RELATIVE_STATISTICS = frozenset({"step_rel", "mean_rel", "max_rel"})  # |t-r|/(|r|+1e-8): shown as percentages
 STATISTICS: tuple[str, ...] = ("me", "mean_abs", "max_error", "min_error", "max_abs", "step_rel", "mean_rel", "max_rel")
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+from alignflow.compare.criteria import RELATIVE_STATISTICS
+
 AVERAGES = frozenset({"me", "mean_abs", "mean_rel"})
-RELATIVE = frozenset({"mean_rel", "max_rel", "step_rel"})
 
 
 def decimals_for(quantum: float | None) -> int | None:
@@ -28,7 +29,7 @@ def fmt_stat(value: float | None, statistic: str, quantum: float | None, magnitu
         return "n/a"
     extra = 1 if statistic in AVERAGES else 0
     signed = statistic in ("me", "max_error", "min_error")
-    if statistic in RELATIVE:
+    if statistic in RELATIVE_STATISTICS:
         rel_q = quantum / magnitude if quantum and magnitude and magnitude > 0 else None
         return _fixed(value * 100, rel_q * 100 if rel_q else None, extra, signed=False) + "%"
     return _fixed(value, quantum, extra, signed=signed)

@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from alignflow.compare.comparison import Comparison, CriterionResult
+from alignflow.compare.criteria import RELATIVE_STATISTICS
 from alignflow.compare.formatting import fmt_number, fmt_percent, fmt_stat, step_ranges
 from alignflow.logs.schema import ParsedLog, Sentinel
 
@@ -124,7 +125,7 @@ def _criterion_value(comparison: Comparison, r: CriterionResult) -> str:
 
 
 def _threshold(r: CriterionResult) -> str:
-    if r.statistic in ("mean_rel", "max_rel", "step_rel"):
+    if r.statistic in RELATIVE_STATISTICS:
         return f"{r.threshold * 100:g}%"
     return f"{r.threshold:g}"
 

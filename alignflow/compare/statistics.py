@@ -97,7 +97,7 @@ def error_statistics(pairs: Pairs) -> ErrorStats:
         return EMPTY
     err = pairs.error
     abs_err = np.abs(err)
-    rel = abs_err / (np.abs(pairs.reference) + REL_EPS)
+    rel = pairs.rel_error
     i_abs = int(np.argmax(abs_err))
     i_rel = int(np.argmax(rel))
     return ErrorStats(
@@ -112,7 +112,7 @@ def step_relative_errors(pairs: Pairs, steps: Iterable[int]) -> dict[int, float]
     out: dict[int, float] = {}
     for step in steps:
         pair = pairs.at(step)
-        out[step] = NAN if pair is None else abs(pair[0] - pair[1]) / (abs(pair[1]) + REL_EPS)
+        out[step] = NAN if pair is None else float(relative_error(np.array([pair[0]]), np.array([pair[1]]))[0])
     return out
 
 
