@@ -113,8 +113,12 @@ class StepRecords:
         restarts = [Restart(int(line_nos[i]), int(steps[i - 1]), int(steps[i])) for i in back]
         rows = self.rows
         frame = pd.DataFrame.from_records([rows[i] for i in kept], index=pd.Index(unique, name="step"))
-        sentinels = self._sentinels(kept, rank)
-        sentinels = _all_nan_grad_norm(frame, sentinels, int(line_nos[kept[0]]))
+        unreported = _grad_norm_not_reported(frame)
+        sentinels = self._sentinels(kept, rank, ignore={"grad_norm"} if unreported else set())
+        if unreported:
+            frame.drop(columns="grad_norm", inplace=True)
+            sentinels.append(Sentinel(int(line_nos[kept[0]]), "", "grad_norm_not_reported", False,
+                                      "grad_norm is NaN on every step: the norm was not computed; column dropped"))
         frame = frame[column_order(list(frame.columns))]
         for col in INTEGER_COLUMNS & set(frame.columns):
             values = frame[col]
@@ -127,14 +131,15 @@ class StepRecords:
             variant="+".join(sorted(self.variants)), max_steps=self.max_steps,
         )
 
-    def _sentinels(self, kept: npt.NDArray[np.int64], rank: int | None) -> list[Sentinel]:
-        """Value sentinels of the kept steps only (a NaN before a restart was recovered from)."""
+    def _sentinels(self, kept: npt.NDArray[np.int64], rank: int | None, *, ignore: set[str]) -> list[Sentinel]:
+        """Value sentinels of the kept steps only (a NaN before a restart was recovered from); a column in
+        `ignore` is not a divergence when it is not finite."""
         out: list[Sentinel] = []
         keep = set(kept.tolist())
         for index in sorted(i for i in self.flags if i in keep):
             flag, line_no, values = self.flags[index], self.line_nos[index], self.rows[index]
             text = clip_text(flag.text)
-            bad = [c for c in flag.non_finite if is_loss(c) or c == "grad_norm"]
+            bad = [c for c in flag.non_finite if (is_loss(c) or c == "grad_norm") and c not in ignore]
             if bad:
                 out.append(Sentinel(line_no, text, "non_finite_value", True, f"{', '.join(bad)} is NaN or inf", rank))
             if flag.unreadable:
@@ -155,12 +160,6 @@ def _counted(values: dict[str, float]) -> bool:
     return False
 
 
-def _all_nan_grad_norm(frame: pd.DataFrame, sentinels: list[Sentinel], first_line: int) -> list[Sentinel]:
+def _grad_norm_not_reported(frame: pd.DataFrame) -> bool:
     """MindFormers prints `grad_norm: NaN` on every step when it does not compute the norm: not a divergence."""
-    if "grad_norm" not in frame.columns or len(frame) < 2 or frame["grad_norm"].notna().any():
-        return sentinels
-    frame.drop(columns="grad_norm", inplace=True)
-    kept = [s for s in sentinels if not (s.kind == "non_finite_value" and s.message == "grad_norm is NaN or inf")]
-    kept.append(Sentinel(first_line, "", "grad_norm_not_reported", False,
-                         "grad_norm is NaN on every step: the norm was not computed; column dropped"))
-    return kept
+    return "grad_norm" in frame.columns and len(frame) >= 2 and not frame["grad_norm"].notna().any()

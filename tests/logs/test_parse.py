@@ -228,6 +228,17 @@ def test_grad_norm_printed_nan_on_every_step_is_not_computed_not_diverged() -> N
     assert [(s.kind, s.fatal) for s in parsed.sentinels] == [("grad_norm_not_reported", False)]
 
 
+def test_a_nan_loss_beside_an_unreported_grad_norm_names_only_the_loss() -> None:
+    lines = [mindformers_pynative_line(s, 5, loss=float("nan") if s == 3 else 3.0, step_time_ms=700, lr=1e-5,
+                                       grad_norm=None) + "\n" for s in range(1, 6)]
+    parsed = parse_log(lines)
+    assert "grad_norm" not in parsed.frame.columns
+    assert [(s.kind, s.fatal, s.message) for s in parsed.sentinels] == [
+        ("grad_norm_not_reported", False, "grad_norm is NaN on every step: the norm was not computed; column dropped"),
+        ("non_finite_value", True, "lm_loss is NaN or inf"),
+    ]
+
+
 def test_parse_log_file_reads_and_reports_unreadable_inputs(tmp_path: Path) -> None:
     path = write(tmp_path / "gpu.log", megatron_lines(make_run(3)))
     parsed = parse_log_file(path)
