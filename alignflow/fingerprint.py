@@ -349,10 +349,7 @@ def sha256_of(path: str | Path, *, memo: HashMemo | None = None) -> str:
 def fingerprint_paths(
     paths: Sequence[str], fingerprinter: Fingerprinter
 ) -> tuple[dict[str, Fingerprint], dict[str, str]]:
-    """Fingerprints of several paths, in order, and a `path -> "WHERE: what happened"` map of those that failed.
-
-    Shared by this module's entry point and `alignflow hash` so that both report failures the same way.
-    """
+    """Fingerprints of several paths, in order, and a `path -> "WHERE: what happened"` map of those that failed."""
     results: dict[str, Fingerprint] = {}
     errors: dict[str, str] = {}
     for path in paths:
@@ -363,6 +360,27 @@ def fingerprint_paths(
     return results, errors
 
 
+def hash_report(paths: Sequence[str], *, as_json: bool, manifest: bool, memo_path: str | Path | None,
+                use_memo: bool) -> tuple[str, list[str]]:
+    """What `python -m alignflow.fingerprint` and `alignflow hash` print: (stdout text, one line per failed path).
+
+    `--json` is `{"<path>": "<sha256>"}` (a directory's value is its manifest digest), or with `manifest` each
+    path's full fingerprint; otherwise `sha256  path` lines, as sha256sum prints them.
+    """
+    memo = HashMemo(memo_path or default_memo_path()) if use_memo else None
+    try:
+        results, errors = fingerprint_paths(paths, Fingerprinter(memo))
+    finally:
+        if memo is not None:
+            memo.close()
+    if as_json:
+        payload = {p: (fp.to_json() if manifest else fp.sha256) for p, fp in results.items()}
+        text = json.dumps(payload, indent=None if manifest else 2) + "\n"
+    else:
+        text = "".join(f"{fp.sha256}  {path}\n" for path, fp in results.items())
+    return text, list(errors.values())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m alignflow.fingerprint", description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", help="files or directories")
@@ -371,22 +389,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--memo", help="memo database (default $ALIGNFLOW_HASH_MEMO or ~/.cache/alignflow/...)")
     parser.add_argument("--no-memo", action="store_true", help="always read every byte")
     args = parser.parse_args(argv)
-    memo = None if args.no_memo else HashMemo(args.memo or default_memo_path())
-    try:
-        results, errors = fingerprint_paths(args.paths, Fingerprinter(memo))
-    finally:
-        if memo is not None:
-            memo.close()
-    for reason in errors.values():
+    text, errors = hash_report(args.paths, as_json=args.json, manifest=args.manifest, memo_path=args.memo,
+                               use_memo=not args.no_memo)
+    for reason in errors:
         print(reason, file=sys.stderr)  # noqa: T201 - a CLI entry point
-    if args.json:
-        payload = {p: (fp.to_json() if args.manifest else fp.sha256) for p, fp in results.items()}
-        print(json.dumps(payload, indent=None if args.manifest else 2))  # noqa: T201
-    else:
-        for path, fp in results.items():
-            print(f"{fp.sha256}  {path}")  # noqa: T201
+    sys.stdout.write(text)
     return 1 if errors else 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

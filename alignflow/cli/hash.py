@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -24,20 +23,10 @@ def register(app: typer.Typer) -> None:
         no_memo: bool = typer.Option(False, "--no-memo", help="Read every byte; neither use nor update the memo."),
     ) -> None:
         """Fingerprint files and directories the way the pipeline does; exit 1 if any path cannot be hashed."""
-        from alignflow.fingerprint import Fingerprinter, HashMemo, default_memo_path, fingerprint_paths
+        from alignflow.fingerprint import hash_report
 
-        hash_memo = None if no_memo else HashMemo(memo or default_memo_path())
-        try:
-            results, errors = fingerprint_paths(paths, Fingerprinter(hash_memo))
-        finally:
-            if hash_memo is not None:
-                hash_memo.close()
-        for reason in errors.values():
+        text, errors = hash_report(paths, as_json=as_json, manifest=manifest, memo_path=memo, use_memo=not no_memo)
+        for reason in errors:
             typer.echo(reason, err=True)
-        if as_json:
-            payload = {p: (fp.to_json() if manifest else fp.sha256) for p, fp in results.items()}
-            typer.echo(json.dumps(payload, indent=None if manifest else 2))
-        else:
-            for path, fp in results.items():
-                typer.echo(f"{fp.sha256}  {path}")
+        typer.echo(text, nl=False)
         raise typer.Exit(1 if errors else 0)
