@@ -178,10 +178,6 @@ class HashMemo:
                 hits[path] = str(sha256)
         return hits
 
-    def put(self, path: str, st: os.stat_result, sha256: str, *, hashed_at_ns: int | None = None) -> None:
-        """Remember `sha256` for `path` in the state `st`; `hashed_at_ns` is when reading it began."""
-        self.put_many([(path, st, sha256, hashed_at_ns if hashed_at_ns is not None else time.time_ns())])
-
     def put_many(self, rows: Sequence[tuple[str, os.stat_result, str, int]]) -> None:
         """Remember many `(path, stat, sha256, hashed_at_ns)` in one transaction (one fsync, not one per file)."""
         if not rows:

@@ -36,7 +36,7 @@ def envelope(x: FloatArray, y: FloatArray, buckets: int = BUCKETS) -> tuple[Floa
     return np.repeat(mid, 2), np.column_stack([lo, hi]).ravel()
 
 
-def metric_figure(comparison: Comparison, metric: str, *, labels: tuple[str, str], title: str = "") -> Figure:
+def metric_figure(comparison: Comparison, metric: str, *, labels: tuple[str, str]) -> Figure:
     """The figure of one compared metric."""
     aligned = comparison.aligned
     steps = aligned.index.to_numpy(dtype=float)
@@ -57,7 +57,7 @@ def metric_figure(comparison: Comparison, metric: str, *, labels: tuple[str, str
     head = f"{metric}: ME {_g(s.me)}, max |e| {max_abs} (step {s.max_abs_step}), mean rel {_pct(s.mean_rel)}"
     if stats.shift:
         head += f", reference shifted by {stats.shift:+d} step"
-    top.set_title((title + "\n" if title else "") + head, fontsize=10)
+    top.set_title(head, fontsize=10)
     x, y = envelope(steps, aligned[f"{metric}_error"].to_numpy(dtype=float))
     bottom.plot(x, y, color="#34495e", linewidth=0.8)
     bottom.axhline(0.0, color="black", linewidth=0.6)
@@ -76,9 +76,9 @@ def png_bytes(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def metric_pngs(comparison: Comparison, *, labels: tuple[str, str], title: str = "") -> dict[str, bytes]:
+def metric_pngs(comparison: Comparison, *, labels: tuple[str, str]) -> dict[str, bytes]:
     """PNG bytes of every compared metric, in the comparison's metric order."""
-    return {m: png_bytes(metric_figure(comparison, m, labels=labels, title=title)) for m in comparison.metrics}
+    return {m: png_bytes(metric_figure(comparison, m, labels=labels)) for m in comparison.metrics}
 
 
 def png_name(metric: str) -> str:
