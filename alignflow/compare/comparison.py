@@ -130,18 +130,27 @@ class Comparison:
     criteria: tuple[CriterionResult, ...]
     metrics: dict[str, MetricComparison]
     steps: StepCoverage
-    sentinels: dict[str, tuple[Sentinel, ...]]
     performance: Performance
     aligned: pd.DataFrame
     test: ParsedLog
     reference: ParsedLog
-    metrics_only_test: tuple[str, ...] = ()
-    metrics_only_reference: tuple[str, ...] = ()
     reasons: tuple[str, ...] = field(default=())
 
     @property
     def passed(self) -> bool:
         return self.verdict == "pass"
+
+    @property
+    def sentinels(self) -> dict[str, tuple[Sentinel, ...]]:
+        return {"test": self.test.sentinels, "reference": self.reference.sentinels}
+
+    @property
+    def metrics_only_test(self) -> tuple[str, ...]:
+        return _only_in(self.test, self.reference)
+
+    @property
+    def metrics_only_reference(self) -> tuple[str, ...]:
+        return _only_in(self.reference, self.test)
 
     def to_json(self) -> dict[str, Any]:
         """The `alignflow compare --json` document (issue 6 shape, plus performance, inputs and reasons)."""
@@ -213,16 +222,19 @@ def compare(
             perplexity=perplexity(pairs[m]) if is_cross_entropy(m) else None, magnitude=magnitude,
         )
     results = tuple(_evaluate(c, pairs, metrics, test, reference, t_metrics, r_metrics) for c in criteria)
-    sentinels = {"test": test.sentinels, "reference": reference.sentinels}
-    reasons = _reasons(results, sentinels, coverage, criteria)
+    reasons = _reasons(results, {"test": test, "reference": reference}, coverage, criteria)
     return Comparison(
         verdict="fail" if reasons else "pass", criteria=results, metrics=metrics, steps=coverage,
-        sentinels=sentinels, performance=compare_performance(tf, rf, perf_warmup_steps),
-        aligned=_aligned(tf, rf, both, metrics, t_metrics, r_metrics), test=test, reference=reference,
-        metrics_only_test=tuple(column_order([m for m in t_metrics if m not in r_metrics])),
-        metrics_only_reference=tuple(column_order([m for m in r_metrics if m not in t_metrics])),
-        reasons=tuple(reasons),
+        performance=compare_performance(tf, rf, perf_warmup_steps),
+        aligned=_aligned(tf, rf, both, metrics, _only_in(test, reference), _only_in(reference, test)), test=test,
+        reference=reference, reasons=tuple(reasons),
     )
+
+
+def _only_in(parsed: ParsedLog, other: ParsedLog) -> tuple[str, ...]:
+    """The comparable metrics of `parsed` that `other` does not log, in canonical order."""
+    theirs = set(comparable_metrics(other))
+    return tuple(column_order([m for m in comparable_metrics(parsed) if m not in theirs]))
 
 
 def _deaveraged(metric: str, test: ParsedLog, reference: ParsedLog, steps: Sequence[int] | None = None) -> list[str]:
@@ -306,7 +318,7 @@ def _below_resolution(c: Criterion, t: Resolution | None, r: Resolution | None, 
 
 
 def _reasons(
-    results: Sequence[CriterionResult], sentinels: dict[str, tuple[Sentinel, ...]], coverage: StepCoverage,
+    results: Sequence[CriterionResult], logs: dict[str, ParsedLog], coverage: StepCoverage,
     criteria: Sequence[Criterion],
 ) -> list[str]:
     reasons: list[str] = []
@@ -318,8 +330,8 @@ def _reasons(
         if not r.passed:
             value = f"{r.value:.6g}" if math.isfinite(r.value) else "n/a"
             reasons.append(f"{r.criterion.label} failed: value {value}" + (f" ({r.note})" if r.note else ""))
-    for side, found in sentinels.items():
-        fatal = [s for s in found if s.fatal]
+    for side, parsed in logs.items():
+        fatal = parsed.fatal_sentinels
         if fatal:
             kinds = sorted({s.kind for s in fatal})
             reasons.append(f"{len(fatal)} fatal sentinel line(s) in the {side} log: {', '.join(kinds)}")
@@ -327,8 +339,8 @@ def _reasons(
 
 
 def _aligned(
-    tf: pd.DataFrame, rf: pd.DataFrame, both: list[str], metrics: dict[str, MetricComparison], t_metrics: list[str],
-    r_metrics: list[str],
+    tf: pd.DataFrame, rf: pd.DataFrame, both: list[str], metrics: dict[str, MetricComparison],
+    only_test: Sequence[str], only_reference: Sequence[str],
 ) -> pd.DataFrame:
     """Every step of either log, one row each: both values, the error and relative error of each metric."""
     idx = tf.index.union(rf.index)
@@ -341,9 +353,9 @@ def _aligned(
         data[f"{m}_test"], data[f"{m}_reference"] = tv, rv
         data[f"{m}_error"] = tv - rs
         data[f"{m}_rel_error"] = relative_error(tv, rs)
-    for m in column_order([m for m in t_metrics if m not in r_metrics]):
+    for m in only_test:
         data[f"{m}_test"] = tf[m].reindex(idx).to_numpy(dtype=float, na_value=np.nan)
-    for m in column_order([m for m in r_metrics if m not in t_metrics]):
+    for m in only_reference:
         data[f"{m}_reference"] = rf[m].reindex(idx).to_numpy(dtype=float, na_value=np.nan)
     for side, frame in (("test", tf), ("reference", rf)):
         if "step_time_ms" in frame.columns:
