@@ -84,9 +84,9 @@ class StoreBase:
             with Session(self._engine, expire_on_commit=False, info={"write": True}) as session, session.begin():
                 yield session
         except IntegrityError as exc:
-            raise StoreError(f"{self.url}: {what}: rejected by the database: {_first_line(exc)}") from exc
+            raise StoreError(f"{self.url}: {what}: rejected by the database: {database.first_line(exc)}") from exc
         except SQLAlchemyError as exc:
-            raise StoreError(f"{self.url}: {what}: {_first_line(exc)}") from exc
+            raise StoreError(f"{self.url}: {what}: {database.first_line(exc)}") from exc
 
     @contextmanager
     def _read(self, what: str) -> Iterator[Session]:
@@ -94,7 +94,7 @@ class StoreBase:
             with Session(self._read_engine, expire_on_commit=False) as session, session.begin():
                 yield session
         except SQLAlchemyError as exc:
-            raise StoreError(f"{self.url}: {what}: {_first_line(exc)}") from exc
+            raise StoreError(f"{self.url}: {what}: {database.first_line(exc)}") from exc
 
     @staticmethod
     def _fresh_id(s: Session, model: type[Run] | type[StepRun]) -> str:
@@ -170,7 +170,3 @@ class StoreBase:
                 f"step run {row.id} ({row.step}): is {row.status}; cannot {action} a finished step run"
             )
 
-
-def _first_line(exc: SQLAlchemyError) -> str:
-    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__

@@ -244,5 +244,10 @@ def translate_errors(engine: Engine, what: str) -> Iterator[None]:
     except StoreError:
         raise
     except SQLAlchemyError as exc:
-        detail = str(getattr(exc, "orig", None) or exc).strip().splitlines()
-        raise StoreError(f"{mask_url(engine.url)}: {what}: {detail[0] if detail else type(exc).__name__}") from exc
+        raise StoreError(f"{mask_url(engine.url)}: {what}: {first_line(exc)}") from exc
+
+
+def first_line(exc: SQLAlchemyError) -> str:
+    """The database's own message (its first line), or the exception's type when it has none."""
+    text = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
