@@ -141,6 +141,7 @@ def main() -> int:
     for phase, r in results.items():
         print(f"{phase:<10} {r['in_bytes'] / MB:>10,.0f} {r['out_bytes'] / MB:>10,.0f} {r['seconds']:>8.2f} "
               f"{r['in_bytes'] / MB / r['seconds']:>8.1f} {r['peak_rss'] / MB:>13,.0f}")
+    missed = 0
     for ours, base in (("bf16", "base-bf16"), ("megatron", "base-mg")):
         r, b = results[ours], results[base]
         ratio = (r["in_bytes"] / r["seconds"]) / (b["in_bytes"] / b["seconds"])
@@ -151,7 +152,8 @@ def main() -> int:
               f"peak RSS {r['peak_rss'] / MB:,.0f} MiB vs limit {limit / MB:,.0f} MiB "
               f"(1.5 x {r['out_bytes'] / MB:,.0f} + 300: {rss_verdict}); "
               f"baseline peak RSS {b['peak_rss'] / MB:,.0f} MiB")
-    return 0
+        missed += verdict != "met" or rss_verdict != "met"
+    return 1 if missed else 0  # `make bench` stops on a missed goal
 
 
 if __name__ == "__main__":
