@@ -20,6 +20,7 @@ from alignflow.errors import (
 )
 from alignflow.fingerprint import fingerprint
 from alignflow.transport import JobHandle, JobSpec, JobState, ShellTransport, copy_between
+from alignflow.transport.shell import RawResult
 from tests.transport.conftest import MakeTransport
 
 pytestmark = pytest.mark.integration
@@ -463,10 +464,23 @@ def test_hashing_while_a_copy_arrives_reports_the_final_bytes(transport: ShellTr
     assert {f.path for f in got.files} == {"a.txt", ".tmp-in-progress", "b.bin"}
 
 
-def test_an_aborted_follower_stops_at_once(transport: ShellTransport, area: str) -> None:
-    follower = transport.follow_sha256(f"{area}/never")
+def test_an_aborted_follower_stops_at_once(transport: ShellTransport, area: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    root = f"{area}/incoming"
+    transport.write_text(f"{root}/a.txt", "arrived")  # at end-of-file the follower would hash it and exit 0
+    follower = transport.follow_sha256(root)
+    spawned = follower._spawned
+    finish, finished = spawned.finish, []
+
+    def recording_finish(timeout_s: float | None = None) -> RawResult:
+        finished.append(finish(timeout_s))
+        return finished[-1]
+
+    monkeypatch.setattr(spawned, "finish", recording_finish)
     follower.abort()
-    assert f"{area}/never" not in transport.run(["ps", "-eo", "args"]).stdout  # the follower is gone
+    # 3 is follow_hash's "aborted": it understood "abort" and hashed nothing, rather than seeing end-of-file
+    assert [(r.exit_code, r.stdout) for r in finished] == [(3, b"")]
+    assert root not in transport.run(["ps", "-eo", "args"]).stdout  # the follower is gone
 
 
 def test_a_directory_changed_after_it_was_fingerprinted_is_refused_and_the_diff_named(

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
+from alignflow import fingerprint as fp_module
 from alignflow.config.hosts import Host
 from alignflow.errors import PathNotAllowed
-from alignflow.transport import JobHandle, JobSpec, JobState
+from alignflow.fingerprint import Fingerprint, fingerprint
+from alignflow.transport import JobHandle, JobSpec, JobState, follow_hash
 from alignflow.transport.commands import render_job_script, render_prologue, wrap_command
 from alignflow.transport.jobs import new_job_id, parse_status
 from alignflow.transport.openssh import known_host_name, render_config
@@ -110,3 +116,23 @@ def test_both_transports_satisfy_the_protocol_and_connect_lazily() -> None:
     assert isinstance(remote, Transport)
     assert remote.python() == "python3"  # nothing connected, nothing created: constructors have no side effects
     remote.close()
+
+
+@pytest.mark.parametrize(("stdin", "exit_code"), [(b"abort\n", 3), (b"", 0)])
+def test_a_follower_stops_on_abort_and_fingerprints_the_root_at_end_of_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], stdin: bytes,
+        exit_code: int) -> None:
+    root = tmp_path / "incoming"
+    root.mkdir()
+    (root / "a.txt").write_text("arrived")
+    r, w = os.pipe()
+    os.write(w, stdin)
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        monkeypatch.setattr(sys, "stdin", pipe)
+        assert follow_hash.main(str(root), Path(fp_module.__file__).read_text()) == exit_code
+    out = capsys.readouterr().out
+    if exit_code == 0:
+        assert Fingerprint.from_json(json.loads(out)) == fingerprint(root)
+    else:
+        assert out == ""  # aborted: nothing hashed, nothing printed
