@@ -26,6 +26,7 @@ from pathlib import Path
 
 import paramiko
 
+from alignflow.transport.commands import ARGV0
 from alignflow.transport.openssh import (
     BULK_CIPHERS,
     environ_with_agent,
@@ -150,7 +151,7 @@ class DirectRoute:
         """Can the source reach the destination with the lent key, and is rsync installed on both?"""
         check = 'command -v rsync >/dev/null || { echo "rsync is not installed on the source" >&2; exit 120; }'
         remote = "command -v rsync >/dev/null || { echo 'rsync is not installed on the destination' >&2; exit 121; }"
-        argv = ["bash", "-c", f'{check}\nexec "$@"', "alignflow", *self.ssh_argv(), remote]
+        argv = ["bash", "-c", f'{check}\nexec "$@"', ARGV0, *self.ssh_argv(), remote]
         cmd = self.src.openssh.ssh_argv(shlex.join(argv), forward_agent=True)
         try:
             done = subprocess.run(cmd, env=self.env(), stdin=subprocess.DEVNULL, capture_output=True,
