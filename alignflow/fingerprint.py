@@ -114,7 +114,8 @@ def canonical_manifest(files: Iterable[FileEntry]) -> bytes:
     return json.dumps(rows, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogateescape")
 
 
-def _stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+def stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What says a file is unchanged: device, inode, size, mtime and ctime (ns)."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
@@ -174,7 +175,7 @@ class HashMemo:
         for path, *key, hashed_at_ns, sha256 in rows:
             st = stats[path]
             # Not trusted if hashed too soon after its last write: a same-tick rewrite would be invisible.
-            if tuple(key) == _stat_key(st) and int(hashed_at_ns) - st.st_mtime_ns >= RACY_WINDOW_NS:
+            if tuple(key) == stat_key(st) and int(hashed_at_ns) - st.st_mtime_ns >= RACY_WINDOW_NS:
                 hits[path] = str(sha256)
         return hits
 
@@ -182,7 +183,7 @@ class HashMemo:
         """Remember many `(path, stat, sha256, hashed_at_ns)` in one transaction (one fsync, not one per file)."""
         if not rows:
             return
-        values = [(p, *_stat_key(st), at, digest) for p, st, digest, at in rows]
+        values = [(p, *stat_key(st), at, digest) for p, st, digest, at in rows]
         with self._lock:
             conn = self._connect()
             conn.execute("BEGIN IMMEDIATE")
@@ -243,7 +244,7 @@ class Fingerprinter:
         """Read and hash one file whose stat is `st`; append its memo row to `pending` (written by the caller)."""
         started_ns = time.time_ns()
         digest = sha256_file_uncached(real)
-        if _stat_key(os.stat(real)) != _stat_key(st):
+        if stat_key(os.stat(real)) != stat_key(st):
             raise FileChangedError(f"{label}: changed while being hashed; hash it again once it is written completely")
         with self._count_lock:
             self.hashed_bytes += st.st_size

@@ -34,7 +34,8 @@ from alignflow.errors import ConfigError
 Role = Literal["ascend", "cpu", "cuda", "controller"]
 ROLES: tuple[Role, ...] = ("ascend", "cpu", "cuda", "controller")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Environment names are shell identifiers: they are written into `export NAME=...` lines on hosts.
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _SECRET_KEYS = {"password", "passphrase", "pass", "secret"}
 
 
@@ -89,7 +90,7 @@ class Host(BaseModel):
     @classmethod
     def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
         for key in value:
-            if not _ENV_NAME.match(key):
+            if not ENV_NAME.match(key):
                 raise ValueError(f"env: {key!r} is not a valid environment variable name")
         return value
 

@@ -11,20 +11,19 @@ host-side confinement check of `paths.CONFINE_SH`.
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Mapping, Sequence
 
+from alignflow.config.hosts import ENV_NAME
 from alignflow.transport.paths import CONFINE_SH
 
 ARGV0 = "alignflow"  # $0 of every `bash -c` script: what `ps` shows for our shells
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 SETUP_FAILED_EXIT = 125
 
 
 def check_env_names(env: Mapping[str, str]) -> None:
     """Environment names must be shell identifiers: they are written into `export NAME=...` lines."""
-    bad = [k for k in env if not _ENV_NAME.match(k)]
+    bad = [k for k in env if not ENV_NAME.match(k)]
     if bad:
         raise ValueError(f"env: {', '.join(map(repr, bad))} not valid environment variable name(s)")
 
@@ -38,9 +37,9 @@ def render_prologue(
     the per-call env last, so that a step can override both. A failing setup line stops the command with
     exit status 125 and says which line failed, instead of running the command in a half-set-up shell.
     What setup lines print goes to stderr (CANN's set_env.sh and conda hooks chat): a command's stdout - a
-    JSON answer, a hash manifest - stays the command's own.
+    JSON answer, a hash manifest - stays the command's own. `host_env` is a `Host`'s, whose names `Host`
+    validated; the per-call env is checked here.
     """
-    check_env_names(host_env)
     check_env_names(env or {})
     lines = [f"export {k}={shlex.quote(v)}" for k, v in host_env.items()]
     for i, line in enumerate(setup, 1):

@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import paramiko
-
+from alignflow.transport.commands import ARGV0
+from alignflow.transport.hostkeys import trusted_keys
 from alignflow.transport.openssh import (
     BULK_CIPHERS,
     environ_with_agent,
@@ -39,16 +39,6 @@ log = logging.getLogger(__name__)
 
 _AGENT_KEY_LIFETIME_S = 6 * 3600
 _UNSAFE_IN_RSH = set(" \t\n'\"\\")
-
-
-def known_host_lines(host_name: str, known_hosts: Path) -> list[str]:
-    """The known_hosts lines for `host_name` (hashed entries included), re-written for a one-off file."""
-    if not known_hosts.exists():
-        return []
-    keys = paramiko.HostKeys(str(known_hosts)).lookup(host_name)
-    if not keys:
-        return []
-    return [f"{host_name} {kind} {keys[kind].get_base64()}" for kind in keys]
 
 
 class DirectRoute:
@@ -106,7 +96,8 @@ class DirectRoute:
 
     # -- set-up --------------------------------------------------------------------------------------------------
     def _prepare(self) -> None:
-        lines = known_host_lines(known_host_name(self.dst.host), known_hosts_path(self.dst.host))
+        name = known_host_name(self.dst.host)  # hashed entries are re-written in clear for the one-off file
+        lines = [key.known_hosts_line(name) for key in trusted_keys(self.dst.host)]
         if not lines:
             self.reason = f"{self.dst.host.name}'s host key is not in {known_hosts_path(self.dst.host)}"
             return
@@ -150,7 +141,7 @@ class DirectRoute:
         """Can the source reach the destination with the lent key, and is rsync installed on both?"""
         check = 'command -v rsync >/dev/null || { echo "rsync is not installed on the source" >&2; exit 120; }'
         remote = "command -v rsync >/dev/null || { echo 'rsync is not installed on the destination' >&2; exit 121; }"
-        argv = ["bash", "-c", f'{check}\nexec "$@"', "alignflow", *self.ssh_argv(), remote]
+        argv = ["bash", "-c", f'{check}\nexec "$@"', ARGV0, *self.ssh_argv(), remote]
         cmd = self.src.openssh.ssh_argv(shlex.join(argv), forward_agent=True)
         try:
             done = subprocess.run(cmd, env=self.env(), stdin=subprocess.DEVNULL, capture_output=True,

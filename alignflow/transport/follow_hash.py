@@ -34,10 +34,6 @@ def _load_fingerprint(source: str) -> types.ModuleType:
     return module
 
 
-def _key(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
 class Follower:
     def __init__(self, root: str, fp: types.ModuleType) -> None:
         self.root, self.fp = root, fp
@@ -65,7 +61,7 @@ class Follower:
                 if final:
                     raise OSError(f"{path}: not a regular file")
                 continue
-            key = _key(before)
+            key = self.fp.stat_key(before)
             known = self.hashed.get(path)
             if known is not None and known[0] == key:
                 continue
@@ -75,8 +71,8 @@ class Follower:
                 self.last_seen[path] = key
                 continue
             digest = self.fp.sha256_file_uncached(path)
-            if _key(os.stat(path)) == _key(before):  # else it changed while read: next scan
-                self.hashed[path] = (_key(before), digest)
+            if self.fp.stat_key(os.stat(path)) == key:  # else it changed while read: next scan
+                self.hashed[path] = (key, digest)
                 progressed = True
         return progressed
 

@@ -35,6 +35,9 @@ class HostKey:
     def of(cls, key: paramiko.PKey) -> HostKey:
         return cls(key.get_name(), key.get_base64(), key_fingerprint(key))
 
+    def known_hosts_line(self, name: str) -> str:
+        return f"{name} {self.kind} {self.base64}"
+
 
 def fetch_host_keys(host: Host) -> list[HostKey]:
     """The keys the host presents (no authentication happens); `HostUnreachable` if it does not answer."""
@@ -98,7 +101,7 @@ def trust(host: Host, keys: list[HostKey]) -> Path:
     old = path.read_text().splitlines() if path.exists() else []
     kept = [line for line in old if not (line.strip() and not line.lstrip().startswith("#")
                                          and _entry_matches(line, name))]
-    lines = kept + [f"{name} {k.kind} {k.base64}" for k in keys]
+    lines = kept + [k.known_hosts_line(name) for k in keys]
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.chmod(0o600)

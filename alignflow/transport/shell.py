@@ -17,7 +17,7 @@ import posixpath
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,10 +54,6 @@ _KINDS: dict[str, Literal["file", "dir", "other"]] = {
 # closing TCP would otherwise hang a poll until the kernel gives up (~15 min); on expiry the connection is
 # dropped and `wait` reconnects.
 CONTROL_TIMEOUT_S = 120.0
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,17 +93,8 @@ def _module_source(module_file: str) -> bytes:
 class ShellTransport(ABC):
     """Base of `LocalTransport` and `SSHTransport`; see `alignflow.transport.protocol.Transport`."""
 
-    def __init__(
-        self,
-        host: Host,
-        *,
-        clock: Callable[[], datetime] = utc_now,
-        sleep: Callable[[float], None] = time.sleep,
-        memo_path: str | None = None,
-    ) -> None:
+    def __init__(self, host: Host, *, memo_path: str | None = None) -> None:
         self.host = host
-        self._clock = clock
-        self._sleep = sleep
         self._memo_path = memo_path
         self._wd: Workdir | None = None
         self._wd_lock = threading.Lock()
@@ -337,7 +324,7 @@ class ShellTransport(ABC):
             "env_names": sorted(self.host.env),
             "env_prefixes": list(ENV_PREFIXES),
         }
-        taken_at = self._clock()
+        taken_at = datetime.now(UTC)
         done = self.run([self.python(), "-", json.dumps(request)], check=False,
                         input=_module_source(snapshot_probe.__file__), timeout_s=120)
         if done.exit_code != 0:
@@ -364,7 +351,7 @@ class ShellTransport(ABC):
         Give `spec.job_id` to make a launch idempotent: if the connection drops during `launch`, launching
         the same id again fails with "job dir exists" and `attach(job_id)` finds the job.
         """
-        now = self._clock()
+        now = datetime.now(UTC)
         job_id = spec.job_id or jobs.new_job_id(spec.name, now)
         job_dir = self._job_dir(job_id)
         cwd = self.path(spec.cwd) if spec.cwd else self.workdir().real
@@ -484,7 +471,7 @@ class ShellTransport(ABC):
                                      host=self.host.name)
             pause = ramp if deadline is None else max(0.0, min(ramp, deadline - time.monotonic()))
             ramp = min(poll_s, ramp * 2)
-            self._sleep(pause)
+            time.sleep(pause)
         assert state is not None  # the loop only breaks on a finished state
         if check and not state.ok:
             tail = self.tail(handle, 2000, "stderr").rstrip().splitlines()[-20:]

@@ -17,8 +17,7 @@ import shlex
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Sequence
 from typing import NoReturn
 
 import paramiko
@@ -32,7 +31,7 @@ from alignflow.errors import (
     TransportError,
 )
 from alignflow.transport.openssh import KEEPALIVE_S, OpenSSHClient, identity_path, known_hosts_path
-from alignflow.transport.shell import RawResult, ShellTransport, Spawned, utc_now
+from alignflow.transport.shell import RawResult, ShellTransport, Spawned
 
 log = logging.getLogger(__name__)
 
@@ -81,15 +80,8 @@ class _RejectUnknown(paramiko.RejectPolicy):
 class SSHTransport(ShellTransport):
     """A host reached over SSH; connects on first use, reconnects after a drop."""
 
-    def __init__(
-        self,
-        host: Host,
-        *,
-        clock: Callable[[], datetime] = utc_now,
-        sleep: Callable[[float], None] = time.sleep,
-        memo_path: str | None = None,
-    ) -> None:
-        super().__init__(host, clock=clock, sleep=sleep, memo_path=memo_path)
+    def __init__(self, host: Host, *, memo_path: str | None = None) -> None:
+        super().__init__(host, memo_path=memo_path)
         self._ssh: paramiko.SSHClient | None = None
         self._conn_lock = threading.Lock()
         self.openssh = OpenSSHClient(self.host)

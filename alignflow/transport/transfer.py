@@ -38,6 +38,7 @@ from typing import IO, Literal
 
 from alignflow.errors import FingerprintMismatch, PathExists, RemoteCommandError, TransportError
 from alignflow.fingerprint import Fingerprint
+from alignflow.transport.commands import ARGV0
 from alignflow.transport.direct import DirectRoute, direct_rsync_argv
 from alignflow.transport.local import LocalTransport, controller_transport
 from alignflow.transport.protocol import Completed, ProgressFn
@@ -207,7 +208,7 @@ def _pull(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, w
 def _on_host(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
              progress: ProgressFn | None) -> None:
     a, b = _src_dst(s_path, staging, want)
-    dst.run(["rsync", "-rLpt", "--", a, b])
+    dst.run([*RSYNC, "--", a, b])
     if progress is not None:
         progress(want.size, want.size)
 
@@ -216,12 +217,10 @@ def _direct(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str,
             progress: ProgressFn | None) -> None:
     assert isinstance(src, SSHTransport)
     assert isinstance(dst, SSHTransport)
-    a, b = _src_dst(s_path, staging, want)
     with DirectRoute(src, dst) as route:
         if not route.usable():
             raise TransportError(f"direct copy to {dst.host.name} impossible: {route.reason}", host=src.host.name)
-        argv = src.openssh.ssh_argv(shlex.join(direct_rsync_argv(route, [*RSYNC], a, b)), forward_agent=True)
-        run_streaming(argv, host=src.host.name, progress=progress, total=want.size, env=route.env())
+        _rsync_direct(route, s_path, staging, want, progress)
 
 
 def _direct_or_relay(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
@@ -233,13 +232,19 @@ def _direct_or_relay(src: ShellTransport, s_path: str, dst: ShellTransport, stag
         return
     with DirectRoute(src, dst) as route:
         if route.usable():
-            a, b = _src_dst(s_path, staging, want)
-            argv = src.openssh.ssh_argv(shlex.join(direct_rsync_argv(route, [*RSYNC], a, b)), forward_agent=True)
-            run_streaming(argv, host=src.host.name, progress=progress, total=want.size, env=route.env())
+            _rsync_direct(route, s_path, staging, want, progress)
             return
         log.info("%s -> %s: direct copy not possible (%s); relaying through the controller",
                  src.host.name, dst.host.name, route.reason)
     _relay(src, s_path, dst, staging, want, progress)
+
+
+def _rsync_direct(route: DirectRoute, s_path: str, staging: str, want: Fingerprint,
+                  progress: ProgressFn | None) -> None:
+    """rsync run on the source host, writing straight to the destination with the key `route` lends."""
+    a, b = _src_dst(s_path, staging, want)
+    argv = route.src.openssh.ssh_argv(shlex.join(direct_rsync_argv(route, [*RSYNC], a, b)), forward_agent=True)
+    run_streaming(argv, host=route.src.host.name, progress=progress, total=want.size, env=route.env())
 
 
 def _relay(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
@@ -251,10 +256,10 @@ def _relay(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, 
     if want.kind == "dir":
         send = src.openssh.ssh_argv(shlex.join(["tar", "-C", s_path, "-chf", "-", "."]))
         recv = dst.openssh.ssh_argv(shlex.join(["bash", "-c", 'mkdir -p -- "$1" && exec tar -C "$1" -xpf -',
-                                                "alignflow", payload]))
+                                                ARGV0, payload]))
     else:
         send = src.openssh.ssh_argv(shlex.join(["cat", "--", s_path]))
-        recv = dst.openssh.ssh_argv(shlex.join(["bash", "-c", 'exec cat > "$1"', "alignflow", payload]))
+        recv = dst.openssh.ssh_argv(shlex.join(["bash", "-c", 'exec cat > "$1"', ARGV0, payload]))
     sender = subprocess.Popen(send, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     receiver = subprocess.Popen(recv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert sender.stdout is not None

@@ -63,7 +63,6 @@ class PostgresServer:
     bindir: Path
     base: Path
     port: int
-    socket_dir: Path
 
     @property
     def data_dir(self) -> Path:
@@ -158,7 +157,7 @@ def start_server() -> PostgresServer:
             capture_output=True, text=True, check=False, timeout=120,
         )
         if out.returncode == 0:
-            return PostgresServer(bindir=bindir, base=base, port=port, socket_dir=socket_dir)
+            return PostgresServer(bindir=bindir, base=base, port=port)
         last_error = out.stdout + out.stderr + (log.read_text(errors="replace")[-2000:] if log.exists() else "")
     shutil.rmtree(base, ignore_errors=True)
     pytest.fail(f"PostgreSQL lab: the server did not start:\n{last_error}", pytrace=False)

@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 
-from alignflow.config.hosts import Host, Inventory
+from alignflow.config.hosts import Host
 
 LAB_HOSTS: dict[str, tuple[str, str]] = {  # name -> (address, role)
     "ascend": ("127.0.0.11", "ascend"),
@@ -84,17 +84,14 @@ def _free_port(address: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _make_traversable(path: Path) -> list[str]:
-    """Add o+x to every ancestor of `path` that lacks it (see the module docstring); returns what changed."""
-    changed = []
+def _make_traversable(path: Path) -> None:
+    """Add o+x to every ancestor of `path` that lacks it (see the module docstring)."""
     for parent in [path, *path.parents]:
         if not parent.is_dir():
             continue
         mode = parent.stat().st_mode
         if not mode & stat.S_IXOTH:
             parent.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
-            changed.append(str(parent))
-    return changed
 
 
 def _process_table() -> dict[int, tuple[int, str, int]]:
@@ -127,13 +124,12 @@ def _descendants(pid: int) -> list[int]:
 
 
 class SSHLab:
-    """Start with `SSHLab.start()`, stop with `close()`. Hosts as alignflow config: `host(name)`, `inventory()`."""
+    """Start with `SSHLab.start()`, stop with `close()`. As alignflow config: `host(name)`, `write_hosts_yaml(path)`."""
 
     def __init__(self, root: Path, hosts: dict[str, LabHost], client_key: Path, known_hosts: Path,
                  python: str, pythonpath: str) -> None:
         self.root, self.hosts, self.client_key, self.known_hosts = root, hosts, client_key, known_hosts
         self.python, self.pythonpath = python, pythonpath
-        self.traversable_added: list[str] = []
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
     @classmethod
@@ -156,8 +152,8 @@ class SSHLab:
         key = client / "id_ed25519"
         _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "alignflow-lab-client", "-f", str(key)])
         lab = cls(root, {}, key, client / "known_hosts", python, str(checkout))
-        lab.traversable_added = _make_traversable(Path(python).resolve().parent) + _make_traversable(
-            Path(python).parent) + _make_traversable(checkout)
+        for path in (Path(python).resolve().parent, Path(python).parent, checkout):
+            _make_traversable(path)
         tag = secrets.token_hex(3)
         try:
             for name in names:
@@ -302,9 +298,6 @@ class SSHLab:
             "python": self.python, "env": {"PYTHONPATH": self.pythonpath}, "connect_timeout_s": 5.0,
         }
         return Host(**{**fields, **overrides})
-
-    def inventory(self) -> Inventory:
-        return Inventory(hosts={n: self.host(n) for n in self.hosts})
 
     def write_hosts_yaml(self, path: Path, *, overrides: dict[str, dict[str, Any]] | None = None) -> Path:
         """A hosts.yaml for the lab (flow tests reuse it); `overrides` per host name, e.g. extra env."""

@@ -68,13 +68,13 @@ def test_db_check_fails_on_a_database_that_is_behind(db_url: str, monkeypatch: p
 
 @pytest.mark.integration
 def test_db_upgrade_masks_the_password(postgres_server: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    url = postgres_server.create_database()
-    with_password = url.replace("postgres@", "postgres:hunter2@")  # trust auth accepts and ignores it
+    database = postgres_server.create_database().rsplit("/", 1)[1]
+    with_password = postgres_server.url(database, password="hunter2")  # trust auth accepts and ignores it
     code, out, _ = _invoke(["db", "upgrade"], monkeypatch, with_password)
     assert code == 0
     assert "hunter2" not in out
     assert out.splitlines()[0] == f"database: postgresql+psycopg://postgres:***@127.0.0.1:{postgres_server.port}/" \
-                                  f"{url.rsplit('/', 1)[1]}"
+                                  f"{database}"
 
 
 def test_db_upgrade_defaults_to_sqlite_in_the_state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ from alignflow.errors import (
     RemoteJobError,
 )
 from alignflow.fingerprint import fingerprint
-from alignflow.transport import JobHandle, JobSpec, JobState, ShellTransport, copy_between
+from alignflow.transport import JobSpec, JobState, ShellTransport, copy_between
+from alignflow.transport.shell import RawResult
 from tests.transport.conftest import MakeTransport
 
 pytestmark = pytest.mark.integration
@@ -43,12 +45,13 @@ EVIL = [
 ECHO_ARGV = "import json, sys; print(json.dumps(sys.argv[1:]))"
 
 
-def _wait_for_output(t: ShellTransport, handle: JobHandle, text: str) -> None:
+def _eventually(predicate: Callable[[], bool], what: str) -> None:
+    """Poll `predicate` for up to ~15 s; fail saying `what` never happened."""
     for _ in range(300):
-        if text in t.tail(handle):
+        if predicate():
             return
         time.sleep(0.05)
-    raise AssertionError(f"job never printed {text!r}")
+    raise AssertionError(f"never happened: {what}")
 
 
 def _pwned(t: ShellTransport) -> list[str]:
@@ -265,7 +268,7 @@ def test_cancel_kills_the_whole_process_group(transport: ShellTransport, area: s
     script = (f"(sleep 30; touch {area}/child-survived) & (bash -c 'sleep 30; touch {area}/gc-survived') & "
               "echo started; wait")
     handle = transport.launch(JobSpec(["bash", "-c", script], name="cancel-me"))
-    _wait_for_output(transport, handle, "started")
+    _eventually(lambda: "started" in transport.tail(handle), "the job printed 'started'")
     pgid_members = transport.run(["bash", "-c", f"ps -e -o pgid= | awk '$1 == {handle.pgid}' | wc -l"])
     assert int(pgid_members.stdout) >= 4  # supervisor, bash, subshells/sleeps
     state = transport.cancel(handle, grace_s=2)
@@ -323,7 +326,7 @@ def test_two_controllers_share_the_hosts_job_slots(make_transport: MakeTransport
     mine, theirs = make_transport(max_concurrent_jobs=1), make_transport(max_concurrent_jobs=1)
     mine.mkdir(area)
     a = mine.launch(JobSpec(["bash", "-c", STAMP, "x", mine.path(f"{area}/a"), "1.5"], name="a", take_slot=True))
-    _wait_for_path(mine, f"{area}/a.start")
+    _eventually(lambda: mine.exists(f"{area}/a.start"), f"{area}/a.start appeared")
     b = theirs.launch(JobSpec(["bash", "-c", STAMP, "x", theirs.path(f"{area}/b"), "0"], name="b", take_slot=True))
     free = theirs.launch(JobSpec(["bash", "-c", STAMP, "x", theirs.path(f"{area}/free"), "0"], name="free"))
     assert theirs.wait(free, poll_s=0.1, timeout_s=30).ok  # a job that takes no slot does not wait
@@ -357,28 +360,12 @@ def test_a_cancelled_job_gives_its_slot_back_and_a_waiting_one_never_runs(transp
                                       name="queued", take_slot=True))
     never = transport.launch(JobSpec(["bash", "-c", STAMP, "x", transport.path(f"{area}/never"), "0"],
                                      name="never", take_slot=True))
-    _wait_for_note(transport, never, "waiting")
+    _eventually(lambda: transport.slot_note(never).startswith("waiting"), "the job wrote a 'waiting' slot note")
     assert transport.cancel(never, grace_s=1) == JobState("cancelled")  # cancelled while waiting: never ran
     assert transport.cancel(holder, grace_s=1) == JobState("cancelled")
     assert transport.wait(queued, poll_s=0.1, timeout_s=60).ok  # the slot came back with the holder's end
     assert transport.exists(f"{area}/queued.end")
     assert not transport.exists(f"{area}/never.start")
-
-
-def _wait_for_path(t: ShellTransport, path: str) -> None:
-    for _ in range(300):
-        if t.exists(path):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{path} never appeared")
-
-
-def _wait_for_note(t: ShellTransport, handle: JobHandle, prefix: str) -> None:
-    for _ in range(300):
-        if t.slot_note(handle).startswith(prefix):
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"job {handle.job_id} never wrote a slot note starting {prefix!r}")
 
 
 def test_wait_times_out_without_touching_the_job(transport: ShellTransport) -> None:
@@ -463,10 +450,23 @@ def test_hashing_while_a_copy_arrives_reports_the_final_bytes(transport: ShellTr
     assert {f.path for f in got.files} == {"a.txt", ".tmp-in-progress", "b.bin"}
 
 
-def test_an_aborted_follower_stops_at_once(transport: ShellTransport, area: str) -> None:
-    follower = transport.follow_sha256(f"{area}/never")
+def test_an_aborted_follower_stops_at_once(transport: ShellTransport, area: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    root = f"{area}/incoming"
+    transport.write_text(f"{root}/a.txt", "arrived")  # at end-of-file the follower would hash it and exit 0
+    follower = transport.follow_sha256(root)
+    spawned = follower._spawned
+    finish, finished = spawned.finish, []
+
+    def recording_finish(timeout_s: float | None = None) -> RawResult:
+        finished.append(finish(timeout_s))
+        return finished[-1]
+
+    monkeypatch.setattr(spawned, "finish", recording_finish)
     follower.abort()
-    assert f"{area}/never" not in transport.run(["ps", "-eo", "args"]).stdout  # the follower is gone
+    # 3 is follow_hash's "aborted": it understood "abort" and hashed nothing, rather than seeing end-of-file
+    assert [(r.exit_code, r.stdout) for r in finished] == [(3, b"")]
+    assert root not in transport.run(["ps", "-eo", "args"]).stdout  # the follower is gone
 
 
 def test_a_directory_changed_after_it_was_fingerprinted_is_refused_and_the_diff_named(

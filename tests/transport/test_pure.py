@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
+from alignflow import fingerprint as fp_module
 from alignflow.config.hosts import Host
 from alignflow.errors import PathNotAllowed
-from alignflow.transport import JobHandle, JobSpec, JobState
+from alignflow.fingerprint import Fingerprint, fingerprint
+from alignflow.transport import JobHandle, JobSpec, JobState, follow_hash
 from alignflow.transport.commands import render_job_script, render_prologue, wrap_command
 from alignflow.transport.jobs import new_job_id, parse_status
 from alignflow.transport.openssh import known_host_name, render_config
@@ -110,3 +116,51 @@ def test_both_transports_satisfy_the_protocol_and_connect_lazily() -> None:
     assert isinstance(remote, Transport)
     assert remote.python() == "python3"  # nothing connected, nothing created: constructors have no side effects
     remote.close()
+
+
+@pytest.mark.parametrize(("stdin", "exit_code"), [(b"abort\n", 3), (b"", 0)])
+def test_a_follower_stops_on_abort_and_fingerprints_the_root_at_end_of_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], stdin: bytes,
+        exit_code: int) -> None:
+    root = tmp_path / "incoming"
+    root.mkdir()
+    (root / "a.txt").write_text("arrived")
+    r, w = os.pipe()
+    os.write(w, stdin)
+    os.close(w)
+    with os.fdopen(r, "rb") as pipe:
+        monkeypatch.setattr(sys, "stdin", pipe)
+        assert follow_hash.main(str(root), Path(fp_module.__file__).read_text()) == exit_code
+    out = capsys.readouterr().out
+    if exit_code == 0:
+        assert Fingerprint.from_json(json.loads(out)) == fingerprint(root)
+    else:
+        assert out == ""  # aborted: nothing hashed, nothing printed
+
+
+def test_rsync_progress2_lines_become_progress_calls(tmp_path: Path) -> None:
+    """What `rsync --info=progress2` writes: '\r'-separated updates, ',' thousands separators, then a summary."""
+    from alignflow.transport.transfer import _feed_progress
+
+    stream = (
+        b"              0   0%    0.00kB/s    0:00:00  \r"
+        b"     32,768   0%    0.00kB/s    0:00:00  \r"
+        b" 52,428,800  50%   50.00MB/s    0:00:01  \r"
+        b"104,857,600 100%   48.00MB/s    0:00:02 (xfr#1, to-chk=0/1)\n"
+        b"\n"
+        b"sent 104,883,300 bytes  received 35 bytes  41,953,334.00 bytes/sec\n"
+        b"total size is 104,857,600  speedup is 1.00\n"
+    )
+    (tmp_path / "out").write_bytes(stream)
+    seen: list[tuple[int, int]] = []
+    with open(tmp_path / "out", "rb") as fh:
+        _feed_progress(fh, lambda done, total: seen.append((done, total)), 104_857_600)
+    assert seen == [(0, 104_857_600), (32_768, 104_857_600), (52_428_800, 104_857_600),
+                    (104_857_600, 104_857_600)]
+    seen.clear()
+    with open(tmp_path / "out", "rb") as fh:  # rsync may count more than the fingerprint's size: capped at total
+        _feed_progress(fh, lambda done, total: seen.append((done, total)), 50_000_000)
+    assert seen == [(0, 50_000_000), (32_768, 50_000_000), (50_000_000, 50_000_000), (50_000_000, 50_000_000)]
+    with open(tmp_path / "out", "rb") as fh:  # no callback: the stream is still read to its end
+        _feed_progress(fh, None, 104_857_600)
+        assert fh.read() == b""
