@@ -15,15 +15,8 @@ from pathlib import Path
 
 import torch
 
-from alignflow.convert.mindformers import (
-    COMMON_JSON,
-    DEFAULT_PREFIX,
-    TRACKER,
-    common_json,
-    iteration_dir_name,
-    model_file_name,
-    open_mindformers,
-)
+from alignflow.convert.layout import COMMON_JSON, TRACKER, iteration_dir_name, model_file_name
+from alignflow.convert.mindformers import DEFAULT_PREFIX, common_json, open_mindformers
 from alignflow.convert.summary import ConversionSummary, ProgressFn, dtype_counts, staged_output
 from alignflow.convert.tensor_io import StreamingSafetensorsWriter, TensorMeta
 from alignflow.errors import ConversionError

@@ -15,26 +15,11 @@ from typing import Any
 
 from alignflow.config.model import ModelConfig
 from alignflow.convert.dims import PREDICATES, ExpressionError, evaluate, model_dimensions
+from alignflow.convert.layout import MTP_INNER_LAYER as MTP_INNER_LAYER
+from alignflow.convert.layout import mtp_inner_layer
+from alignflow.convert.layout import parse_version as parse_version
 from alignflow.convert.ops import EXPRESSION_PARAMS, OPS, Op, Shape, ShapeError, chain_shapes, inverse_chain
 from alignflow.convert.spec import ExtraState, Flavor, Rule, Spec, op_name_and_params
-
-# megatron-core renamed the MTP inner layer in core_v0.17.0 (Megatron reference §7.4): first version -> name.
-MTP_INNER_LAYER: tuple[tuple[tuple[int, int], str], ...] = (((0, 17), "mtp_model_layer"), ((0, 0), "transformer_layer"))
-_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?\w+)*$")
-
-
-def parse_version(version: str) -> tuple[int, int]:
-    """`0.16`, `0.16.1`, `0.17.0rc1` -> (major, minor); ValueError for anything else."""
-    m = _VERSION.match(version.strip())
-    if m is None:
-        raise ValueError(f"megatron version {version!r} is not X.Y or X.Y.Z")
-    return int(m.group(1)), int(m.group(2))
-
-
-def mtp_inner_layer(version: str) -> str:
-    """The name of the MTP block's inner transformer layer in megatron-core `version`."""
-    v = parse_version(version)
-    return next(name for first, name in MTP_INNER_LAYER if v >= first)
 
 
 @dataclass(frozen=True, slots=True)
