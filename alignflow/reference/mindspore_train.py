@@ -144,7 +144,7 @@ def train(cfg: MindFormersConfig, *, clock: Callable[[], float] = time.perf_coun
         grads = ms.mutable(grads)  # a tuple of tensors passed to jit must be mutable, or every step recompiles
         norm = float(norm_fn(grads).asnumpy())
         if math.isfinite(norm):
-            clip = min(1.0, settings.clip_grad / (norm + 1e-6)) if settings.clip_grad > 0 else 1.0
+            clip = settings.clip_coeff(norm)
             bc1, bc2 = settings.bias_corrections(step)
             update_fn(grads, ms.Tensor(settings.schedule(step - 1), ms.float32), ms.Tensor(bc1, ms.float32),
                       ms.Tensor(bc2, ms.float32), ms.Tensor(clip, ms.float32))

@@ -126,7 +126,7 @@ def train(ns: argparse.Namespace, *, clock: Callable[[], float] = time.perf_coun
             counts = [c + mc for c, mc in zip(counts, outputs.counts, strict=True)]
         norm = float(global_norm(optimizer.params))
         if math.isfinite(norm):
-            clip = min(1.0, settings.clip_grad / (norm + 1e-6)) if settings.clip_grad > 0 else 1.0
+            clip = settings.clip_coeff(norm)
             optimizer.step(settings.schedule(it - 1), it, clip)
             losses = {"lm loss": lm_sum / (gbs * spec.seq_length)}
             if spec.moe is not None and spec.moe.aux_loss_coeff:
