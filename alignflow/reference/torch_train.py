@@ -52,6 +52,7 @@ def train(ns: argparse.Namespace, *, clock: Callable[[], float] = time.perf_coun
     import numpy as np
     import torch
 
+    from alignflow.logs.render import megatron_line
     from alignflow.reference import logformats as fmt
     from alignflow.reference.data import load_data
     from alignflow.reference.flavours import megatron_layout, mtp_inner_name, timestamp_has_microseconds
@@ -144,11 +145,10 @@ def train(ns: argparse.Namespace, *, clock: Callable[[], float] = time.perf_coun
         first = first_print and it == iteration + 1
         if it % ns.log_interval == 0 or first:
             elapsed = (clock() - t_interval) * 1000.0 / iters_in_interval
-            log.info(fmt.megatron_iteration_line(
-                now=now(), microseconds=micros, iteration=it, train_iters=ns.train_iters,
-                consumed_samples=it * gbs, elapsed_ms=elapsed, lr=settings.schedule(it), global_batch_size=gbs,
-                losses=interval.averages(), grad_norm=norm if math.isfinite(norm) else None,
-                skipped_iterations=skipped, nan_iterations=nans))
+            log.info(megatron_line(
+                it, ns.train_iters, when=now(), microseconds=micros, consumed_samples=it * gbs,
+                elapsed_ms=elapsed, lr=settings.schedule(it), global_batch_size=gbs, losses=dict(interval.averages()),
+                grad_norm=norm if math.isfinite(norm) else None, skipped=skipped, nan_iterations=nans))
             if not first:
                 interval, skipped, nans = _Interval(), 0, 0
                 t_interval, iters_in_interval = clock(), 0
