@@ -81,7 +81,7 @@ def convert_bf16(src: Path, dst: Path, *, progress: ProgressFn | None = None,
             out_dir = tmp / iteration_dir_name(iteration)
             out_dir.mkdir()
             metadata = {"format": "pt", "producer": "alignflow convert bf16"}
-            with StreamingSafetensorsWriter(out_dir / file_name, layout, metadata) as writer:
+            with StreamingSafetensorsWriter(out_dir / file_name, layout, metadata, cast=True) as writer:
                 for name, _ in layout:
                     writer.write(name, ckpt.read(name))  # cast by the writer, chunk by chunk
                     done += ckpt.tensors[name].nbytes
