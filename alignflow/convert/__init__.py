@@ -18,12 +18,34 @@ So every converter checks everything it can from the headers first and raises on
 every problem, and writes into a temporary directory that is renamed into place only at the end.
 """
 
-from alignflow.convert.bf16 import convert_bf16
-from alignflow.convert.engine import convert_to_megatron, convert_to_mindformers
-from alignflow.convert.plan import Plan, build_plan
-from alignflow.convert.registry import SpecInfo, list_specs, load_spec
-from alignflow.convert.spec import Spec
-from alignflow.convert.summary import ConversionSummary, ProgressFn
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from alignflow.convert.bf16 import convert_bf16
+    from alignflow.convert.engine import convert_to_megatron, convert_to_mindformers
+    from alignflow.convert.plan import Plan, build_plan
+    from alignflow.convert.registry import SpecInfo, list_specs, load_spec
+    from alignflow.convert.spec import Spec
+    from alignflow.convert.summary import ConversionSummary, ProgressFn
+
+# Imported on first use (PEP 562), so that the torch-free `alignflow.convert.layout` can be imported by the
+# MindSpore twin and by preflight without pulling in torch through the engine.
+_LAZY = {"convert_bf16": "bf16", "convert_to_megatron": "engine", "convert_to_mindformers": "engine",
+         "Plan": "plan", "build_plan": "plan", "SpecInfo": "registry", "list_specs": "registry",
+         "load_spec": "registry", "Spec": "spec", "ConversionSummary": "summary", "ProgressFn": "summary"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "ConversionSummary",
@@ -38,3 +60,7 @@ __all__ = [
     "list_specs",
     "load_spec",
 ]
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

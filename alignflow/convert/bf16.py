@@ -15,15 +15,8 @@ from pathlib import Path
 
 import torch
 
-from alignflow.convert.mindformers import (
-    COMMON_JSON,
-    DEFAULT_PREFIX,
-    TRACKER,
-    common_json,
-    iteration_dir_name,
-    model_file_name,
-    open_mindformers,
-)
+from alignflow.convert.layout import COMMON_JSON, TRACKER, iteration_dir_name, model_file_name
+from alignflow.convert.mindformers import DEFAULT_PREFIX, common_json, open_mindformers
 from alignflow.convert.summary import ConversionSummary, ProgressFn, dtype_counts, staged_output
 from alignflow.convert.tensor_io import StreamingSafetensorsWriter, TensorMeta
 from alignflow.errors import ConversionError
@@ -88,7 +81,7 @@ def convert_bf16(src: Path, dst: Path, *, progress: ProgressFn | None = None,
             out_dir = tmp / iteration_dir_name(iteration)
             out_dir.mkdir()
             metadata = {"format": "pt", "producer": "alignflow convert bf16"}
-            with StreamingSafetensorsWriter(out_dir / file_name, layout, metadata) as writer:
+            with StreamingSafetensorsWriter(out_dir / file_name, layout, metadata, cast=True) as writer:
                 for name, _ in layout:
                     writer.write(name, ckpt.read(name))  # cast by the writer, chunk by chunk
                     done += ckpt.tensors[name].nbytes

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 from functools import lru_cache
+from typing import Any
 
 from alignflow.config.model import ModelConfig
 
@@ -151,3 +152,11 @@ PREDICATES: dict[str, Callable[[ModelConfig, int | None], bool]] = {
     "q_lora": lambda m, i: m.mla is not None and m.mla.q_lora_rank is not None,
     "dsa": lambda m, i: m.dsa is not None,
 }
+
+
+def model_field(model: ModelConfig, dotted: str) -> Any:
+    """`model.moe.num_experts` by its dotted path; None where a section on the way is unset (or no such field)."""
+    value: Any = model
+    for part in dotted.split("."):
+        value = getattr(value, part, None) if value is not None else None
+    return value

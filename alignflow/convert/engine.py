@@ -20,16 +20,9 @@ import torch
 
 from alignflow.config.model import ModelConfig
 from alignflow.convert.bf16 import drop_reason
+from alignflow.convert.layout import COMMON_JSON, TRACKER, iteration_dir_name, model_file_name
 from alignflow.convert.megatron import MegatronCheckpoint, open_megatron, write_megatron
-from alignflow.convert.mindformers import (
-    COMMON_JSON,
-    DEFAULT_PREFIX,
-    TRACKER,
-    common_json,
-    iteration_dir_name,
-    model_file_name,
-    open_mindformers,
-)
+from alignflow.convert.mindformers import DEFAULT_PREFIX, common_json, open_mindformers
 from alignflow.convert.ops import DTYPES, Cast, Op, Shape, apply_chain, inverse_chain
 from alignflow.convert.plan import Plan, build_plan, natural_key
 from alignflow.convert.registry import load_spec

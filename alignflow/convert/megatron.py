@@ -18,20 +18,13 @@ from typing import Any
 
 import torch
 
+from alignflow.convert.layout import CHECKPOINT_VERSION, MEGATRON_FILE_NAME, TRACKER, checkpoint_path
 from alignflow.convert.tensor_io import TensorMeta
 from alignflow.errors import ConversionError
 
 log = logging.getLogger(__name__)
 
-TRACKER = "latest_checkpointed_iteration.txt"
-CHECKPOINT_VERSION = 3.0  # what megatron-core writes; a missing version triggers a legacy QKV "fix" (ref §3.3)
-FILE_NAME = "model_optim_rng.pt"
-
-
-def checkpoint_path(iteration: int | None) -> str:
-    """Relative path of the rank-0 file: `iter_{N:07d}/mp_rank_00/model_optim_rng.pt`, or `release/...`."""
-    folder = "release" if iteration is None else f"iter_{iteration:07d}"
-    return f"{folder}/mp_rank_00/{FILE_NAME}"
+FILE_NAME = MEGATRON_FILE_NAME
 
 
 def write_megatron(directory: Path, state_dict: Mapping[str, torch.Tensor | None], iteration: int) -> list[str]:

@@ -19,32 +19,17 @@ from typing import Any
 
 import torch
 
+from alignflow.convert.layout import COMMON_JSON, COMMON_KEYS, OPT_FILE, TRACKER, iteration_dir_name
 from alignflow.convert.tensor_io import TensorMeta, read_layout, read_tensor
 from alignflow.errors import ConversionError
 
 log = logging.getLogger(__name__)
 
-TRACKER = "latest_checkpointed_iteration.txt"
-COMMON_JSON = "common.json"
 METADATA_JSON = "metadata.json"
 DEFAULT_PREFIX = "checkpoint"  # PyNative `CheckpointConfig.prefix` default
-# The 7 keys of `CommonInfo`, in its field order; `load_common` raises TypeError on any other key (reference §4.3).
-COMMON_KEYS = ("epoch_num", "step_num", "global_step", "loss_scale", "global_batch_size", "consumed_samples",
-               "ckpt_status")
 
 _MODEL_FILE = re.compile(r"^(?:(?P<prefix>.+)-)?model-(?P<rank>\d+)-(?P<world>\d+)\.safetensors$")
-_OPT_FILE = re.compile(r"^(?:.+-)?opt-\d+-\d+\.safetensors$")
 _ITERATION_DIR = re.compile(r"^iteration_(\d+)$")
-
-
-def iteration_dir_name(iteration: int) -> str:
-    return f"iteration_{iteration:08d}"
-
-
-def model_file_name(prefix: str, rank: int = 0, world: int = 1) -> str:
-    """`{prefix}-model-{rank:07d}-{world:07d}.safetensors`; never `model.safetensors`, which MindFormers would take
-    for a Hugging Face directory and load through its HF template path (reference §5)."""
-    return f"{prefix}-model-{rank:07d}-{world:07d}.safetensors"
 
 
 def common_json(source: dict[str, Any] | None, iteration: int) -> tuple[dict[str, Any], list[str]]:
@@ -168,10 +153,10 @@ def _iteration_directory(src: Path) -> Path:
 
 def _index_files(ckpt: MindFormersCheckpoint, files: list[Path], metadata: Path | None) -> None:
     problems: list[str] = []
-    model_files = [f for f in files if not _OPT_FILE.match(f.name)]
+    model_files = [f for f in files if not OPT_FILE.match(f.name)]
     ckpt.files = model_files
     for f in files:
-        if _OPT_FILE.match(f.name):
+        if OPT_FILE.match(f.name):
             ckpt.optimizer_keys += list(_layout(f, problems))
     prefixes = {m.group("prefix") for f in model_files if (m := _MODEL_FILE.match(f.name))}
     ckpt.prefix = prefixes.pop() if len(prefixes) == 1 else None
@@ -224,7 +209,7 @@ def _index_with_metadata(ckpt: MindFormersCheckpoint, layouts: dict[Path, dict[s
             seen_offsets.add(offset)
             stored = storage.get(str((name, offset)), [])
             file_names = [s["file_name"] for s in stored]
-            if file_names and all(_OPT_FILE.match(n) for n in file_names):
+            if file_names and all(OPT_FILE.match(n) for n in file_names):
                 skip = True  # optimizer state, listed from the optimizer files' headers
                 break
             present = [by_name[n] for n in file_names if n in by_name]

@@ -14,27 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from alignflow.config.model import ModelConfig
-from alignflow.convert.dims import PREDICATES, ExpressionError, evaluate, model_dimensions
+from alignflow.convert.dims import PREDICATES, ExpressionError, evaluate, model_dimensions, model_field
+from alignflow.convert.layout import MTP_INNER_LAYER as MTP_INNER_LAYER
+from alignflow.convert.layout import mtp_inner_layer
+from alignflow.convert.layout import parse_version as parse_version
 from alignflow.convert.ops import EXPRESSION_PARAMS, OPS, Op, Shape, ShapeError, chain_shapes, inverse_chain
 from alignflow.convert.spec import ExtraState, Flavor, Rule, Spec, op_name_and_params
-
-# megatron-core renamed the MTP inner layer in core_v0.17.0 (Megatron reference §7.4): first version -> name.
-MTP_INNER_LAYER: tuple[tuple[tuple[int, int], str], ...] = (((0, 17), "mtp_model_layer"), ((0, 0), "transformer_layer"))
-_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?\w+)*$")
-
-
-def parse_version(version: str) -> tuple[int, int]:
-    """`0.16`, `0.16.1`, `0.17.0rc1` -> (major, minor); ValueError for anything else."""
-    m = _VERSION.match(version.strip())
-    if m is None:
-        raise ValueError(f"megatron version {version!r} is not X.Y or X.Y.Z")
-    return int(m.group(1)), int(m.group(2))
-
-
-def mtp_inner_layer(version: str) -> str:
-    """The name of the MTP block's inner transformer layer in megatron-core `version`."""
-    v = parse_version(version)
-    return next(name for first, name in MTP_INNER_LAYER if v >= first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,10 +110,10 @@ def _bind_ops(rule: Rule, dims: dict[str, int]) -> tuple[Op, ...]:
 def _model_problems(spec: Spec, model: ModelConfig) -> list[str]:
     problems = []
     for field in spec.requires:
-        if _field(model, field) is None:
+        if model_field(model, field) is None:
             problems.append(f"model.{field} is not set, but spec {spec.name} needs it")
     for field, allowed in spec.model_constraints.items():
-        value = _field(model, field)
+        value = model_field(model, field)
         if value not in allowed:
             problems.append(f"model.{field} = {value!r}: spec {spec.name} covers only {allowed}")
     if model.padded_vocab_size != model.vocab_size:
@@ -136,13 +121,6 @@ def _model_problems(spec: Spec, model: ModelConfig) -> list[str]:
                         f"(make_vocab_size_divisible_by {model.make_vocab_size_divisible_by}); the padded rows would "
                         "enter the softmax: choose a divisor of the vocabulary")
     return problems
-
-
-def _field(model: ModelConfig, dotted: str) -> Any:
-    value: Any = model
-    for part in dotted.split("."):
-        value = getattr(value, part, None) if value is not None else None
-    return value
 
 
 def build_plan(spec: Spec, model: ModelConfig | None = None, *, flavor: Flavor = "local",

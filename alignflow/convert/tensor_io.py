@@ -80,12 +80,14 @@ class StreamingSafetensorsWriter:
     """Write the tensors declared in `layout`, in that order, each as soon as it is ready.
 
     `write` refuses a tensor out of order or of another shape/dtype; `close` refuses to finish a file with
-    tensors missing, so a half-written file never looks complete.
+    tensors missing, so a half-written file never looks complete. With `cast=True` (the bf16 conversion only) a
+    floating tensor of another floating dtype is cast to the layout's dtype instead of refused.
     """
 
     def __init__(self, path: Path, layout: Sequence[tuple[str, TensorMeta]],
-                 metadata: Mapping[str, str] | None = None) -> None:
+                 metadata: Mapping[str, str] | None = None, *, cast: bool = False) -> None:
         self.path = path
+        self.cast = cast
         self._layout = list(layout)
         self._next = 0
         header: dict[str, Any] = {}
@@ -109,14 +111,15 @@ class StreamingSafetensorsWriter:
         self._buffer: torch.Tensor | None = None
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
-        """Append `tensor` as `name`. A floating tensor of another dtype is cast on the way, chunk by chunk into one
-        reused buffer (`copy_`, the kernel of `Tensor.to`), so a large tensor never exists twice in memory."""
+        """Append `tensor` as `name`. With `cast=True` a floating tensor of another floating dtype is cast on the
+        way, chunk by chunk into one reused buffer (`copy_`, the kernel of `Tensor.to`), so a large tensor never
+        exists twice in memory; otherwise a dtype other than the layout's is refused."""
         if self._next >= len(self._layout):
             raise ValueError(f"{self.path.name}: {name!r} is not in the file's layout (all tensors written)")
         want_name, meta = self._layout[self._next]
         if name != want_name:
             raise ValueError(f"{self.path.name}: expected {want_name!r} next, got {name!r}")
-        castable = tensor.dtype.is_floating_point and meta.dtype.is_floating_point
+        castable = self.cast and tensor.dtype.is_floating_point and meta.dtype.is_floating_point
         if tuple(tensor.shape) != meta.shape or (tensor.dtype != meta.dtype and not castable):
             raise ValueError(f"{self.path.name}: {name!r} is {list(tensor.shape)} {tensor.dtype}, layout says "
                              f"{list(meta.shape)} {meta.dtype}")

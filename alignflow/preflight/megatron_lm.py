@@ -28,6 +28,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from alignflow.convert.layout import MegatronVersionError, parse_version
+
 TABLES = "megatron_flags"
 _TYPES: dict[str, Any] = {"int": int, "float": float, "str": str}
 
@@ -94,8 +96,11 @@ def available() -> list[str]:
 
 @cache
 def load_table(version: str) -> dict[str, Any] | None:
-    """The flag table of megatron-core `version` (`0.16`, `0.16.1` -> its minor release), or None."""
-    minor = ".".join(version.strip().lstrip("v").split(".")[:2])
+    """The flag table of megatron-core `version` (`0.16`, `0.16.1` -> its minor release), or None.
+
+    A version that is not one (`latest`) raises MegatronVersionError (a ConfigError), as the converter does."""
+    major, minor_ = parse_version(version)
+    minor = f"{major}.{minor_}"
     path = resources.files("alignflow.preflight") / TABLES / f"core_v{minor}.json"
     if not path.is_file():
         return None
@@ -106,10 +111,13 @@ def load_table(version: str) -> dict[str, Any] | None:
 def check_flags(argv: Sequence[str], version: str) -> tuple[bool | None, str]:
     """Does Megatron-LM `version`'s parser accept `argv` (the flags after `pretrain_gpt.py`)?
 
-    (True, source) accepted; (False, reasons) refused, with a close spelling for each unknown flag; (None, why)
-    when there is no table for `version`.
+    (True, source) accepted; (False, reasons) refused, with a close spelling for each unknown flag, or `version`
+    is not a megatron-core version; (None, why) when there is no table for `version`.
     """
-    table = load_table(version)
+    try:
+        table = load_table(version)
+    except MegatronVersionError as exc:  # the converter refuses it too: the run cannot start
+        return False, str(exc)
     if table is None:
         return None, (f"no flag table for megatron-core {version} (alignflow has {', '.join(available())}; "
                       "make one with `python -m alignflow.preflight.megatron_lm table CHECKOUT`)")

@@ -15,23 +15,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from alignflow.convert.layout import mtp_inner_layer
+from alignflow.convert.layout import parse_version as parse_version
 from alignflow.errors import ConfigError
 
 Flavour = Literal["local", "transformer_engine"]
 FLAVOURS: tuple[str, ...] = ("local", "transformer_engine")
 
 
-def parse_version(version: str) -> tuple[int, int]:
-    """`"0.16"`, `"0.16.1"`, `"core_r0.17.0"` -> `(0, 16)` / `(0, 17)`."""
-    match = re.search(r"(\d+)\.(\d+)", version)
-    if match is None:
-        raise ConfigError(f"megatron-core version {version!r} is not of the form MAJOR.MINOR[.PATCH]")
-    return int(match.group(1)), int(match.group(2))
-
-
-def mtp_inner_name(megatron_version: str) -> str:
-    """Name of the MTP inner transformer layer in legacy checkpoints of that megatron-core version."""
-    return "transformer_layer" if parse_version(megatron_version) < (0, 17) else "mtp_model_layer"
+# One parser of megatron-core versions for the converter, the twin and preflight (torch-free).
+mtp_inner_name = mtp_inner_layer  # name of the MTP inner transformer layer in that megatron-core version
 
 
 def timestamp_has_microseconds(megatron_version: str) -> bool:

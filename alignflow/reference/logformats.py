@@ -1,4 +1,7 @@
-"""The exact log lines of the real frameworks, as pure functions (the twin prints what alignflow parses).
+"""The twin's log lines that `alignflow.logs.render` does not write: the MindFormers logging prefix as a
+`logging.Formatter`, and Megatron's vocabulary and checkpoint lines. The step lines themselves come from
+`alignflow.logs.render` (`mindformers_pynative_line(prefix="none")`, `megatron_line`), the same format strings
+the parsers are tested on.
 
 MindFormers 2.1.0 PyNative (mindformers reference §2.1-2.2): the stdout logger prefix
 `%(asctime)s - %(name)s[%(filepath)s:%(lineno)d] - %(levelname)s - %(message)s`, where the logger name is
@@ -14,12 +17,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import datetime
+
+from alignflow.logs.render import mindformers_prefix
+
+_INFO = " - INFO - "  # the level render's prefix writes; the formatter writes the record's own
 
 # ---------------------------------------------------------------------------------------------- MindFormers
 
-MF_STDOUT_FORMAT = "%(asctime)s - %(mf_name)s[%(mf_file)s:%(mf_line)d] - %(levelname)s - %(message)s"
 # Call sites whose file:line the prefix names. The LossCallback line is exact (loss_callback.py:337); the
 # checkpoint ones sit in the ranges the reference gives (checkpoint.py:865-927, utils.py:681-712).
 MF_SITES: dict[str, tuple[str, int]] = {
@@ -40,47 +46,23 @@ def mindformers_logger_name(env: Mapping[str, str]) -> str:
 
 
 class MindFormersFormatter(logging.Formatter):
-    """Formats records with the MindFormers stdout prefix; `extra={"site": key}` picks the file:line."""
+    """Formats records with the MindFormers stdout prefix (`alignflow.logs.render.mindformers_prefix`) and the
+    record's level; `extra={"site": key}` picks the file:line."""
 
     def __init__(self, logger_name: str) -> None:
-        super().__init__(MF_STDOUT_FORMAT)
+        super().__init__()
         self.logger_name = logger_name
 
     def format(self, record: logging.LogRecord) -> str:
-        site = MF_SITES.get(getattr(record, "site", "trainer"), MF_SITES["trainer"])
-        record.mf_name = self.logger_name
-        record.mf_file, record.mf_line = site
-        return super().format(record)
-
-
-def mindformers_step_message(
-    *,
-    step: int,
-    max_steps: int,
-    consumed_samples: int,
-    global_batch_size: int,
-    loss: float,
-    step_time_ms: int,
-    load_balancing_loss: float | None,
-    mtp_losses: Sequence[float],
-    lr: float,
-    grad_norm: float | None,
-) -> str:
-    """The G3 PyNative `LossCallback._print_log` message (mindformers §2.2), throughput omitted."""
-    parts = [
-        f"step:[{step:5d}/{max_steps:5d}]",
-        f"consumed_samples: {consumed_samples}",
-        f"global_batch_size: {global_batch_size}",
-        f"loss: {loss:10.6f}",
-        f"per_step_time: {step_time_ms:6d}ms",
-    ]
-    if load_balancing_loss is not None:
-        parts.append(f"load_balancing_loss: {load_balancing_loss:10.6f}")
-    if mtp_losses:
-        parts.append(", ".join(f"mtp_{k}_loss: {v:10.6f}" for k, v in enumerate(mtp_losses, start=1)))
-    parts.append(f"lr: {lr:10.6e}")
-    parts.append("grad_norm: NaN" if grad_norm is None else f"grad_norm: {grad_norm:10.6f}")
-    return "{ " + ", ".join(parts) + " }"
+        path, lineno = MF_SITES.get(getattr(record, "site", "trainer"), MF_SITES["trainer"])
+        message = record.getMessage()
+        if record.exc_info:
+            message += "\n" + self.formatException(record.exc_info)
+        # `asctime` as logging's formatTime makes it: local time of `created`, milliseconds from `msecs`
+        when = datetime.fromtimestamp(int(record.created)).replace(microsecond=int(record.msecs) * 1000)
+        head = mindformers_prefix("", prefix="stdout", when=when, caller=(path, lineno, ""),
+                                  logger_name=self.logger_name)
+        return head.removesuffix(_INFO) + f" - {record.levelname} - " + message
 
 
 def mindformers_nan_message(grad_norm: float, step: int) -> str:
@@ -94,40 +76,6 @@ MEGATRON_RANKS = "[ t 1/1, gtp_remat 1/1, p 1/1 ]"
 
 def megatron_timestamp(now: datetime, *, microseconds: bool) -> str:
     return now.strftime("%Y-%m-%d %H:%M:%S.%f" if microseconds else "%Y-%m-%d %H:%M:%S")
-
-
-def megatron_iteration_line(
-    *,
-    now: datetime,
-    microseconds: bool,
-    iteration: int,
-    train_iters: int,
-    consumed_samples: int,
-    elapsed_ms: float,
-    lr: float,
-    global_batch_size: int,
-    losses: Sequence[tuple[str, float]],
-    grad_norm: float | None,
-    skipped_iterations: int,
-    nan_iterations: int,
-    loss_scale: float = 1.0,
-) -> str:
-    """Megatron `training_log` line (megatron §2.1); `losses` in `total_loss_dict` order."""
-    line = f" [{megatron_timestamp(now, microseconds=microseconds)}]"
-    line += f" iteration {iteration:8d}/{train_iters:8d} |"
-    line += f" consumed samples: {consumed_samples:12d} |"
-    line += f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
-    line += f" learning rate: {lr:.6E} |"
-    line += f" global batch size: {global_batch_size:5d} |"
-    for name, value in losses:
-        if value >= 0.0:  # Megatron prints a loss key only when its average is not negative
-            line += f" {name}: {value:.6E} |"
-    line += f" loss scale: {loss_scale:.1f} |"
-    if grad_norm is not None:
-        line += f" grad norm: {grad_norm:.3f} |"
-    line += f" number of skipped iterations: {skipped_iterations:3d} |"
-    line += f" number of nan iterations: {nan_iterations:3d} |"
-    return line
 
 
 def megatron_padded_vocab_line(orig: int, padded: int) -> str:

@@ -1,11 +1,11 @@
 """Megatron-LM `pretrain_gpt.py` command-line flags: parse them, reject unknown ones by name, read the model.
 
-This is the PyTorch twin's argument parser and the way alignflow reads a Megatron command line (preflight
-reuses `parse_megatron_args` + `model_config_from_megatron`). Flag names, defaults and meanings are Megatron's
-(`megatron/training/arguments.py`): e.g. dropout defaults to 0.1, `--lr-decay-style` to linear, `--split` to
-`969, 30, 1`, `--transformer-impl` to transformer_engine, and `NullTokenizer` adds one end-of-document id to
-`--vocab-size` before padding. Flags the twin does not implement are rejected, each by name; flags that only
-tune kernels (`--no-*-fusion`) are accepted and have no effect on a CPU fp32 run.
+This is the PyTorch twin's argument parser and the way alignflow reads a Megatron command line (preflight's
+`gpu.py` reuses `parse_megatron_args`, not `model_config_from_megatron`). Flag names, defaults and meanings are
+Megatron's (`megatron/training/arguments.py`): e.g. dropout defaults to 0.1, `--lr-decay-style` to linear,
+`--split` to `969, 30, 1`, `--transformer-impl` to transformer_engine, and `NullTokenizer` adds one
+end-of-document id to `--vocab-size` before padding. Flags the twin does not implement are rejected, each by
+name; flags that only tune kernels (`--no-*-fusion`) are accepted and have no effect on a CPU fp32 run.
 
 Twin extensions (not Megatron flags): `--twin-data-sha256 HEX` (the data file must hash to it),
 `--twin-megatron-version X.Y` (the megatron-core version whose formats to reproduce: MTP inner-layer name,

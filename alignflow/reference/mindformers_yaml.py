@@ -7,8 +7,8 @@ naming its file, line and dotted path (MindFormers only rejects unknown keys in 
 stricter, so a typo cannot silently change the run). The one twin extension is the `twin:` section
 (`twin.data_sha256`: the data file must hash to it).
 
-`model_config_from_mindformers` reads the architecture back as a `ModelConfig`; preflight reuses it to compare
-the two sides' configurations.
+`model_config_from_mindformers` reads the architecture back as a `ModelConfig` (the MindSpore twin builds its
+model from it). Preflight does not use it: `alignflow.preflight.npu` reads the YAML keys itself.
 """
 
 from __future__ import annotations

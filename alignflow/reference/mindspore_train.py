@@ -81,6 +81,7 @@ def train(cfg: MindFormersConfig, *, clock: Callable[[], float] = time.perf_coun
     import mindspore as ms
     import numpy as np
 
+    from alignflow.logs.render import mindformers_pynative_line
     from alignflow.reference import logformats as fmt
     from alignflow.reference import ms_checkpoint as ckpt
     from alignflow.reference.data import load_data
@@ -144,7 +145,7 @@ def train(cfg: MindFormersConfig, *, clock: Callable[[], float] = time.perf_coun
         grads = ms.mutable(grads)  # a tuple of tensors passed to jit must be mutable, or every step recompiles
         norm = float(norm_fn(grads).asnumpy())
         if math.isfinite(norm):
-            clip = min(1.0, settings.clip_grad / (norm + 1e-6)) if settings.clip_grad > 0 else 1.0
+            clip = settings.clip_coeff(norm)
             bc1, bc2 = settings.bias_corrections(step)
             update_fn(grads, ms.Tensor(settings.schedule(step - 1), ms.float32), ms.Tensor(bc1, ms.float32),
                       ms.Tensor(bc2, ms.float32), ms.Tensor(clip, ms.float32))
@@ -159,10 +160,10 @@ def train(cfg: MindFormersConfig, *, clock: Callable[[], float] = time.perf_coun
         record = StepRecord(step, lm_sum / (gbs * spec.seq_length), tuple(float(x) for x in mtp), lb, norm,
                             settings.schedule(step))
         records.append(record)
-        log.info(fmt.mindformers_step_message(
-            step=step, max_steps=tr.steps, consumed_samples=step * gbs, global_batch_size=gbs, loss=record.loss,
+        log.info(mindformers_pynative_line(
+            step, tr.steps, consumed_samples=step * gbs, global_batch_size=gbs, loss=record.loss,
             step_time_ms=elapsed_ms, load_balancing_loss=lb, mtp_losses=record.mtp, lr=record.lr,
-            grad_norm=norm if math.isfinite(norm) else None), extra={"site": "loss"})
+            grad_norm=norm if math.isfinite(norm) else None, prefix="none"), extra={"site": "loss"})
         if cp.enable_save and cp.save_path and (step % cp.save_interleaved_steps == 0 or step == tr.steps):
             model_state = _model_state(net, bf16=settings.bf16_params)
             step_tensor = {"name": "global_step", "data": ms.Tensor(np.array([step], np.int32))}

@@ -14,32 +14,30 @@ iteration directory is used as is; `common.json` is read first and must have exa
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import mindspore as ms
 
+from alignflow.convert.layout import (
+    COMMON_JSON,
+    COMMON_KEYS,
+    OPT_FILE,
+    TRACKER,
+    iteration_dir_name,
+    shard_file_name,
+    write_atomic,
+)
 from alignflow.errors import ConfigError
 
-TRACKER = "latest_checkpointed_iteration.txt"
-COMMON_KEYS = ("epoch_num", "step_num", "global_step", "loss_scale", "global_batch_size", "consumed_samples",
-               "ckpt_status")
-_OPT_FILE = re.compile(r"(?:.+-)?opt-\d+-\d+\.safetensors$")
 _ITERATION_DIR = re.compile(r"^iteration_(\d{8})$")
 
 
 def iteration_dir(save_path: Path, iteration: int) -> Path:
-    return save_path / f"iteration_{iteration:08d}"
-
-
-def file_name(prefix: str | None, kind: str, rank: int = 0, world: int = 1) -> str:
-    stem = f"{kind}-{rank:07d}-{world:07d}.safetensors"
-    return f"{prefix}-{stem}" if prefix else stem
+    return save_path / iteration_dir_name(iteration)
 
 
 def common_info(*, step_num: int, global_step: int, global_batch_size: int, consumed_samples: int
@@ -63,11 +61,11 @@ def save(
     """Write one checkpoint, then the tracker; prune this run's oldest checkpoints beyond `save_max`."""
     target = iteration_dir(save_path, iteration)
     target.mkdir(parents=True, exist_ok=True)
-    ms.save_checkpoint(model, str(target / file_name(prefix, "model")), format="safetensors")
+    ms.save_checkpoint(model, str(target / shard_file_name(prefix, "model")), format="safetensors")
     if optimizer is not None:
-        ms.save_checkpoint(optimizer, str(target / file_name(prefix, "opt")), format="safetensors")
-    (target / "common.json").write_text(json.dumps(common, indent=4))
-    _write_atomic(save_path / TRACKER, str(iteration))
+        ms.save_checkpoint(optimizer, str(target / shard_file_name(prefix, "opt")), format="safetensors")
+    (target / COMMON_JSON).write_text(json.dumps(common, indent=4))
+    write_atomic(save_path / TRACKER, str(iteration))
     if target not in saved_by_this_run:
         saved_by_this_run.append(target)
     while len(saved_by_this_run) > save_max:
@@ -109,7 +107,7 @@ def load(load_path: Path, *, need_optimizer: bool, where: str) -> LoadedCheckpoi
     directory = resolve(load_path, where=where)
     if not directory.is_dir():
         raise ConfigError(f"{where}: the tracker names {directory.name}, but {str(directory)!r} does not exist")
-    common_path = directory / "common.json"
+    common_path = directory / COMMON_JSON
     if not common_path.is_file():
         raise ConfigError(f"{where}: Can not find 'common.json' file at: '{common_path}'")
     try:
@@ -123,7 +121,7 @@ def load(load_path: Path, *, need_optimizer: bool, where: str) -> LoadedCheckpoi
     optimizer: dict[str, Any] | None = None
     files = sorted(directory.glob("*.safetensors"))
     for path in files:
-        if _OPT_FILE.search(path.name):
+        if OPT_FILE.match(path.name):
             if need_optimizer:
                 optimizer = dict(ms.load_checkpoint(str(path), format="safetensors"))
             continue
@@ -142,10 +140,3 @@ def load(load_path: Path, *, need_optimizer: bool, where: str) -> LoadedCheckpoi
 def latest_iteration_dirs(save_path: Path) -> list[Path]:
     return sorted(p for p in save_path.iterdir() if _ITERATION_DIR.match(p.name)) if save_path.is_dir() else []
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; a tracker is as readable as the checkpoint it names
-    os.replace(tmp, path)

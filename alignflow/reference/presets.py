@@ -10,9 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
-from alignflow.config.model import ModelConfig, MoEConfig, MTPConfig
+from alignflow.config.model import ModelConfig
+from alignflow.convert.dims import model_field
 from alignflow.errors import ConfigError
 
 DEFAULT_PRESET = "twin-moe"
@@ -108,7 +110,7 @@ def twin_spec(model: ModelConfig) -> TwinSpec:
     Raises `ConfigError` listing every unsupported field (`model.<field>: <value>: <why>`).
     """
     problems = [
-        ("", None, f"model.{path}: {_value(model, path)!r}: {why}")
+        ("", None, f"model.{path}: {model_field(model, path)!r}: {why}")
         for path, unsupported, why in _UNSUPPORTED
         if unsupported(model)
     ]
@@ -149,49 +151,19 @@ def twin_spec(model: ModelConfig) -> TwinSpec:
     )
 
 
-def _value(model: ModelConfig, path: str) -> object:
-    obj: object = model
-    for part in path.split("."):
-        obj = getattr(obj, part)
-    return obj
+def _from_spec(name: str) -> ModelConfig:
+    """The `model:` section of the packaged conversion spec `name` (alignflow/convert/specs/<name>.yaml)."""
+    from alignflow.convert.registry import load_spec  # imported on use: the spec loader pulls in torch
+
+    return load_spec(name).model  # frozen: safe to share from the cached spec
 
 
-def _base(family: str, moe: MoEConfig | None) -> ModelConfig:
-    return ModelConfig(
-        family=family,
-        num_layers=4,
-        hidden_size=128,
-        ffn_hidden_size=256,
-        num_attention_heads=4,
-        num_query_groups=2,
-        kv_channels=32,
-        vocab_size=256,
-        seq_length=32,
-        rotary_base=10000.0,
-        norm_epsilon=1e-5,
-        moe=moe,
-        mtp=MTPConfig(num_layers=1, loss_scaling_factor=0.3),
-    )
-
-
-def _moe(**overrides: object) -> MoEConfig:
-    fields: dict[str, object] = dict(
-        num_experts=4, router_topk=2, ffn_hidden_size=64, shared_expert_intermediate_size=64,
-        shared_expert_gate=True, aux_loss_coeff=0.01, layer_freq=[0, 1, 1, 1],
-    )
-    fields.update(overrides)
-    return MoEConfig.model_validate(fields)
-
-
+# The presets are the models of the twin conversion specs, declared once there (twin-moe.yaml and the files
+# extending it): twin-moe is Qwen3.5-MoE style (softmax router, top-k renormalised, aux-loss balancing),
+# twin-moe-bias GLM-5.2 / DeepSeek-V3 style (sigmoid scores + aux-loss-free expert bias), twin-dense the same
+# shapes with every layer dense (FFN 256) and a dense MTP inner layer.
 PRESETS: dict[str, Callable[[], ModelConfig]] = {
-    # Qwen3.5-MoE style: softmax router, top-k renormalised, aux-loss load balancing.
-    "twin-moe": lambda: _base("twin-moe", _moe()),
-    # GLM-5.2 / DeepSeek-V3 style: sigmoid scores + aux-loss-free expert bias (Megatron needs sigmoid for it).
-    "twin-moe-bias": lambda: _base(
-        "twin-moe-bias", _moe(router_score_function="sigmoid", router_enable_expert_bias=True)
-    ),
-    # Same shapes, every layer dense (FFN 256), MTP inner layer dense.
-    "twin-dense": lambda: _base("twin-dense", None),
+    name: partial(_from_spec, name) for name in ("twin-moe", "twin-moe-bias", "twin-dense")
 }
 
 

@@ -56,6 +56,10 @@ class OptimSettings:
     clip_grad: float  # 0 = no clipping
     bf16_params: bool  # round the parameters to bf16 after every update (fp32 master copy kept)
 
+    def clip_coeff(self, norm: float) -> float:
+        """The factor the gradients are scaled by (Megatron: `max_norm / (total_norm + 1e-6)`, capped at 1)."""
+        return min(1.0, self.clip_grad / (norm + CLIP_EPS)) if self.clip_grad > 0 else 1.0
+
     def bias_corrections(self, step: int) -> tuple[float, float]:
         """`1 - beta^t` for update `t` (1-based), computed in Python float64 on both sides."""
         return 1.0 - self.beta1**step, 1.0 - self.beta2**step

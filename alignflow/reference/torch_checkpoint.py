@@ -14,8 +14,6 @@ tracker is an error, never a silent random initialisation.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,12 +23,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from alignflow.convert.layout import CHECKPOINT_VERSION, TRACKER, checkpoint_path, write_atomic
 from alignflow.errors import ConfigError
 from alignflow.reference import logformats as fmt
 from alignflow.reference.flavours import KeyLayout
 
-TRACKER = "latest_checkpointed_iteration.txt"
-CHECKPOINT_VERSION = 3.0
 log = logging.getLogger(__name__)
 
 
@@ -68,8 +65,7 @@ def read_tracker(load_dir: Path, *, where: str) -> tuple[int, bool]:
 
 
 def checkpoint_file(root: Path, iteration: int, *, release: bool = False) -> Path:
-    directory = "release" if release else f"iter_{iteration:07d}"
-    return root / directory / "mp_rank_00" / "model_optim_rng.pt"
+    return root / checkpoint_path(None if release else iteration)
 
 
 def load_checkpoint(model: nn.Module, load_dir: Path, layout: KeyLayout, *, finetune: bool, where: str) -> LoadResult:
@@ -151,14 +147,7 @@ def save_checkpoint(
     path = checkpoint_file(save_dir, iteration)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(payload, path)
-    _write_atomic(save_dir / TRACKER, str(iteration))
+    write_atomic(save_dir / TRACKER, str(iteration))
     log.info(fmt.megatron_saved_line(str(save_dir), iteration))
     return path
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; a tracker is as readable as the checkpoint it names
-    os.replace(tmp, path)

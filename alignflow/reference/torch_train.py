@@ -52,6 +52,7 @@ def train(ns: argparse.Namespace, *, clock: Callable[[], float] = time.perf_coun
     import numpy as np
     import torch
 
+    from alignflow.logs.render import megatron_line
     from alignflow.reference import logformats as fmt
     from alignflow.reference.data import load_data
     from alignflow.reference.flavours import megatron_layout, mtp_inner_name, timestamp_has_microseconds
@@ -126,7 +127,7 @@ def train(ns: argparse.Namespace, *, clock: Callable[[], float] = time.perf_coun
             counts = [c + mc for c, mc in zip(counts, outputs.counts, strict=True)]
         norm = float(global_norm(optimizer.params))
         if math.isfinite(norm):
-            clip = min(1.0, settings.clip_grad / (norm + 1e-6)) if settings.clip_grad > 0 else 1.0
+            clip = settings.clip_coeff(norm)
             optimizer.step(settings.schedule(it - 1), it, clip)
             losses = {"lm loss": lm_sum / (gbs * spec.seq_length)}
             if spec.moe is not None and spec.moe.aux_loss_coeff:
@@ -144,11 +145,10 @@ def train(ns: argparse.Namespace, *, clock: Callable[[], float] = time.perf_coun
         first = first_print and it == iteration + 1
         if it % ns.log_interval == 0 or first:
             elapsed = (clock() - t_interval) * 1000.0 / iters_in_interval
-            log.info(fmt.megatron_iteration_line(
-                now=now(), microseconds=micros, iteration=it, train_iters=ns.train_iters,
-                consumed_samples=it * gbs, elapsed_ms=elapsed, lr=settings.schedule(it), global_batch_size=gbs,
-                losses=interval.averages(), grad_norm=norm if math.isfinite(norm) else None,
-                skipped_iterations=skipped, nan_iterations=nans))
+            log.info(megatron_line(
+                it, ns.train_iters, when=now(), microseconds=micros, consumed_samples=it * gbs,
+                elapsed_ms=elapsed, lr=settings.schedule(it), global_batch_size=gbs, losses=dict(interval.averages()),
+                grad_norm=norm if math.isfinite(norm) else None, skipped=skipped, nan_iterations=nans))
             if not first:
                 interval, skipped, nans = _Interval(), 0, 0
                 t_interval, iters_in_interval = clock(), 0

@@ -232,3 +232,24 @@ def test_legacy_ckpt_through_mindspore_and_output_loads_in_mindspore(tmp_path):
     assert np.array_equal(loaded["layer.weight"].astype(ms.float32).asnumpy(),
                           torch.from_numpy(w).to(torch.bfloat16).float().numpy())
     assert loaded["layer.mlp.expert_bias"].dtype == ms.float32
+
+
+def test_the_streaming_writer_is_strict_about_dtypes_unless_asked_to_cast(tmp_path):
+    from alignflow.convert.tensor_io import StreamingSafetensorsWriter, TensorMeta, read_layout
+
+    layout = [("w", TensorMeta((2, 3), torch.bfloat16))]
+    fp32 = torch.arange(6, dtype=torch.float32).reshape(2, 3) / 7
+    with StreamingSafetensorsWriter(tmp_path / "strict.safetensors", layout) as writer:
+        with pytest.raises(ValueError, match=r"'w' is \[2, 3\] torch.float32, layout says \[2, 3\] torch.bfloat16"):
+            writer.write("w", fp32)
+        writer.write("w", fp32.to(torch.bfloat16))  # the layout's own dtype is written as is
+    with StreamingSafetensorsWriter(tmp_path / "cast.safetensors", layout, cast=True) as writer:
+        writer.write("w", fp32)
+    assert read_layout(tmp_path / "cast.safetensors") == dict(layout)
+    with safe_open(str(tmp_path / "cast.safetensors"), framework="pt") as handle:
+        assert torch.equal(handle.get_tensor("w"), fp32.to(torch.bfloat16))
+    # cast=True casts floating dtypes only: never an integer, never a shape
+    for bad in (torch.zeros(2, 3, dtype=torch.int32), torch.zeros(3, 2)):
+        with pytest.raises(ValueError, match="layout says"), \
+                StreamingSafetensorsWriter(tmp_path / "bad.safetensors", layout, cast=True) as writer:
+            writer.write("w", bad)

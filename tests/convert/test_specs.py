@@ -66,6 +66,35 @@ def test_mtp_inner_layer_name_follows_the_megatron_version():
         parse_version("latest")
 
 
+def test_one_megatron_version_parser_for_converter_twin_and_preflight():
+    import subprocess
+    import sys
+
+    from alignflow.preflight.megatron_lm import check_flags, load_table
+    from alignflow.reference import flavours
+
+    assert flavours.parse_version is parse_version
+    for text, expected in [("0.16", (0, 16)), ("0.16.1", (0, 16)), ("0.17.0rc1", (0, 17)), ("v0.19", (0, 19)),
+                           ("core_v0.17.0", (0, 17)), ("core_r0.19.0", (0, 19)), (" 1.0.0rc1 ", (1, 0))]:
+        assert parse_version(text) == expected
+        assert flavours.mtp_inner_name(text) == mtp_inner_layer(text)
+    assert load_table("v0.16") == load_table("0.16.1") == load_table("0.16")
+    for bad in ["latest", "", "16", "0.x", "main-0.16"]:
+        for call in (parse_version, flavours.parse_version, flavours.timestamp_has_microseconds, load_table):
+            with pytest.raises(ConfigError, match=r"not X\.Y"):  # and a ValueError, as the CLI expects
+                call(bad)
+        with pytest.raises(ValueError, match=r"not X\.Y"):
+            parse_version(bad)
+    accepted, why = check_flags(["--lr", "1e-3"], "latest")
+    assert accepted is False
+    assert "not X.Y" in why
+    # the parser is torch-free: the MindSpore twin and preflight import it without torch
+    code = ("import sys, alignflow.convert.layout, alignflow.reference.flavours, alignflow.preflight.megatron_lm; "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
 def test_glm52_1b_is_about_one_billion_parameters():
     shapes = build_plan(load_spec("glm52-1b"), flavor="te").target_shapes()
     params = sum(int(__import__("math").prod(s)) for s in shapes.values())

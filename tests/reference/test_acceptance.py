@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from alignflow import convert
 from alignflow.logs import check_sentinels, parse_log
 from alignflow.reference.presets import preset
 from alignflow.reference.render import mindformers_config
@@ -26,7 +27,6 @@ from .conftest import TwinData, run_mindspore, run_torch, torch_argv, training
 
 pytestmark = pytest.mark.slow
 STEPS = 30
-convert: Any = pytest.importorskip("alignflow.convert", reason="the converter (feat/convert) is not merged yet")
 
 
 @pytest.fixture(scope="module")

@@ -76,3 +76,18 @@ def test_values_the_twin_does_not_implement(tmp_path: Path, section: str, key: s
     node[key] = value
     with pytest.raises(ConfigError, match=message):
         load_mindformers_config(_write(tmp_path, cfg))
+
+
+def test_one_clip_coefficient_for_both_sides() -> None:
+    from alignflow.reference.schedule import CLIP_EPS, LRSchedule, OptimSettings
+
+    def settings(clip_grad: float) -> OptimSettings:
+        return OptimSettings(LRSchedule(1e-3, 0.0, 0, 10, "constant"), weight_decay=0.0, beta1=0.9, beta2=0.95,
+                             eps=1e-8, clip_grad=clip_grad, bf16_params=False)
+
+    assert CLIP_EPS == 1e-6  # Megatron's clip_grad_by_total_norm_fp32
+    for norm in (0.0, 0.3, 1.0, 2.5, 1e6):
+        assert settings(1.0).clip_coeff(norm) == min(1.0, 1.0 / (norm + 1e-6))  # the formula both sides used
+        assert settings(0.0).clip_coeff(norm) == 1.0  # 0 = no clipping
+    assert settings(1.0).clip_coeff(4.0) < 1.0
+    assert settings(1.0).clip_coeff(0.5) == 1.0

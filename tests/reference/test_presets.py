@@ -37,6 +37,21 @@ def test_bias_and_dense_presets() -> None:
     assert set(PRESETS) == {"twin-moe", "twin-moe-bias", "twin-dense"}
 
 
+def test_presets_are_the_twin_conversion_specs_models() -> None:
+    import subprocess
+    import sys
+
+    from alignflow.convert import load_spec
+
+    for name in PRESETS:
+        assert preset(name) == load_spec(name).model
+        assert preset(name).family == name
+    # the MindSpore twin imports this module (twin_spec) without torch; only preset() loads the spec
+    code = "import sys, alignflow.reference.presets; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
 def test_unknown_preset_lists_the_presets() -> None:
     with pytest.raises(ConfigError, match="twin-moe, twin-moe-bias, twin-dense"):
         preset("twin-huge")

@@ -1,0 +1,83 @@
+"""Checkpoint layouts and megatron-core versions as pure data: names, constants, parsers. Imports no torch.
+
+Shared by the converter (`megatron`, `mindformers`, `plan`) and the reference twins (the MindSpore twin runs
+without torch), and by preflight: one parser of megatron-core versions, one set of file names per layout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from alignflow.errors import ConfigError
+
+TRACKER = "latest_checkpointed_iteration.txt"  # both layouts: names the iteration (or `release`, Megatron)
+
+# Megatron legacy (`--ckpt-format torch`, megatron reference §3).
+CHECKPOINT_VERSION = 3.0  # what megatron-core writes; a missing version triggers a legacy QKV "fix" (ref §3.3)
+MEGATRON_FILE_NAME = "model_optim_rng.pt"
+
+# MindFormers PyNative (mindformers reference §4).
+COMMON_JSON = "common.json"
+# The 7 keys of `CommonInfo`, in its field order; `load_common` raises TypeError on any other key (reference §4.3).
+COMMON_KEYS = ("epoch_num", "step_num", "global_step", "loss_scale", "global_batch_size", "consumed_samples",
+               "ckpt_status")
+OPT_FILE = re.compile(r"^(?:.+-)?opt-\d+-\d+\.safetensors$")
+
+
+def checkpoint_path(iteration: int | None) -> str:
+    """Relative path of the rank-0 file: `iter_{N:07d}/mp_rank_00/model_optim_rng.pt`, or `release/...`."""
+    folder = "release" if iteration is None else f"iter_{iteration:07d}"
+    return f"{folder}/mp_rank_00/{MEGATRON_FILE_NAME}"
+
+
+def iteration_dir_name(iteration: int) -> str:
+    return f"iteration_{iteration:08d}"
+
+
+def shard_file_name(prefix: str | None, kind: str, rank: int = 0, world: int = 1) -> str:
+    """`[{prefix}-]{kind}-{rank:07d}-{world:07d}.safetensors` (`kind` is `model` or `opt`)."""
+    stem = f"{kind}-{rank:07d}-{world:07d}.safetensors"
+    return f"{prefix}-{stem}" if prefix else stem
+
+
+def model_file_name(prefix: str, rank: int = 0, world: int = 1) -> str:
+    """`{prefix}-model-{rank:07d}-{world:07d}.safetensors`; never `model.safetensors`, which MindFormers would take
+    for a Hugging Face directory and load through its HF template path (reference §5)."""
+    return shard_file_name(prefix, "model", rank, world)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename (a tracker is never seen half-written)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; a tracker is as readable as the checkpoint it names
+    os.replace(tmp, path)
+
+
+class MegatronVersionError(ConfigError, ValueError):
+    """A megatron-core version that is not `X.Y[.Z][suffix]`; a ConfigError and, for older callers, a ValueError."""
+
+
+# megatron-core renamed the MTP inner layer in core_v0.17.0 (Megatron reference §7.4): first version -> name.
+MTP_INNER_LAYER: tuple[tuple[tuple[int, int], str], ...] = (((0, 17), "mtp_model_layer"), ((0, 0), "transformer_layer"))
+# An optional `v`, `core_v` or `core_r` (git tags / release branches), X.Y, optional .Z, optional suffix (rc1, +sha).
+_VERSION = re.compile(r"^(?:core_[rv]|v)?(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?\w+)*$")
+
+
+def parse_version(version: str) -> tuple[int, int]:
+    """`0.16`, `0.16.1`, `0.17.0rc1`, `v0.16`, `core_r0.17.0` -> (major, minor); MegatronVersionError otherwise."""
+    m = _VERSION.match(version.strip())
+    if m is None:
+        raise MegatronVersionError(f"megatron-core version {version!r} is not X.Y or X.Y.Z (optionally prefixed "
+                                   "by v, core_v or core_r, suffixed like rc1)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def mtp_inner_layer(version: str) -> str:
+    """The name of the MTP block's inner transformer layer in megatron-core `version`."""
+    v = parse_version(version)
+    return next(name for first, name in MTP_INNER_LAYER if v >= first)
