@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 from alignflow.config.model import ModelConfig, TrainingConfig
 from alignflow.errors import ConfigError
-from alignflow.reference.render import megatron_vocab_flags
 
 if TYPE_CHECKING:
     from alignflow.backends import CommandTemplate, TrainSpec
@@ -33,6 +32,16 @@ if TYPE_CHECKING:
 
 def _num(value: float) -> str:
     return repr(float(value)) if not float(value).is_integer() or abs(value) < 1 else str(int(value))
+
+
+def megatron_vocab_flags(model: ModelConfig) -> list[str]:
+    """`--vocab-size V-1 --make-vocab-size-divisible-by D`, refusing a D that would pad the embedding."""
+    d = model.make_vocab_size_divisible_by
+    padded = -(-model.vocab_size // d) * d  # NullTokenizer: (V - 1) + 1 ids before padding
+    if padded != model.vocab_size:
+        raise ConfigError(f"model.vocab_size {model.vocab_size} is not a multiple of make_vocab_size_divisible_by "
+                          f"{d}: Megatron would pad the embedding to {padded} rows, and padded rows change the loss")
+    return ["--vocab-size", str(model.vocab_size - 1), "--make-vocab-size-divisible-by", str(d)]
 
 
 def model_flags(model: ModelConfig, *, transformer_impl: str = "local") -> list[str]:

@@ -2,8 +2,9 @@
 
 `mindformers_config(...)` returns the MindFormers PyNative YAML (as a dict) for
 `python -m alignflow.reference.mindspore_train --config X.yaml --mode 1`; `megatron_args(...)` returns the
-`pretrain_gpt.py` flags for `python -m alignflow.reference.torch_train`. Both use the real frameworks' key and
-flag names, so the real-backend renderers can reuse them (`twin=False` leaves the twin extensions out).
+`pretrain_gpt.py` flags for `python -m alignflow.reference.torch_train`, built on the Megatron backend's own flag
+generator (`alignflow.backends.megatron`), so the twin and a real Megatron-LM run get the same model and
+training flags.
 
 Two framework traps are handled here rather than left to chance: Megatron's `NullTokenizer` adds one id to
 `--vocab-size` before padding, so the flag is `vocab_size - 1` and the padded size must come out equal to the
@@ -16,15 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from alignflow.config.model import ModelConfig, TrainingConfig
-from alignflow.errors import ConfigError
 from alignflow.reference.flavours import Flavour
 
 _SCHEDULERS = {"constant": "ConstantWarmUpLR", "linear": "LinearWithWarmUpLR", "cosine": "CosineWithWarmUpLR"}
-
-
-def _num(value: float) -> str:
-    """A float flag value that round-trips (`1e-05`, `0.001`), integral values without a fraction."""
-    return str(int(value)) if float(value).is_integer() and abs(value) < 1e15 else repr(float(value))
 
 
 def mindformers_config(
@@ -103,16 +98,6 @@ def mindformers_config(
     }
 
 
-def megatron_vocab_flags(model: ModelConfig) -> list[str]:
-    """`--vocab-size V-1 --make-vocab-size-divisible-by D`, refusing a D that would pad the embedding."""
-    d = model.make_vocab_size_divisible_by
-    padded = -(-model.vocab_size // d) * d  # NullTokenizer: (V - 1) + 1 ids before padding
-    if padded != model.vocab_size:
-        raise ConfigError(f"model.vocab_size {model.vocab_size} is not a multiple of make_vocab_size_divisible_by "
-                          f"{d}: Megatron would pad the embedding to {padded} rows, and padded rows change the loss")
-    return ["--vocab-size", str(model.vocab_size - 1), "--make-vocab-size-divisible-by", str(d)]
-
-
 def megatron_args(
     model: ModelConfig,
     training: TrainingConfig,
@@ -125,76 +110,21 @@ def megatron_args(
     transformer_impl: Flavour = "local",
     megatron_version: str = "0.16",
     save_interval: int | None = None,
-    finetune: bool = True,
-    twin: bool = True,
-    device: str = "auto",
 ) -> list[str]:
-    """`pretrain_gpt.py` flags for the model and training (the twin's extensions unless `twin=False`)."""
-    a: list[str] = ["--transformer-impl", transformer_impl, "--num-layers", str(model.num_layers),
-                    "--hidden-size", str(model.hidden_size), "--ffn-hidden-size", str(model.ffn_hidden_size),
-                    "--num-attention-heads", str(model.num_attention_heads)]
-    if model.num_query_groups is not None:
-        a += ["--group-query-attention", "--num-query-groups", str(model.num_query_groups)]
-    a += ["--kv-channels", str(model.head_dim), "--seq-length", str(model.seq_length),
-          "--max-position-embeddings", str(model.max_position_embeddings or model.seq_length),
-          "--position-embedding-type", model.position_embedding_type, "--rotary-base", _num(model.rotary_base),
-          "--normalization", model.normalization, "--norm-epsilon", _num(model.norm_epsilon),
-          "--init-method-std", _num(model.init_method_std)]
-    if model.gated_linear_unit and model.activation == "silu":
-        a.append("--swiglu")
-    if not model.add_bias_linear:
-        a.append("--disable-bias-linear")
-    if model.untie_embeddings_and_output_weights:
-        a.append("--untie-embeddings-and-output-weights")
-    a += megatron_vocab_flags(model)
-    a += ["--attention-dropout", _num(model.attention_dropout), "--hidden-dropout", _num(model.hidden_dropout)]
-    moe = model.moe
-    if moe is not None:
-        a += ["--num-experts", str(moe.num_experts), "--moe-router-topk", str(moe.router_topk),
-              "--moe-ffn-hidden-size", str(moe.ffn_hidden_size),
-              "--moe-layer-freq", "[" + ",".join(str(x) for x in moe.layer_freq) + "]" if moe.layer_freq else "1",
-              "--moe-router-load-balancing-type", moe.load_balancing_type,
-              "--moe-aux-loss-coeff", _num(moe.aux_loss_coeff),
-              "--moe-router-score-function", moe.router_score_function, "--moe-token-dispatcher-type", "alltoall"]
-        if moe.shared_expert_intermediate_size is not None:
-            a += ["--moe-shared-expert-intermediate-size", str(moe.shared_expert_intermediate_size)]
-        if moe.shared_expert_gate:
-            a.append("--moe-shared-expert-gate")
-        if moe.router_enable_expert_bias:
-            a += ["--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
-                  _num(moe.router_bias_update_rate)]
-        if moe.router_topk_scaling_factor is not None:
-            a += ["--moe-router-topk-scaling-factor", _num(moe.router_topk_scaling_factor)]
-        if moe.router_dtype is not None:
-            a += ["--moe-router-dtype", moe.router_dtype]
-        if transformer_impl == "transformer_engine":
-            a.append("--moe-grouped-gemm")
-    if model.mtp is not None:
-        a += ["--mtp-num-layers", str(model.mtp.num_layers),
-              "--mtp-loss-scaling-factor", _num(model.mtp.loss_scaling_factor)]
-    a += ["--seed", str(training.seed), "--train-iters", str(steps), "--lr", _num(training.lr),
-          "--min-lr", _num(training.min_lr), "--lr-warmup-iters", str(training.lr_warmup_iters),
-          "--lr-decay-style", training.lr_decay_style]
-    if training.lr_decay_iters is not None:
-        a += ["--lr-decay-iters", str(training.lr_decay_iters)]
-    a += ["--clip-grad", _num(training.clip_grad), "--weight-decay", _num(training.weight_decay),
-          "--adam-beta1", _num(training.adam_beta1), "--adam-beta2", _num(training.adam_beta2),
-          "--adam-eps", _num(training.adam_eps), "--micro-batch-size", str(training.micro_batch_size),
-          "--global-batch-size", str(training.global_batch_size), "--log-interval", "1", "--eval-iters", "0",
-          "--data-path", data_path, "--split", "100,0,0", "--dataloader-type", "single",
-          "--tokenizer-type", "NullTokenizer", "--ckpt-format", "torch"]
-    if training.bf16:
-        a.append("--bf16")
+    """The twin's `pretrain_gpt.py` flags: the real backend's model and training flags (`backends.megatron`), the
+    data, load and save flags, and the twin's extensions (`--twin-*`)."""
+    from alignflow.backends.megatron import model_flags, training_flags
+
+    a = ["--transformer-impl", transformer_impl, *model_flags(model, transformer_impl=transformer_impl),
+         *training_flags(training, steps=steps)]
+    a += ["--log-interval", "1", "--eval-iters", "0", "--data-path", data_path, "--split", "100,0,0",
+          "--dataloader-type", "single", "--ckpt-format", "torch"]
     if training.deterministic:
         a.append("--deterministic-mode")
     if load is not None:
-        a += ["--load", load, "--no-load-optim", "--no-load-rng"] + (["--finetune"] if finetune else [])
+        a += ["--load", load, "--no-load-optim", "--no-load-rng", "--finetune"]
     if save is not None:
         a += ["--save", save, "--save-interval", str(save_interval or steps)]
-    if twin:
-        if data_sha256 is not None:
-            a += ["--twin-data-sha256", data_sha256]
-        a += ["--twin-megatron-version", megatron_version]
-        if device != "auto":
-            a += ["--twin-device", device]
-    return a
+    if data_sha256 is not None:
+        a += ["--twin-data-sha256", data_sha256]
+    return [*a, "--twin-megatron-version", megatron_version]

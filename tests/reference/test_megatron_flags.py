@@ -82,10 +82,13 @@ def test_moe_layer_freq_is_never_evaluated_as_code(freq: str) -> None:
 
 
 def test_twin_extensions_are_rendered_only_for_the_twin() -> None:
+    from alignflow.backends.megatron import model_flags, training_flags
+
     twin = _argv(megatron_version="0.17")
     assert twin[twin.index("--twin-megatron-version") + 1] == "0.17"
-    real = _argv(twin=False)
+    real = [*model_flags(preset("twin-moe")), *training_flags(training(30), steps=30)]
     assert not any(a.startswith("--twin-") for a in real)
+    assert twin[2:2 + len(real)] == real  # the twin trains on exactly the flags a real Megatron-LM run gets
     assert "--moe-grouped-gemm" in _argv(transformer_impl="transformer_engine")
 
 
