@@ -166,8 +166,7 @@ class StepRunner:
         if template.code_repo:
             code_version = f"{template.code_repo}@{repo_version(snapshot, template.code_repo)}"
         key = cache_key(step=step, argv=template.argv, files=template.files, env=template.env,
-                        code_version=code_version, inputs={n: inputs[n].sha256 for n in sdef.inputs},
-                        extra=command.extra_key)
+                        code_version=code_version, inputs={n: inputs[n].sha256 for n in sdef.inputs})
         if step not in self.forced:
             reused = self._reuse(step, key, host, template)
             if reused is not None:
