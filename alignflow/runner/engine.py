@@ -325,9 +325,7 @@ class StepRunner:
                 raise SentinelError(
                     f"{step}: the log holds steps {got[:3]}...{got[-3:] if got else []} ({len(got)}), expected "
                     f"1..{command.expect_steps}; missing {missing[:10]}", sentinels=[])
-        if command.log_source:
-            self.store.add_metrics(self.run_id, source=command.log_source, frame=parsed.frame,
-                                   step_run_id=step_run_id)
+        self.store.add_metrics(self.run_id, source=command.log_source, frame=parsed.frame, step_run_id=step_run_id)
 
     def _fingerprint_outputs(self, step: str, host: Host, transport: Any, out: str,
                              outputs: Mapping[str, str]) -> dict[str, ArtifactRef]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -88,12 +88,10 @@ def reopen(run_id: str, *, store: Any) -> tuple[Experiment, Inventory, pipeline.
 
 def open_runner(
     run_id: str, *, store: Any, state_dir: Path, transport_factory: Any, events: Events | None = None,
-    poll_s: float | None = None,
 ) -> StepRunner:
     experiment, inventory, plan, _ = reopen(run_id, store=store)
-    kwargs: dict[str, Any] = {} if poll_s is None else {"poll_s": poll_s}
     return StepRunner(run_id=run_id, experiment=experiment, inventory=inventory, store=store, state_dir=state_dir,
-                      forced=plan.forced, transport_factory=transport_factory, events=events, **kwargs)
+                      forced=plan.forced, transport_factory=transport_factory, events=events)
 
 
 def preflight_run(run_id: str, *, store: Any, state_dir: Path, events: Events | None = None) -> Any:
@@ -226,7 +224,6 @@ def _iso(value: Any) -> str | None:
 
 def execute_pipeline(
     run_id: str, *, store: Any, state_dir: Path, transport_factory: Any, events: Events | None = None,
-    step_hook: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Walk the run's plan step by step without Prefect (the flow does the same with tasks)."""
     runner = open_runner(run_id, store=store, state_dir=state_dir, transport_factory=transport_factory, events=events)
@@ -238,8 +235,6 @@ def execute_pipeline(
         parent = parent_outcomes(store, parent_id) if parent_id else {}
         available: dict[str, ArtifactRef] = {"data": data_artifact(runner)}
         for name in plan.steps:
-            if step_hook is not None:
-                step_hook(name)
             if parent and name in parent and name not in plan.forced and params["options"].get("reuse_parent"):
                 outcome = reuse_parent_step(runner, name, parent)
             else:

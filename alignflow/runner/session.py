@@ -10,9 +10,8 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +26,7 @@ from alignflow.runner.cache import code_version_for
 log = logging.getLogger(__name__)
 
 CONTROLLER = "controller"
-Clock = Callable[[], datetime]
 Events = Callable[[str], None]
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,17 +57,16 @@ class StepOutcome:
     step_run_id: str | None = None
     cache_key: str | None = None
     verdict: str | None = None
-    message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "status": self.status, "step_run_id": self.step_run_id,
-                "cache_key": self.cache_key, "verdict": self.verdict, "message": self.message,
+                "cache_key": self.cache_key, "verdict": self.verdict,
                 "artifacts": {k: v.to_dict() for k, v in self.artifacts.items()}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepOutcome:
         return cls(step=data["step"], status=data["status"], step_run_id=data.get("step_run_id"),
-                   cache_key=data.get("cache_key"), verdict=data.get("verdict"), message=data.get("message", ""),
+                   cache_key=data.get("cache_key"), verdict=data.get("verdict"),
                    artifacts={k: ArtifactRef.from_dict(v) for k, v in data.get("artifacts", {}).items()})
 
 
@@ -157,7 +150,3 @@ def plan_for(experiment: Experiment, options: RunOptions) -> pipeline.Plan:
 
 def compare_code_version() -> str:
     return code_version_for(("logs", "compare"))
-
-
-def describe_steps(names: Iterable[str]) -> str:
-    return ", ".join(names)
