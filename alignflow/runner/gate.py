@@ -25,7 +25,7 @@ from alignflow.config.hosts import Host
 from alignflow.errors import AlignflowError, PipelineError, RemoteJobError, SentinelError
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.cache import cache_key, repo_version
-from alignflow.runner.commands import DEFAULT_TIMEOUT_S, data_placeholder
+from alignflow.runner.commands import data_placeholder, timeout_for
 from alignflow.runner.control import attach_jobs
 from alignflow.runner.engine import StepRunner
 from alignflow.runner.placeholders import fill, fill_all
@@ -139,7 +139,7 @@ def _step1(runner: StepRunner, job: _Job) -> dict[str, float]:
     from alignflow.logs import check_sentinels, parse_log
 
     side, t = job.side, job.transport
-    state = runner._wait(f"{STEP}/{side.name}", t, job.handle, DEFAULT_TIMEOUT_S[STEP])
+    state = runner._wait(f"{STEP}/{side.name}", t, job.handle, timeout_for(runner.experiment, STEP))
     if not state.ok:
         tail = t.tail(job.handle, 4096, stream="stderr").rstrip().splitlines()[-15:]
         raise RemoteJobError(f"{side.host.name}: early gate ({side.name} side) {state}; job dir "
