@@ -83,7 +83,7 @@ def run_gate(runner: StepRunner, inputs: Mapping[str, ArtifactRef]) -> StepOutco
                     extra={"steps": gate.steps, "rel_tol": gate.rel_tol, "metrics": list(gate.metrics)})
     controller = runner.host(STEP)
     if STEP not in runner.forced:
-        reused = runner._reuse(STEP, key, controller, None)
+        reused = runner._reuse(STEP, key)
         if reused is not None:
             return reused
     step_run = runner.store.start_step(runner.run_id, STEP, host=controller.name,
