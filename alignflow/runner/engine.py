@@ -130,6 +130,44 @@ class StepRunner:
                          f"{ref.sha256[:12]})" for ref in group if now[ref.path].sha256 != ref.sha256]
         return problems
 
+    def code_version(self, template: Any, host: Host) -> str:
+        """A command's code version: the framework checkout's commit on `host` when the template names one."""
+        if template.code_repo:
+            return f"{template.code_repo}@{repo_version(self.snapshot(host), template.code_repo)}"
+        return str(template.code_version)
+
+    def launch(self, transport: Any, template: Any, values: Mapping[str, str], argv: list[str], *, out: str,
+               name: str) -> Any:
+        """Create `out`, write the template's config files there, launch the detached job; its handle.
+
+        The job holds one of the host's max_concurrent_jobs slots (on the host: shared by every controller) while
+        it runs, waiting there for one if all are taken.
+        """
+        from alignflow.transport import JobSpec
+
+        transport.mkdir(out)
+        for rel, text in template.files.items():
+            transport.write_text(f"{out}/{rel}", fill(text, values))
+        env = {k: fill(v, values) for k, v in template.env.items()}
+        return transport.launch(JobSpec(argv=argv, name=name, env=env, cwd=out, take_slot=True))
+
+    def read_log(self, label: str, transport: Any, path: str, template: Any, local_name: str) -> Any:
+        """Fetch a training log to `runs/<id>/logs/<local_name>.log`, parse it, check its sentinels and the lines
+        a valid log contains; the parsed log."""
+        from alignflow.logs import check_sentinels, parse_log
+
+        local = self.state_dir / "runs" / self.run_id / "logs" / f"{local_name}.log"
+        local.parent.mkdir(parents=True, exist_ok=True)
+        transport.get(path, str(local), overwrite=True)
+        text = local.read_text(encoding="utf-8", errors="replace")
+        parsed = parse_log(text.splitlines(), fmt=template.log_format, source=f"{label}:{path}")
+        check_sentinels(parsed)
+        for required in template.required_lines:
+            if required not in text:
+                raise SentinelError(f"{label}: the log never says {required!r} ({path}); the run is not valid (the "
+                                    "weights were not loaded as expected?)", sentinels=[])
+        return parsed
+
     # ------------------------------------------------------------------ staging
     def stage(self, artifact: ArtifactRef, host: Host) -> str:
         """Path of `artifact` on `host`; copied there (and verified) when it lives elsewhere."""
@@ -179,15 +217,13 @@ class StepRunner:
             raise PipelineError(f"step {step}: missing input artifact(s) {', '.join(missing)}")
         host = self.host(step)
         transport = self.transport(host)
-        snapshot = self.snapshot(host)
+        self.snapshot(host)
         data_sha = inputs["data"].sha256 if "data" in inputs else ""
         command = step_command(self.experiment, step, data_sha256=data_sha)
         template = command.template
-        code_version = template.code_version
-        if template.code_repo:
-            code_version = f"{template.code_repo}@{repo_version(snapshot, template.code_repo)}"
         key = cache_key(step=step, argv=template.argv, files=template.files, env=template.env,
-                        code_version=code_version, inputs={n: inputs[n].sha256 for n in sdef.inputs})
+                        code_version=self.code_version(template, host),
+                        inputs={n: inputs[n].sha256 for n in sdef.inputs})
         if step not in self.forced:
             reused = self._reuse(step, key)
             if reused is not None:
@@ -218,7 +254,7 @@ class StepRunner:
              inputs: Mapping[str, ArtifactRef]) -> StepOutcome:
         template = command.template
         sdef = pipeline.step(step)
-        from alignflow.transport import JobHandle, JobSpec
+        from alignflow.transport import JobHandle
 
         state: Any = None
         handle: Any = None
@@ -238,14 +274,7 @@ class StepRunner:
                                              cache_key=key, inputs={n: inputs[n].to_dict() for n in sdef.inputs})
         try:
             if handle is None:
-                transport.mkdir(out)
-                for rel, text in template.files.items():
-                    transport.write_text(f"{out}/{rel}", fill(text, values))
-                env = {k: fill(v, values) for k, v in template.env.items()}
-                # the job holds one of the host's max_concurrent_jobs slots (on the host: shared by every
-                # controller) while it runs, waiting there for one if all are taken
-                handle = transport.launch(JobSpec(argv=argv, name=f"{self.run_id}-{step}", env=env, cwd=out,
-                                                  take_slot=True))
+                handle = self.launch(transport, template, values, argv, out=out, name=f"{self.run_id}-{step}")
                 self.store.attach_job(step_run.id, job_dir=handle.job_dir, handle={**handle.to_dict(), "out": out})
                 self.emit(f"{step}: launched on {host.name} (job {handle.job_dir})")
             state = self._wait(step, transport, handle, timeout_for(self.experiment, step))
@@ -326,19 +355,7 @@ class StepRunner:
 
     def _check_log(self, step: str, transport: Any, path: str, command: StepCommand, step_run_id: str) -> None:
         """Parse the training log on the controller: sentinels, required lines, every step present."""
-        from alignflow.logs import check_sentinels, parse_log
-
-        local = self.state_dir / "runs" / self.run_id / "logs" / f"{step}.log"
-        local.parent.mkdir(parents=True, exist_ok=True)
-        transport.get(path, str(local), overwrite=True)
-        text = local.read_text(encoding="utf-8", errors="replace")
-        lines = text.splitlines()
-        parsed = parse_log(lines, fmt=command.template.log_format, source=f"{step}:{path}")
-        check_sentinels(parsed)
-        for required in command.template.required_lines:
-            if required not in text:
-                raise SentinelError(f"{step}: the log never says {required!r} ({path}); the run is not valid",
-                                    sentinels=[])
+        parsed = self.read_log(step, transport, path, command.template, step)
         if command.expect_steps is not None:
             got = sorted(int(s) for s in parsed.frame.index)
             want = list(range(1, command.expect_steps + 1))
