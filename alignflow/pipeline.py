@@ -105,7 +105,7 @@ def upstream(name: str) -> list[str]:
     return found
 
 
-def downstream(names: Iterable[str], *, include_self: bool = True) -> list[str]:
+def downstream(names: Iterable[str]) -> list[str]:
     """`names` and every step that depends on them, transitively, in pipeline order."""
     selected = {step(n).name for n in names}
     changed = True
@@ -115,8 +115,6 @@ def downstream(names: Iterable[str], *, include_self: bool = True) -> list[str]:
             if s.name not in selected and any(u in selected for u in upstream(s.name)):
                 selected.add(s.name)
                 changed = True
-    if not include_self:
-        selected -= set(names)
     return [s for s in STEP_NAMES if s in selected]
 
 
@@ -126,9 +124,6 @@ class Plan:
 
     steps: tuple[str, ...]
     forced: frozenset[str]
-
-    def runs(self, name: str) -> bool:
-        return name in self.steps
 
 
 def plan(
@@ -156,7 +151,6 @@ def plan(
         forced |= set(downstream(force))
     if from_step is not None:
         start = STEP_NAMES.index(step(from_step).name)
-        forced |= set(downstream([from_step]))
         forced |= {n for n in STEP_NAMES[start:] if n in active}
     selected = [n for n in active if n in set(only)] if only else active
     return Plan(steps=tuple(selected), forced=frozenset(n for n in forced if n in selected))

@@ -15,7 +15,8 @@ from prefect.futures import PrefectFuture
 
 from alignflow import pipeline
 from alignflow.errors import AlignflowError
-from alignflow.runner.run import parent_outcomes, reopen, reuse_parent_step
+from alignflow.runner.artifacts import ArtifactRef
+from alignflow.runner.run import reopen, reusable_parent_steps, reuse_parent_step
 from flows.artifacts import publish_run_artifacts
 from flows.hooks import kill_remote_jobs, remember_run
 from tasks.context import open_store, runner_for
@@ -34,20 +35,12 @@ def _flow_run_name() -> str:
     return f"align-{name}{extra}"
 
 
-def _reuse_from_parent(run_id: str, step: str) -> dict[str, Any] | None:
-    store = open_store()
-    try:
-        _, _, plan, params = reopen(run_id, store=store)
-        parent = params["options"].get("parent")
-        if not parent or not params["options"].get("reuse_parent") or step in plan.forced:
-            return None
-        found = parent_outcomes(store, parent)
-    finally:
-        store.close()
-    if step not in found:
+def _reuse_from_parent(run_id: str, step: str, parent: dict[str, dict[str, ArtifactRef]]) -> dict[str, Any] | None:
+    """The step taken from the parent run (see `reusable_parent_steps`), or None when it must execute."""
+    if step not in parent:
         return None
     with runner_for(run_id) as runner:
-        return reuse_parent_step(runner, step, found).to_dict()
+        return reuse_parent_step(runner, step, parent).to_dict()
 
 
 @flow(
@@ -83,6 +76,7 @@ def alignment(
     store = open_store()
     try:
         _, _, plan, _ = reopen(run_id, store=store)
+        parent = reusable_parent_steps(store, run_id)
     finally:
         store.close()
     outcomes: dict[str, dict[str, Any]] = {}
@@ -95,12 +89,13 @@ def alignment(
             if name in CONCURRENT:
                 continue
             if name == "compare":
-                _run_concurrent(run_id, plan, available, outcomes)
-            outcome = _reuse_from_parent(run_id, name) or step_task.with_options(name=name)(run_id, name, available)
+                _run_concurrent(run_id, plan, parent, available, outcomes)
+            outcome = (_reuse_from_parent(run_id, name, parent)
+                       or step_task.with_options(name=name)(run_id, name, available))
             outcomes[name] = outcome
             available.update(outcome["artifacts"])
         if "compare" not in plan.steps:
-            _run_concurrent(run_id, plan, available, outcomes)
+            _run_concurrent(run_id, plan, parent, available, outcomes)
     except AlignflowError as exc:
         error = str(exc)
         logger.error("run %s failed: %s", run_id, exc)
@@ -115,13 +110,13 @@ def alignment(
     return record
 
 
-def _run_concurrent(run_id: str, plan: pipeline.Plan, available: dict[str, dict[str, Any]],
-                    outcomes: dict[str, dict[str, Any]]) -> None:
+def _run_concurrent(run_id: str, plan: pipeline.Plan, parent: dict[str, dict[str, ArtifactRef]],
+                    available: dict[str, dict[str, Any]], outcomes: dict[str, dict[str, Any]]) -> None:
     """gpu_train and npu_reload_train side by side (they read different checkpoints on different hosts)."""
     futures: dict[str, PrefectFuture[dict[str, Any]] | dict[str, Any]] = {}
     for name in CONCURRENT:
         if name in plan.steps and name not in outcomes:
-            reused = _reuse_from_parent(run_id, name)
+            reused = _reuse_from_parent(run_id, name, parent)
             futures[name] = reused if reused is not None else step_task.with_options(name=name).submit(
                 run_id, name, dict(available))
     errors: list[BaseException] = []

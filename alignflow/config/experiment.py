@@ -12,13 +12,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from alignflow import pipeline
 from alignflow.compare.criteria import Criterion, default_criteria
 from alignflow.config.hosts import Inventory, Role
 from alignflow.config.model import ModelConfig, TrainingConfig
 from alignflow.config.yamlsource import load_yaml, validate
 from alignflow.errors import ConfigError
 
-STEP_NAMES = ("npu_base_train", "convert_bf16", "convert_megatron", "gpu_train", "npu_reload_train", "compare")
 _SHA256_HEX = frozenset("0123456789abcdef")
 
 
@@ -110,7 +110,10 @@ class StepConfig(_Strict):
     command: list[str] | None = Field(
         None, description="Command template (argv) replacing the backend's; `{placeholders}` are filled in."
     )
-    outputs: list[str] | None = Field(None, description="Declared outputs (names) that the step must produce.")
+    outputs: list[str] | None = Field(
+        None, description="Declared outputs (artifact names) that the step must produce; each must be one of the "
+        "step's outputs. Every output of a step is always required and fingerprinted."
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment for this step.")
 
 
@@ -151,9 +154,17 @@ class Experiment(_Strict):
     @field_validator("steps")
     @classmethod
     def _known_steps(cls, value: dict[str, StepConfig]) -> dict[str, StepConfig]:
-        unknown = sorted(set(value) - set(STEP_NAMES))
+        unknown = sorted(set(value) - set(pipeline.STEP_NAMES))
         if unknown:
-            raise ValueError(f"unknown step(s) {', '.join(unknown)}; steps are: {', '.join(STEP_NAMES)}")
+            raise ValueError(f"unknown step(s) {', '.join(unknown)}; steps are: {', '.join(pipeline.STEP_NAMES)}")
+        for name, config in value.items():
+            # every output of a step is required (the runner fingerprints each one on its host and fails the step
+            # when one is missing); a declared name the step never produces is a mistake, not a wish
+            produced = pipeline.step(name).outputs
+            foreign = sorted(set(config.outputs or ()) - set(produced))
+            if foreign:
+                raise ValueError(f"steps.{name}.outputs: {', '.join(foreign)} not produced by {name} (it produces "
+                                 f"{', '.join(produced)})")
         return value
 
     @model_validator(mode="after")

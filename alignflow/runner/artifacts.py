@@ -26,5 +26,11 @@ class ArtifactRef:
         return cls(**{k: data[k] for k in ("name", "host", "path", "sha256", "size", "kind")},
                    manifest=data.get("manifest"))
 
+    @classmethod
+    def from_record(cls, record: Any) -> ArtifactRef:
+        """The reference of an artifact row of the store."""
+        manifest = record.manifest if isinstance(record.manifest, list) else None
+        return cls(record.name, record.host, record.path, record.sha256, record.size_bytes, record.kind, manifest)
+
     def short(self) -> str:
         return f"{self.name}@{self.host}:{self.path} ({self.sha256[:12]})"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 from alignflow.backends import CommandTemplate, TrainSpec, render_training
 from alignflow.config.experiment import Experiment
@@ -29,7 +29,6 @@ class StepCommand:
     outputs: dict[str, str]
     expect_steps: int | None = None  # a training log must hold exactly these steps
     log_source: str | None = None  # metrics label ("npu_base", "gpu", "npu")
-    extra_key: dict[str, object] = field(default_factory=dict)
 
 
 def step_command(experiment: Experiment, step: str, *, data_sha256: str) -> StepCommand:
@@ -81,21 +80,9 @@ def step_command(experiment: Experiment, step: str, *, data_sha256: str) -> Step
     else:
         raise PipelineError(f"step '{step}' has no command (it runs on the controller)")
     if override is not None and override.command is not None:
-        t = cmd.template
-        cmd = StepCommand(
-            CommandTemplate(argv=tuple(override.command), log_format=t.log_format, code_version=t.code_version,
-                            files=t.files, env=t.env, log=t.log, checkpoint=t.checkpoint,
-                            required_lines=t.required_lines, code_repo=t.code_repo),
-            cmd.outputs, cmd.expect_steps, cmd.log_source,
-        )
+        cmd = replace(cmd, template=replace(cmd.template, argv=tuple(override.command)))
     if override is not None and override.env:
-        t = cmd.template
-        cmd = StepCommand(
-            CommandTemplate(argv=t.argv, log_format=t.log_format, code_version=t.code_version, files=t.files,
-                            env={**t.env, **override.env}, log=t.log, checkpoint=t.checkpoint,
-                            required_lines=t.required_lines, code_repo=t.code_repo),
-            cmd.outputs, cmd.expect_steps, cmd.log_source,
-        )
+        cmd = replace(cmd, template=replace(cmd.template, env={**cmd.template.env, **override.env}))
     return cmd
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
+from alignflow import pipeline
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.cache import cache_key
 from alignflow.runner.engine import StepRunner
@@ -33,22 +35,19 @@ def run_compare(runner: StepRunner, inputs: Mapping[str, ArtifactRef],
     transport = runner.transport(host)
     if "compare" not in runner.forced:
         cached = runner.store.find_cached_step("compare", key)
-        if cached is not None:
-            previous = runner.store.comparison(cached.run_id)
-            outcome = runner._reuse("compare", key, host, None)
-            if outcome is not None and previous is not None:
+        previous = runner.store.comparison(cached.run_id) if cached is not None else None
+        if previous is not None:
+            outcome = runner._reuse("compare", key, cached)
+            if outcome is not None:
                 runner.store.add_comparison(runner.run_id, verdict=previous.verdict, criteria=previous.criteria,
                                             summary=previous.summary)
                 return StepOutcome("compare", "cached", outcome.artifacts, outcome.step_run_id, key,
                                    verdict=previous.verdict)
 
-    logs_dir = runner.state_dir / "runs" / runner.run_id / "logs"
-    logs_dir.mkdir(parents=True, exist_ok=True)
     parsed: dict[str, Any] = {}
     for name in ("npu_log", "gpu_log"):
         ref = inputs[name]
-        local = logs_dir / f"{name}.log"
-        runner.transport_by_name(ref.host).get(ref.path, str(local), overwrite=True)
+        local = _local_log(runner, ref)
         parsed[name] = parse_log(local.read_text(encoding="utf-8", errors="replace").splitlines(),
                                  source=f"{ref.host}:{ref.path}")
     report_dir = runner.state_dir / "reports" / f"{runner.run_id}-{uuid.uuid4().hex[:6]}"
@@ -76,3 +75,20 @@ def run_compare(runner: StepRunner, inputs: Mapping[str, ArtifactRef],
         raise
     runner.emit(f"compare: verdict {result['verdict']} — report {files.html}")
     return StepOutcome("compare", "ran", {"report": ref}, step_run.id, key, verdict=result["verdict"])
+
+
+def _local_log(runner: StepRunner, ref: ArtifactRef) -> Path:
+    """A controller copy of the training log `ref`: the one the engine fetched when it checked the log in this
+    run (`runs/<id>/logs/<step>.log`) when its bytes are the artifact's, else a fresh download."""
+    from alignflow.fingerprint import Fingerprinter
+
+    logs_dir = runner.state_dir / "runs" / runner.run_id / "logs"
+    producer = pipeline.producer(ref.name)
+    if producer is not None:
+        checked = logs_dir / f"{producer.name}.log"
+        if checked.is_file() and Fingerprinter().fingerprint(checked).sha256 == ref.sha256:
+            return checked
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    local = logs_dir / f"{ref.name}.log"
+    runner.transport_by_name(ref.host).get(ref.path, str(local), overwrite=True)
+    return local

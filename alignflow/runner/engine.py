@@ -20,14 +20,15 @@ import logging
 import shlex
 import time
 import uuid
-from collections.abc import Mapping
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from alignflow import pipeline
 from alignflow.config.experiment import Experiment
 from alignflow.config.hosts import Host, Inventory
-from alignflow.errors import AlignflowError, PipelineError, RemoteJobError, SentinelError
+from alignflow.errors import AlignflowError, PathMissing, PipelineError, RemoteJobError, SentinelError
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.cache import cache_key, repo_version
 from alignflow.runner.commands import StepCommand, step_command, timeout_for
@@ -109,6 +110,64 @@ class StepRunner:
         self.store.add_snapshot(self.run_id, host.name, data)
         return dict(data)
 
+    def verify(self, refs: Iterable[ArtifactRef]) -> list[str]:
+        """What no longer holds of `refs` on their hosts (empty: every one still hashes as recorded).
+
+        One `sha256` call per host for all of that host's artifacts; a vanished path is a problem, not an error.
+        Transport errors propagate (the caller decides whether an unverifiable artifact is fatal).
+        """
+        by_host: dict[str, list[ArtifactRef]] = defaultdict(list)
+        for ref in refs:
+            by_host[ref.host].append(ref)
+        problems: list[str] = []
+        for host, group in by_host.items():
+            try:
+                now = self.transport_by_name(host).sha256([ref.path for ref in group])
+            except PathMissing as exc:
+                problems.append(f"{exc.path} vanished from {host} ({', '.join(r.name for r in group)} not verified)")
+                continue
+            problems += [f"{ref.name} at {ref.host}:{ref.path} changed (sha256 {now[ref.path].sha256[:12]} != "
+                         f"{ref.sha256[:12]})" for ref in group if now[ref.path].sha256 != ref.sha256]
+        return problems
+
+    def code_version(self, template: Any, host: Host) -> str:
+        """A command's code version: the framework checkout's commit on `host` when the template names one."""
+        if template.code_repo:
+            return f"{template.code_repo}@{repo_version(self.snapshot(host), template.code_repo)}"
+        return str(template.code_version)
+
+    def launch(self, transport: Any, template: Any, values: Mapping[str, str], argv: list[str], *, out: str,
+               name: str) -> Any:
+        """Create `out`, write the template's config files there, launch the detached job; its handle.
+
+        The job holds one of the host's max_concurrent_jobs slots (on the host: shared by every controller) while
+        it runs, waiting there for one if all are taken.
+        """
+        from alignflow.transport import JobSpec
+
+        transport.mkdir(out)
+        for rel, text in template.files.items():
+            transport.write_text(f"{out}/{rel}", fill(text, values))
+        env = {k: fill(v, values) for k, v in template.env.items()}
+        return transport.launch(JobSpec(argv=argv, name=name, env=env, cwd=out, take_slot=True))
+
+    def read_log(self, label: str, transport: Any, path: str, template: Any, local_name: str) -> Any:
+        """Fetch a training log to `runs/<id>/logs/<local_name>.log`, parse it, check its sentinels and the lines
+        a valid log contains; the parsed log."""
+        from alignflow.logs import check_sentinels, parse_log
+
+        local = self.state_dir / "runs" / self.run_id / "logs" / f"{local_name}.log"
+        local.parent.mkdir(parents=True, exist_ok=True)
+        transport.get(path, str(local), overwrite=True)
+        text = local.read_text(encoding="utf-8", errors="replace")
+        parsed = parse_log(text.splitlines(), fmt=template.log_format, source=f"{label}:{path}")
+        check_sentinels(parsed)
+        for required in template.required_lines:
+            if required not in text:
+                raise SentinelError(f"{label}: the log never says {required!r} ({path}); the run is not valid (the "
+                                    "weights were not loaded as expected?)", sentinels=[])
+        return parsed
+
     # ------------------------------------------------------------------ staging
     def stage(self, artifact: ArtifactRef, host: Host) -> str:
         """Path of `artifact` on `host`; copied there (and verified) when it lives elsewhere."""
@@ -158,39 +217,34 @@ class StepRunner:
             raise PipelineError(f"step {step}: missing input artifact(s) {', '.join(missing)}")
         host = self.host(step)
         transport = self.transport(host)
-        snapshot = self.snapshot(host)
+        self.snapshot(host)
         data_sha = inputs["data"].sha256 if "data" in inputs else ""
         command = step_command(self.experiment, step, data_sha256=data_sha)
         template = command.template
-        code_version = template.code_version
-        if template.code_repo:
-            code_version = f"{template.code_repo}@{repo_version(snapshot, template.code_repo)}"
         key = cache_key(step=step, argv=template.argv, files=template.files, env=template.env,
-                        code_version=code_version, inputs={n: inputs[n].sha256 for n in sdef.inputs},
-                        extra=command.extra_key)
+                        code_version=self.code_version(template, host),
+                        inputs={n: inputs[n].sha256 for n in sdef.inputs})
         if step not in self.forced:
-            reused = self._reuse(step, key, host, template)
+            reused = self._reuse(step, key)
             if reused is not None:
                 return reused
         return self._run(step, key, host, transport, command, inputs)
 
-    def _reuse(self, step: str, key: str, host: Host, template: Any) -> StepOutcome | None:
-        cached = self.store.find_cached_step(step, key)
+    def _reuse(self, step: str, key: str, cached: Any = None) -> StepOutcome | None:
+        """Reuse the step run `cached` (by default the store's newest successful one with `key`) when every
+        artifact of it still hashes the same on its host."""
+        cached = cached if cached is not None else self.store.find_cached_step(step, key)
         if cached is None:
             return None
-        artifacts = self.store.artifacts(cached.id)
-        refs: dict[str, ArtifactRef] = {}
-        for a in artifacts:
-            try:
-                t = self.transport_by_name(a.host)
-                now = t.sha256([a.path])[a.path].sha256 if t.exists(a.path) else None
-            except AlignflowError as exc:
-                self.emit(f"{step}: cannot verify cached {a.name} on {a.host} ({exc}); re-running")
-                return None
-            if now != a.sha256:
-                self.emit(f"{step}: cached {a.name} at {a.host}:{a.path} changed or vanished; re-running")
-                return None
-            refs[a.name] = ArtifactRef(a.name, a.host, a.path, a.sha256, a.size_bytes, a.kind, _manifest(a.manifest))
+        refs = {a.name: ArtifactRef.from_record(a) for a in self.store.artifacts(cached.id)}
+        try:
+            problems = self.verify(refs.values())
+        except AlignflowError as exc:
+            self.emit(f"{step}: cannot verify the cached outputs ({exc}); re-running")
+            return None
+        if problems:
+            self.emit(f"{step}: cached " + "; ".join(problems) + "; re-running")
+            return None
         record = self.store.record_cached_step(self.run_id, step, host=cached.host, command=cached.command,
                                                cache_key=key, reused_from=cached.id, inputs=cached.inputs)
         self.emit(f"{step}: cached (reusing step run {cached.id} of run {cached.run_id})")
@@ -200,10 +254,11 @@ class StepRunner:
              inputs: Mapping[str, ArtifactRef]) -> StepOutcome:
         template = command.template
         sdef = pipeline.step(step)
-        from alignflow.transport import JobHandle, JobSpec
+        from alignflow.transport import JobHandle
 
         state: Any = None
         handle: Any = None
+        tails: tuple[str, str] | None = None
         resumed = self._resumable(step, key)
         if resumed is not None:
             # An earlier attempt of this task launched the job and lost its connection: re-attach, never relaunch.
@@ -219,19 +274,11 @@ class StepRunner:
                                              cache_key=key, inputs={n: inputs[n].to_dict() for n in sdef.inputs})
         try:
             if handle is None:
-                transport.mkdir(out)
-                for rel, text in template.files.items():
-                    transport.write_text(f"{out}/{rel}", fill(text, values))
-                env = {k: fill(v, values) for k, v in template.env.items()}
-                # the job holds one of the host's max_concurrent_jobs slots (on the host: shared by every
-                # controller) while it runs, waiting there for one if all are taken
-                handle = transport.launch(JobSpec(argv=argv, name=f"{self.run_id}-{step}", env=env, cwd=out,
-                                                  take_slot=True))
+                handle = self.launch(transport, template, values, argv, out=out, name=f"{self.run_id}-{step}")
                 self.store.attach_job(step_run.id, job_dir=handle.job_dir, handle={**handle.to_dict(), "out": out})
                 self.emit(f"{step}: launched on {host.name} (job {handle.job_dir})")
             state = self._wait(step, transport, handle, timeout_for(self.experiment, step))
-            stdout_tail = transport.tail(handle, TAIL_BYTES, stream="stdout")
-            stderr_tail = transport.tail(handle, TAIL_BYTES, stream="stderr")
+            tails = stdout_tail, stderr_tail = self._tails(transport, handle, check=True)
             if not state.ok:
                 raise RemoteJobError(
                     f"{host.name}: step {step} {state}; job dir {handle.job_dir}\n"
@@ -260,7 +307,7 @@ class StepRunner:
             # The job's own exit code even when the step failed for another reason (a sentinel in a log of a
             # process that exited 0 is exactly the case people must be able to see).
             code = state.exit_code if state is not None else None
-            tails = self._tails(transport, handle)
+            tails = tails or self._tails(transport, handle)  # already fetched when the job had ended
             self.store.finish_step(step_run.id, status="failed", exit_code=code, stdout_tail=tails[0],
                                    stderr_tail=tails[1], error=str(exc))
             raise
@@ -274,13 +321,16 @@ class StepRunner:
         return None
 
     @staticmethod
-    def _tails(transport: Any, handle: Any) -> tuple[str, str]:
+    def _tails(transport: Any, handle: Any, *, check: bool = False) -> tuple[str, str]:
+        """The job's stdout and stderr tails; with `check`, a transport error propagates (else: empty tails)."""
         if handle is None:
             return "", ""
         try:
             return (transport.tail(handle, TAIL_BYTES, stream="stdout"),
                     transport.tail(handle, TAIL_BYTES, stream="stderr"))
         except AlignflowError:
+            if check:
+                raise
             return "", ""
 
     def _wait(self, step: str, transport: Any, handle: Any, timeout_s: float) -> Any:
@@ -305,19 +355,7 @@ class StepRunner:
 
     def _check_log(self, step: str, transport: Any, path: str, command: StepCommand, step_run_id: str) -> None:
         """Parse the training log on the controller: sentinels, required lines, every step present."""
-        from alignflow.logs import check_sentinels, parse_log
-
-        local = self.state_dir / "runs" / self.run_id / "logs" / f"{step}.log"
-        local.parent.mkdir(parents=True, exist_ok=True)
-        transport.get(path, str(local), overwrite=True)
-        text = local.read_text(encoding="utf-8", errors="replace")
-        lines = text.splitlines()
-        parsed = parse_log(lines, fmt=command.template.log_format, source=f"{step}:{path}")
-        check_sentinels(parsed)
-        for required in command.template.required_lines:
-            if required not in text:
-                raise SentinelError(f"{step}: the log never says {required!r} ({path}); the run is not valid",
-                                    sentinels=[])
+        parsed = self.read_log(step, transport, path, command.template, step)
         if command.expect_steps is not None:
             got = sorted(int(s) for s in parsed.frame.index)
             want = list(range(1, command.expect_steps + 1))
@@ -326,17 +364,18 @@ class StepRunner:
                 raise SentinelError(
                     f"{step}: the log holds steps {got[:3]}...{got[-3:] if got else []} ({len(got)}), expected "
                     f"1..{command.expect_steps}; missing {missing[:10]}", sentinels=[])
-        if command.log_source:
-            self.store.add_metrics(self.run_id, source=command.log_source, frame=parsed.frame,
-                                   step_run_id=step_run_id)
+        self.store.add_metrics(self.run_id, source=command.log_source, frame=parsed.frame, step_run_id=step_run_id)
 
     def _fingerprint_outputs(self, step: str, host: Host, transport: Any, out: str,
                              outputs: Mapping[str, str]) -> dict[str, ArtifactRef]:
         paths = {name: f"{out}/{rel}" for name, rel in outputs.items()}
-        missing = [f"{name} ({p})" for name, p in paths.items() if not transport.exists(p)]
-        if missing:
-            raise PipelineError(f"{host.name}: step {step} exited 0 but did not produce {', '.join(missing)}")
-        fps = transport.sha256(list(paths.values()))
+        try:
+            fps = transport.sha256(list(paths.values()))
+        except PathMissing:
+            # the batch stops at the first missing path: name every declared output that is missing
+            missing = [f"{name} ({p})" for name, p in paths.items() if not transport.exists(p)]
+            raise PipelineError(f"{host.name}: step {step} exited 0 but did not produce declared output(s) "
+                                f"{', '.join(missing)}") from None
         refs = {}
         for name, p in paths.items():
             fp = fps[p]
@@ -344,7 +383,3 @@ class StepRunner:
             manifest = [[f.path, f.sha256, f.size] for f in fp.files] if fp.kind == "dir" else None
             refs[name] = ArtifactRef(name, host.name, p, fp.sha256, fp.size, kind, manifest)
         return refs
-
-
-def _manifest(value: Any) -> list[list[Any]] | None:
-    return value if isinstance(value, list) else None

@@ -22,13 +22,13 @@ from typing import Any
 
 from alignflow.backends import CommandTemplate, Side, TrainSpec, render_training
 from alignflow.config.hosts import Host
-from alignflow.errors import AlignflowError, PipelineError, RemoteJobError, SentinelError
+from alignflow.errors import AlignflowError, PipelineError, RemoteJobError
 from alignflow.runner.artifacts import ArtifactRef
-from alignflow.runner.cache import cache_key, repo_version
-from alignflow.runner.commands import DEFAULT_TIMEOUT_S, data_placeholder
+from alignflow.runner.cache import cache_key
+from alignflow.runner.commands import data_placeholder, timeout_for
 from alignflow.runner.control import attach_jobs
 from alignflow.runner.engine import StepRunner
-from alignflow.runner.placeholders import fill, fill_all
+from alignflow.runner.placeholders import fill_all
 from alignflow.runner.session import StepOutcome
 
 STEP = "early_gate"
@@ -69,12 +69,7 @@ def run_gate(runner: StepRunner, inputs: Mapping[str, ArtifactRef]) -> StepOutco
     for name, step, load in plan:
         spec = TrainSpec(STEP, name, gate.steps, data_placeholder(exp), data.sha256, "{in:" + load + "}", None)
         sides.append(_Side(name, runner.host(step), load, render_training(exp, spec)))
-    versions = []
-    for side in sides:
-        version = side.template.code_version
-        if side.template.code_repo:
-            version = f"{side.template.code_repo}@{repo_version(runner.snapshot(side.host), side.template.code_repo)}"
-        versions.append(version)
+    versions = [runner.code_version(side.template, side.host) for side in sides]
     key = cache_key(step=STEP, argv=[a for s in sides for a in (*s.template.argv, "|")],
                     files={f"{s.name}/{k}": v for s in sides for k, v in s.template.files.items()},
                     env={f"{s.name}/{k}": v for s in sides for k, v in s.template.env.items()},
@@ -83,7 +78,7 @@ def run_gate(runner: StepRunner, inputs: Mapping[str, ArtifactRef]) -> StepOutco
                     extra={"steps": gate.steps, "rel_tol": gate.rel_tol, "metrics": list(gate.metrics)})
     controller = runner.host(STEP)
     if STEP not in runner.forced:
-        reused = runner._reuse(STEP, key, controller, None)
+        reused = runner._reuse(STEP, key)
         if reused is not None:
             return reused
     step_run = runner.store.start_step(runner.run_id, STEP, host=controller.name,
@@ -118,44 +113,27 @@ def run_gate(runner: StepRunner, inputs: Mapping[str, ArtifactRef]) -> StepOutco
 
 
 def _launch(runner: StepRunner, side: _Side, inputs: Mapping[str, ArtifactRef]) -> _Job:
-    from alignflow.transport import JobSpec
-
     t = runner.transport(side.host)
     local = {"data": runner.stage(inputs["data"], side.host), side.load: runner.stage(inputs[side.load], side.host)}
     out = str(t.path(f"artifacts/{STEP}/{side.name}-{uuid.uuid4().hex[:12]}"))
     values = {"python": t.python(), "out": out, **{f"in:{n}": p for n, p in local.items()}}
-    t.mkdir(out)
-    for rel, text in side.template.files.items():
-        t.write_text(f"{out}/{rel}", fill(text, values))
-    handle = t.launch(JobSpec(argv=fill_all(side.template.argv, values), name=f"{runner.run_id}-gate-{side.name}",
-                              env={k: fill(v, values) for k, v in side.template.env.items()}, cwd=out,
-                              take_slot=True))  # one of the host's job slots, as every training
+    handle = runner.launch(t, side.template, values, fill_all(side.template.argv, values), out=out,
+                           name=f"{runner.run_id}-gate-{side.name}")  # one of the host's job slots, as every training
     runner.emit(f"{STEP}: {side.name} side launched on {side.host.name} (job {handle.job_dir})")
     return _Job(side, t, handle, out)
 
 
 def _step1(runner: StepRunner, job: _Job) -> dict[str, float]:
     """Wait for one side, then read its log exactly as the long trainings' logs are read; step 1's metrics."""
-    from alignflow.logs import check_sentinels, parse_log
-
     side, t = job.side, job.transport
-    state = runner._wait(f"{STEP}/{side.name}", t, job.handle, DEFAULT_TIMEOUT_S[STEP])
+    state = runner._wait(f"{STEP}/{side.name}", t, job.handle, timeout_for(runner.experiment, STEP))
     if not state.ok:
         tail = t.tail(job.handle, 4096, stream="stderr").rstrip().splitlines()[-15:]
         raise RemoteJobError(f"{side.host.name}: early gate ({side.name} side) {state}; job dir "
                              f"{job.handle.job_dir}\n" + "\n".join("    " + line for line in tail),
                              handle=job.handle, state=state)
     remote = f"{job.handle.job_dir}/stdout" if side.template.log == "stdout" else f"{job.out}/{side.template.log}"
-    local = runner.state_dir / "runs" / runner.run_id / "logs" / f"{STEP}-{side.name}.log"
-    local.parent.mkdir(parents=True, exist_ok=True)
-    t.get(remote, str(local), overwrite=True)
-    text = local.read_text(encoding="utf-8", errors="replace")
-    parsed = parse_log(text.splitlines(), fmt=side.template.log_format, source=f"{STEP}/{side.name}")
-    check_sentinels(parsed)
-    for required in side.template.required_lines:
-        if required not in text:
-            raise SentinelError(f"{STEP} ({side.name} side): the log never says {required!r} ({remote}); the "
-                                "weights were not loaded as expected", sentinels=[])
+    parsed = runner.read_log(f"{STEP} ({side.name} side)", t, remote, side.template, f"{STEP}-{side.name}")
     if 1 not in parsed.frame.index:
         raise GateFailed(f"{STEP} ({side.name} side): the log has no step 1 ({remote})")
     row = parsed.frame.loc[1]

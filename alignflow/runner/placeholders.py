@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 
 from alignflow.errors import PipelineError
 
-_PLACEHOLDER = re.compile(r"\{(python|out|job|workdir|in:[A-Za-z0-9_]+)\}")
+_PLACEHOLDER = re.compile(r"\{(python|out|in:[A-Za-z0-9_]+)\}")
 
 
 def fill(text: str, values: Mapping[str, str]) -> str:
@@ -28,11 +28,3 @@ def fill(text: str, values: Mapping[str, str]) -> str:
 
 def fill_all(items: Iterable[str], values: Mapping[str, str]) -> list[str]:
     return [fill(item, values) for item in items]
-
-
-def referenced_inputs(items: Iterable[str]) -> set[str]:
-    """Artifact names referenced as `{in:<name>}`."""
-    found: set[str] = set()
-    for item in items:
-        found |= {m.group(1)[3:] for m in _PLACEHOLDER.finditer(item) if m.group(1).startswith("in:")}
-    return found

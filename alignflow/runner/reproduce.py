@@ -2,7 +2,9 @@
 
 Checkpoints, data and configs are compared byte for byte (sha256). A training log's bytes always differ between
 two executions (timestamps, step times), so a differing log is also compared by what it *measured*: when every
-logged metric except the timings is identical, the difference is reported as timing-only, not as a divergence.
+logged metric except the bookkeeping columns (timings, throughput, sample counters:
+`alignflow.logs.schema.BOOKKEEPING_COLUMNS`) is identical, the difference is reported as timing-only, not as a
+divergence.
 """
 
 from __future__ import annotations
@@ -10,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Columns that measure the machine, not the model: they differ between two identical trainings.
-TIMING_METRICS = frozenset({"step_time_ms", "throughput", "tflops", "samples_per_s", "elapsed_ms", "per_step_time"})
+from alignflow.logs.schema import BOOKKEEPING_COLUMNS
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +113,7 @@ def _metrics_of(store: Any, step_run: Any) -> dict[tuple[str, int], float] | Non
     if rows.empty:
         return None
     return {(str(r.metric), int(r.step)): float(r.value) for r in rows.itertuples()
-            if str(r.metric) not in TIMING_METRICS and r.value == r.value}
+            if str(r.metric) not in BOOKKEEPING_COLUMNS and r.value == r.value}
 
 
 def _flatten(data: Any, prefix: str = "") -> dict[str, str]:

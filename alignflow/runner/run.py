@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -88,12 +88,10 @@ def reopen(run_id: str, *, store: Any) -> tuple[Experiment, Inventory, pipeline.
 
 def open_runner(
     run_id: str, *, store: Any, state_dir: Path, transport_factory: Any, events: Events | None = None,
-    poll_s: float | None = None,
 ) -> StepRunner:
     experiment, inventory, plan, _ = reopen(run_id, store=store)
-    kwargs: dict[str, Any] = {} if poll_s is None else {"poll_s": poll_s}
     return StepRunner(run_id=run_id, experiment=experiment, inventory=inventory, store=store, state_dir=state_dir,
-                      forced=plan.forced, transport_factory=transport_factory, events=events, **kwargs)
+                      forced=plan.forced, transport_factory=transport_factory, events=events)
 
 
 def preflight_run(run_id: str, *, store: Any, state_dir: Path, events: Events | None = None) -> Any:
@@ -133,10 +131,19 @@ def parent_outcomes(store: Any, parent_id: str) -> dict[str, dict[str, ArtifactR
     found: dict[str, dict[str, ArtifactRef]] = {}
     for sr in store.steps(parent_id):
         if sr.status in ("ran", "cached"):
-            found[sr.step] = {a.name: ArtifactRef(a.name, a.host, a.path, a.sha256, a.size_bytes, a.kind,
-                                                  a.manifest if isinstance(a.manifest, list) else None)
-                              for a in store.artifacts(sr.id)}
+            found[sr.step] = {a.name: ArtifactRef.from_record(a) for a in store.artifacts(sr.id)}
     return found
+
+
+def reusable_parent_steps(store: Any, run_id: str) -> dict[str, dict[str, ArtifactRef]]:
+    """The steps of `run_id` that its parent run supplies instead of executing them (with their artifacts):
+    empty unless the run was asked to reuse its parent; steps the run forces are never taken from the parent."""
+    _, _, plan, params = reopen(run_id, store=store)
+    parent_id = params["options"].get("parent")
+    if not parent_id or not params["options"].get("reuse_parent"):
+        return {}
+    return {step: refs for step, refs in parent_outcomes(store, parent_id).items()
+            if step in plan.steps and step not in plan.forced}
 
 
 def inputs_for(step: str, available: Mapping[str, ArtifactRef]) -> dict[str, ArtifactRef]:
@@ -165,12 +172,9 @@ def run_step(runner: StepRunner, step: str, available: Mapping[str, ArtifactRef]
 def reuse_parent_step(runner: StepRunner, step: str, parent: Mapping[str, Mapping[str, ArtifactRef]]) -> StepOutcome:
     """Record a step as reused from the parent run (its artifacts re-verified on their hosts)."""
     refs = dict(parent[step])
-    for ref in refs.values():
-        t = runner.transport_by_name(ref.host)
-        now = t.sha256([ref.path])[ref.path].sha256
-        if now != ref.sha256:
-            raise PipelineError(f"parent run's {ref.name} at {ref.host}:{ref.path} changed (sha256 {now[:12]} != "
-                                f"{ref.sha256[:12]}); re-run that step instead")
+    problems = runner.verify(refs.values())
+    if problems:
+        raise PipelineError(f"{step}: the parent run's " + "; ".join(problems) + "; re-run that step instead")
     prev = next(s for s in runner.store.steps(runner.store.get_run(runner.run_id).parent_id) if s.step == step
                 and s.status in ("ran", "cached"))
     record = runner.store.record_cached_step(runner.run_id, step, host=prev.host, command=prev.command,
@@ -226,24 +230,18 @@ def _iso(value: Any) -> str | None:
 
 def execute_pipeline(
     run_id: str, *, store: Any, state_dir: Path, transport_factory: Any, events: Events | None = None,
-    step_hook: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Walk the run's plan step by step without Prefect (the flow does the same with tasks)."""
     runner = open_runner(run_id, store=store, state_dir=state_dir, transport_factory=transport_factory, events=events)
     outcomes: dict[str, StepOutcome] = {}
     try:
         preflight_run(run_id, store=store, state_dir=state_dir, events=events)
-        _, _, plan, params = reopen(run_id, store=store)
-        parent_id = params["options"].get("parent")
-        parent = parent_outcomes(store, parent_id) if parent_id else {}
+        _, _, plan, _ = reopen(run_id, store=store)
+        parent = reusable_parent_steps(store, run_id)
         available: dict[str, ArtifactRef] = {"data": data_artifact(runner)}
         for name in plan.steps:
-            if step_hook is not None:
-                step_hook(name)
-            if parent and name in parent and name not in plan.forced and params["options"].get("reuse_parent"):
-                outcome = reuse_parent_step(runner, name, parent)
-            else:
-                outcome = run_step(runner, name, available)
+            outcome = (reuse_parent_step(runner, name, parent) if name in parent
+                       else run_step(runner, name, available))
             outcomes[name] = outcome
             available.update(outcome.artifacts)
         return finish(store, run_id, outcomes)

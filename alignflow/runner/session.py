@@ -8,18 +8,15 @@ starts: the experiment and inventory as they were, the plan, the trigger and the
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from alignflow import pipeline
 from alignflow.config.experiment import Experiment, check_hosts, load_experiment
 from alignflow.config.hosts import Host, Inventory, load_hosts
-from alignflow.errors import ConfigError, FingerprintMismatch
+from alignflow.errors import ConfigError, FingerprintMismatch, PipelineError
 from alignflow.fingerprint import Fingerprinter, HashMemo
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.cache import code_version_for
@@ -27,12 +24,7 @@ from alignflow.runner.cache import code_version_for
 log = logging.getLogger(__name__)
 
 CONTROLLER = "controller"
-Clock = Callable[[], datetime]
 Events = Callable[[str], None]
-
-
-def utc_now() -> datetime:
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,17 +55,16 @@ class StepOutcome:
     step_run_id: str | None = None
     cache_key: str | None = None
     verdict: str | None = None
-    message: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "status": self.status, "step_run_id": self.step_run_id,
-                "cache_key": self.cache_key, "verdict": self.verdict, "message": self.message,
+                "cache_key": self.cache_key, "verdict": self.verdict,
                 "artifacts": {k: v.to_dict() for k, v in self.artifacts.items()}}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StepOutcome:
         return cls(step=data["step"], status=data["status"], step_run_id=data.get("step_run_id"),
-                   cache_key=data.get("cache_key"), verdict=data.get("verdict"), message=data.get("message", ""),
+                   cache_key=data.get("cache_key"), verdict=data.get("verdict"),
                    artifacts={k: ArtifactRef.from_dict(v) for k, v in data.get("artifacts", {}).items()})
 
 
@@ -114,8 +105,7 @@ def resolve_host(experiment: Experiment, inventory: Inventory, step_name: str, s
                       f"({names}): choose one under `hosts: {{{role}: NAME}}`")
 
 
-def prepare_data(experiment: Experiment, *, memo: HashMemo | None, python: str = sys.executable,
-                 env: dict[str, str] | None = None) -> ArtifactRef:
+def prepare_data(experiment: Experiment, *, memo: HashMemo | None) -> ArtifactRef:
     """The data file on the controller: generated when the experiment says how and it is absent; its sha256
     checked against the declared one (a different file must never be trained on silently)."""
     path = experiment.resolve_path(experiment.data.path)
@@ -123,20 +113,24 @@ def prepare_data(experiment: Experiment, *, memo: HashMemo | None, python: str =
         gen = experiment.data.generate
         if gen is None:
             raise ConfigError(f"{experiment.source}: data.path {path} does not exist and data.generate is not set")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        from alignflow.reference.data import make_data
+
         log.info("generating %d tokens of twin data into %s", gen.tokens, path)
-        subprocess.run(
-            [python, "-m", "alignflow", "reference", "make-data", str(path), "--tokens", str(gen.tokens),
-             "--seed", str(gen.seed)],
-            check=True, capture_output=True, text=True, env=env,
-        )
-    fp = Fingerprinter(memo).fingerprint(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            sha256 = make_data(path, gen.tokens, gen.seed)  # invalid settings raise ConfigError
+        except OSError as exc:
+            raise PipelineError(f"{experiment.source}: cannot generate data.path {path}: {exc}") from exc
+        size = path.stat().st_size
+    else:
+        fp = Fingerprinter(memo).fingerprint(path)
+        sha256, size = fp.sha256, fp.size
     declared = experiment.data.sha256
-    if declared is not None and fp.sha256 != declared:
+    if declared is not None and sha256 != declared:
         raise FingerprintMismatch(
-            f"{path}: sha256 {fp.sha256} differs from the declared data.sha256 {declared}; "
-            "both sides must read the same data file", expected=declared, actual=fp.sha256)
-    return ArtifactRef(name="data", host=CONTROLLER, path=str(path), sha256=fp.sha256, size=fp.size, kind="data")
+            f"{path}: sha256 {sha256} differs from the declared data.sha256 {declared}; "
+            "both sides must read the same data file", expected=declared, actual=sha256)
+    return ArtifactRef(name="data", host=CONTROLLER, path=str(path), sha256=sha256, size=size, kind="data")
 
 
 def load_run_inputs(experiment_path: str | Path, hosts_path: str | Path) -> tuple[Experiment, Inventory]:
@@ -157,7 +151,3 @@ def plan_for(experiment: Experiment, options: RunOptions) -> pipeline.Plan:
 
 def compare_code_version() -> str:
     return code_version_for(("logs", "compare"))
-
-
-def describe_steps(names: Iterable[str]) -> str:
-    return ", ".join(names)

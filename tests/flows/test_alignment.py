@@ -104,11 +104,20 @@ def test_second_run_of_the_same_experiment_is_fully_cached(env: FlowEnv, first: 
 
 
 def test_rerun_after_a_spec_change_reexecutes_only_conversion_gpu_training_and_compare(
-    env: FlowEnv, first: dict[str, Any]
+    env: FlowEnv, first: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     spec = env.root / "twin-moe.yaml"
     spec.write_text(spec.read_text() + "\n# reviewed again after a fix\n")
+    # The steps a rerun does not re-execute come from its parent run, not from the cache: with the cache finding
+    # nothing, every step that is still `cached` below can only have been supplied by the parent.
+    cache_lookups: list[str] = []
+
+    def no_cache(self: Store, step: str, cache_key: str) -> None:
+        cache_lookups.append(step)
+
+    monkeypatch.setattr(Store, "find_cached_step", no_cache)
     result = CliRunner().invoke(app, ["rerun", first["run_id"], "--step", "convert_megatron", "--json"])
+    monkeypatch.undo()
     assert result.exit_code == 0, result.output
     record = json.loads(result.output[result.output.index("{"):])
     assert record["parent"] == first["run_id"]
@@ -122,6 +131,8 @@ def test_rerun_after_a_spec_change_reexecutes_only_conversion_gpu_training_and_c
         for s in store.steps(record["run_id"]):
             if s.status == "cached":
                 assert s.reused_from == parent_ids[s.step]
+    # the parent's steps were taken without a cache lookup; the re-executed ones are forced (no lookup either)
+    assert cache_lookups == []
 
 
 def test_reproduce_reruns_every_step_and_finds_the_same_fingerprints(env: FlowEnv, first: dict[str, Any]) -> None:
