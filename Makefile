@@ -1,28 +1,50 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   - create .venv, install, run the demo experiment on the embedded default (three local hosts)
-#   make test   - create .venv, install, run the whole test suite
+#   make demo   - create .venv, install, check the machine (alignflow doctor), run the demo experiment on the
+#                 embedded default (three local hosts); everything it writes goes to $ALIGNFLOW_STATE_DIR
+#                 (default ./.alignflow)
+#   make test   - create .venv, install, run the whole test suite (make test-unit: the one-minute tier)
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+# MindFormers 2.1.0 pins a MindSpore PyPI lacks and hyper-parallel, which is not on PyPI: the `mindformers-cpu`
+# extra brings its other requirements, then the wheel itself goes in without dependencies (tests/lab).
+MINDFORMERS := 2.1.0
+MF_STAMP := $(VENV)/.mindformers-$(MINDFORMERS)-$(shell sha256sum pyproject.toml | cut -c1-12)
 PYTEST_ARGS ?=
+# Python caches compiled modules (prefect, torch, the tests' rewritten asserts) between runs: an environment that
+# turns that off makes every test session compile them again (collection takes ~30% longer).
+unexport PYTHONDONTWRITEBYTECODE
+# The unit tier runs on this many processes (its tests start none, share nothing).
+UNIT_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test test-unit lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -U pip
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[demo,convert,test,postgres]'
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[demo,convert,test,postgres,mindformers-cpu]'
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-venv: $(STAMP)
+$(MF_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps mindformers==$(MINDFORMERS)
+	rm -f $(VENV)/.mindformers-*
+	touch $(MF_STAMP)
 
-demo: $(STAMP)
+venv: $(STAMP) $(MF_STAMP)
+
+demo: $(STAMP) $(MF_STAMP)
+	$(BIN)/alignflow doctor
 	$(BIN)/alignflow run experiments/demo.yaml
 
-test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test: $(STAMP) $(MF_STAMP)
+	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
+
+# The fast tier: no real process (sshd, PostgreSQL, Prefect, trainings); under a minute on 2 cores.
+test-unit: $(STAMP)
+	ALIGNFLOW_TEST_TIER=unit $(BIN)/python -m pytest -q -n $(UNIT_WORKERS) -m "not integration and not slow and not gpu" \
+		$(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check alignflow tasks flows tests benchmarks
@@ -32,4 +54,5 @@ bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
 clean:
+	if [ -x $(BIN)/alignflow ]; then $(BIN)/alignflow server stop; fi
 	rm -rf .alignflow .pytest_cache .mypy_cache .ruff_cache

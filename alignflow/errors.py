@@ -27,13 +27,22 @@ AlignflowError                      retryable?
 
 Third-party exceptions (paramiko, SQLAlchemy, yaml, pydantic) are translated into these at the edge that
 calls the library. A failed *alignment* is a verdict, never an exception. Prefect retry rules read
-`exc.retryable`; only the CLI chooses exit codes (`exit_code`).
+`exc.retryable`; only the CLI chooses exit codes (`exit_code`): 0 pass, 1 a failed alignment or a run that
+failed, 2 a usage or configuration error (`ConfigError`, an unknown or ambiguous id, a store schema to upgrade)
+- what the user fixes before trying again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """` (did you mean 'x'?)` for the closest of `choices` (difflib's ratio >= 0.6), or "" when none is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
 
 
 class AlignflowError(Exception):
@@ -44,13 +53,14 @@ class AlignflowError(Exception):
 
 
 class ConfigError(AlignflowError):
-    """A configuration file is malformed, mistyped or inconsistent.
+    """A configuration file is malformed, mistyped or inconsistent, or a command was asked for something that does
+    not exist (exit code 2: a usage or configuration error).
 
     `problems` holds one `(path, line, message)` per problem so that a validator can print them all;
     `str(err)` renders them as `PATH:LINE: message` lines.
     """
 
-    exit_code = 1
+    exit_code = 2
 
     def __init__(self, problems: Sequence[tuple[str, int | None, str]] | str) -> None:
         if isinstance(problems, str):
@@ -185,9 +195,13 @@ class StoreError(AlignflowError):
 class StoreSchemaError(StoreError):
     """The database schema is behind this alignflow (run `alignflow db upgrade`) or was made by a newer one."""
 
+    exit_code = 2
+
 
 class RecordNotFound(StoreError):
     """No record has the requested id, or an id prefix matches several records."""
+
+    exit_code = 2
 
 
 class ImmutableRecord(StoreError):

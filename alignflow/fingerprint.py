@@ -4,20 +4,26 @@ A directory's fingerprint is the sha256 of its canonical manifest: the JSON list
 size]` for every regular file below it, sorted by path (POSIX separators). So the digest is independent of
 file-creation order and changes with any byte, any rename and any added or removed file. Symbolic links are
 followed (a checkpoint is what a reader of the directory sees); a dangling link, a link loop or a special file
-(FIFO, socket, device) is an error rather than something silently left out of the digest.
+(FIFO, socket, device) is an error rather than something silently left out of the digest. With a confinement
+root (`--confine DIR`, what the transports pass: the host's workdir), a link anywhere below a path that resolves
+outside DIR is refused before anything is read (`PathEscape`, exit status 97 and an `alignflow-escape` line):
+a checkpoint holding `leak -> ~/.ssh/id_ed25519` is never hashed, and so never copied (issue 16).
 
 Runnable on any host with nothing but the standard library, which is how the transports hash artifacts where
 they live (checkpoints never cross the network to be hashed):
 
-    python -m alignflow.fingerprint PATH... --json [--manifest] [--memo FILE | --no-memo]
+    python -m alignflow.fingerprint PATH... --json [--manifest] [--memo FILE | --no-memo] [--confine DIR]
+                                   [--walk-only]
     -> {"PATH": "<sha256 hex>", ...}                       (--json)
     -> {"PATH": {"kind": "file"|"dir", "sha256": ..., "size": ..., "files": [[rel, sha256, size], ...]}}
                                                            (--json --manifest; "files" only for directories)
     exit status 1 when any path could not be hashed (one `WHERE: reason` line each on stderr; the others are
-    still printed).
+    still printed); 97 when a path leaves the confinement root (nothing printed on stdout). `--walk-only` reads
+    no file: it only checks that every path is confined (copies whose fingerprint is already known).
 
 Why memoize: a cache key of a pipeline step includes the sha256 of its inputs; without a memo, every run would
-re-read multi-GB checkpoints (ARCHITECTURE §4, orchestration reference §2.6). The memo is a small SQLite file
+re-read multi-GB checkpoints (docs/architecture.md#records-caching-and-re-runs,
+docs/orchestration.md#stat-memoized-hashing). The memo is a small SQLite file
 keyed like DVC's state DB, plus git's "racy clean" rule: an entry whose file was modified less than
 `RACY_WINDOW_NS` before it was hashed is not trusted, because a same-size rewrite inside one timestamp tick
 (1 s on Lustre and some NFS servers) would leave every stat field unchanged.
@@ -26,6 +32,9 @@ Why this reads files the way it does (measured by `benchmarks/bench_fingerprint.
 buffer and `POSIX_FADV_SEQUENTIAL` keep one stream as fast as `openssl dgst`; hashlib releases the GIL on
 large updates, so a thread pool hashes several files on several cores; the largest files are started first so
 that one big shard does not end up alone on one core at the end.
+
+(Longer than the usual 400 lines on purpose: the transports send this one file to every host, whose Python runs
+it with nothing but the standard library, so the walk, the memo and the confinement cannot live in other modules.)
 """
 
 from __future__ import annotations
@@ -53,8 +62,30 @@ RACY_WINDOW_NS = 2_000_000_000
 _MEMO_SCHEMA_VERSION = 2
 
 
+# How a confinement failure is reported to the transports (alignflow.transport.paths reads these).
+ESCAPE_EXIT = 97
+ESCAPE_MARK = "alignflow-escape"
+
+
 class FileChangedError(OSError):
     """A file changed (size, mtime or ctime) while it was being hashed: its digest would describe no real state."""
+
+
+class PathEscape(OSError):
+    """A path, or a symbolic link below it, resolves outside the confinement root."""
+
+    def __init__(self, path: str, real: str) -> None:
+        super().__init__(f"{path}: resolves to {real}, outside the confinement root")
+        self.path, self.real = path, real
+
+    def report(self) -> str:
+        """The stderr line the transports turn into `PathNotAllowed`."""
+        return f"{ESCAPE_MARK}\t{self.path}\t{self.real}"
+
+
+def _check_inside(path: str, real: str, root: str | None) -> None:
+    if root is not None and real != root and not real.startswith(root.rstrip("/") + "/"):
+        raise PathEscape(path, real)
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,9 +246,12 @@ class Fingerprinter:
     benchmark reports throughput.
     """
 
-    def __init__(self, memo: HashMemo | None = None, *, workers: int | None = None) -> None:
+    def __init__(self, memo: HashMemo | None = None, *, workers: int | None = None,
+                 confine: str | Path | None = None) -> None:
         self.memo = memo
         self.workers = workers or _default_workers()
+        # Links are followed only where they stay under this root (its real path); see the module docstring.
+        self.confine = os.path.realpath(confine) if confine is not None else None
         self.hashed_bytes = 0
         self.hashed_files = 0
         self._count_lock = threading.Lock()
@@ -228,7 +262,7 @@ class Fingerprinter:
 
     def _single(self, path: str | Path) -> tuple[str, int]:
         """(sha256, size) of one file, both from the same stat."""
-        real, st = _regular_file(path)
+        real, st = _regular_file(path, self.confine)
         if self.memo is not None:
             hit = self.memo.get(real, st)
             if hit is not None:
@@ -252,9 +286,17 @@ class Fingerprinter:
         pending.append((real, st, digest, started_ns))  # list.append is atomic: safe from pool threads
         return digest
 
+    def check(self, path: str | Path) -> None:
+        """Walk `path` as `fingerprint` would, reading no file: `PathEscape` if it leaves the confinement root."""
+        p = Path(path)
+        _check_inside(str(p), os.path.realpath(p), self.confine)
+        if p.is_dir():
+            _list_files(p, self.confine)
+
     def fingerprint(self, path: str | Path) -> Fingerprint:
         """Fingerprint of a file or a directory (manifest included for directories)."""
         p = Path(path)
+        _check_inside(str(p), os.path.realpath(p), self.confine)
         if p.is_dir():
             return self._directory(p)
         if not p.exists():
@@ -266,8 +308,8 @@ class Fingerprinter:
 
     def _directory(self, root: Path) -> Fingerprint:
         files: list[tuple[str, str, str, os.stat_result]] = []  # (relative path, label, real path, stat)
-        for rel, path in _list_files(root):
-            real, st = _regular_file(path)
+        for rel, path in _list_files(root, self.confine):
+            real, st = _regular_file(path, self.confine)
             files.append((rel, str(path), real, st))
         hits = self.memo.get_many([(real, st) for _, _, real, st in files]) if self.memo is not None else {}
         # Largest first: with N workers, a big shard started last would run alone on one core.
@@ -290,17 +332,19 @@ class Fingerprinter:
         return Fingerprint(kind="dir", sha256=digest, size=sum(e.size for e in entries), files=entries)
 
 
-def _regular_file(path: str | Path) -> tuple[str, os.stat_result]:
+def _regular_file(path: str | Path, confine: str | None = None) -> tuple[str, os.stat_result]:
     """(real path, stat) of a regular file; the memo is keyed by the real path."""
     real = os.path.realpath(path)
+    _check_inside(str(path), real, confine)
     st = os.stat(real)
     if not stat_module.S_ISREG(st.st_mode):
         raise OSError(f"{path}: not a regular file")
     return real, st
 
 
-def _list_files(root: Path) -> list[tuple[str, Path]]:
-    """Every file below `root` as (relative POSIX path, path), following links, refusing loops and odd files."""
+def _list_files(root: Path, confine: str | None = None) -> list[tuple[str, Path]]:
+    """Every file below `root` as (relative POSIX path, path), following links, refusing loops and odd files, and,
+    with `confine`, every link that resolves outside it (before anything behind the link is looked at)."""
     out: list[tuple[str, Path]] = []
 
     def walk(directory: Path, rel: str, ancestors: frozenset[tuple[int, int]]) -> None:
@@ -309,6 +353,8 @@ def _list_files(root: Path) -> list[tuple[str, Path]]:
         for entry in entries:
             relpath = f"{rel}{entry.name}"
             full = Path(entry.path)
+            if entry.is_symlink():
+                _check_inside(entry.path, os.path.realpath(entry.path), confine)
             if entry.is_dir(follow_symlinks=True):
                 st = full.stat()
                 key = (st.st_dev, st.st_ino)
@@ -352,21 +398,24 @@ def fingerprint_paths(
     for path in paths:
         try:
             results[path] = fingerprinter.fingerprint(path)
+        except PathEscape:
+            raise
         except OSError as exc:
             errors[path] = f"{exc.filename}: {exc.strerror}" if exc.strerror and exc.filename else str(exc)
     return results, errors
 
 
 def hash_report(paths: Sequence[str], *, as_json: bool, manifest: bool, memo_path: str | Path | None,
-                use_memo: bool) -> tuple[str, list[str]]:
+                use_memo: bool, confine: str | None = None) -> tuple[str, list[str]]:
     """What `python -m alignflow.fingerprint` and `alignflow hash` print: (stdout text, one line per failed path).
 
     `--json` is `{"<path>": "<sha256>"}` (a directory's value is its manifest digest), or with `manifest` each
-    path's full fingerprint; otherwise `sha256  path` lines, as sha256sum prints them.
+    path's full fingerprint; otherwise `sha256  path` lines, as sha256sum prints them. `PathEscape` (raised, not
+    listed) when a path leaves `confine`.
     """
     memo = HashMemo(memo_path or default_memo_path()) if use_memo else None
     try:
-        results, errors = fingerprint_paths(paths, Fingerprinter(memo))
+        results, errors = fingerprint_paths(paths, Fingerprinter(memo, confine=confine))
     finally:
         if memo is not None:
             memo.close()
@@ -385,11 +434,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--manifest", action="store_true", help="with --json: full fingerprints with manifests")
     parser.add_argument("--memo", help="memo database (default $ALIGNFLOW_HASH_MEMO or ~/.cache/alignflow/...)")
     parser.add_argument("--no-memo", action="store_true", help="always read every byte")
+    parser.add_argument("--confine", help="refuse (exit 97) any path or link below it that resolves outside DIR")
+    parser.add_argument("--walk-only", action="store_true", help="read nothing; only check --confine")
     args = parser.parse_args(argv)
-    text, errors = hash_report(args.paths, as_json=args.json, manifest=args.manifest, memo_path=args.memo,
-                               use_memo=not args.no_memo)
+    try:
+        if args.walk_only:
+            checker = Fingerprinter(None, confine=args.confine)
+            for path in args.paths:
+                checker.check(path)
+            return 0
+        text, errors = hash_report(args.paths, as_json=args.json, manifest=args.manifest, memo_path=args.memo,
+                                   use_memo=not args.no_memo, confine=args.confine)
+    except PathEscape as exc:
+        print(exc.report(), file=sys.stderr)  # noqa: T201 - a CLI entry point
+        return ESCAPE_EXIT
+    except OSError as exc:  # --walk-only: a dangling link or a loop
+        print(str(exc), file=sys.stderr)  # noqa: T201 - a CLI entry point
+        return 1
     for reason in errors:
-        print(reason, file=sys.stderr)  # noqa: T201 - a CLI entry point
+        print(f"error: {reason}", file=sys.stderr)  # noqa: T201 - a CLI entry point
     sys.stdout.write(text)
     return 1 if errors else 0
 

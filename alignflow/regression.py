@@ -1,7 +1,7 @@
 """Regression checks: a run of an experiment against that experiment's last passing run.
 
 The nightly regression flow runs a set of experiments and asks, for each, whether anything got worse since the
-last run that passed (ARCHITECTURE §6, issue 9). Two things count as a regression:
+last run that passed (docs/architecture.md#orchestration, issue 9). Two things count as a regression:
 
 - the **verdict** turned to fail (or the run did not finish, so there is no verdict at all), and
 - a criterion's **value moved past its drift**: the compared quantity (`|value|` for absolute criteria) grew by

@@ -5,6 +5,10 @@ Resolved when called, never at import (a test or a flow may set the environment 
 - state dir: `$ALIGNFLOW_STATE_DIR`, else `./.alignflow` (relative to the working directory of the call);
 - database: `$ALIGNFLOW_DB_URL` (e.g. `postgresql+psycopg://alignflow@db.example/alignflow`), else SQLite at
   `<state dir>/store.sqlite`.
+
+The state dir holds everything alignflow writes on this machine: the store, reports, fetched logs, the owned
+Prefect server (`prefect/`), the workdirs of local hosts whose workdir is relative (`hosts/<name>` in the
+committed hosts.yaml) and data that an experiment places there with `{state_dir}/...` (the demo's tokens).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ STATE_DIR_ENV = "ALIGNFLOW_STATE_DIR"
 DB_URL_ENV = "ALIGNFLOW_DB_URL"
 DEFAULT_STATE_DIR = ".alignflow"
 STORE_FILENAME = "store.sqlite"
+# A path in an experiment file that starts with this lives under the state dir (`{state_dir}/data/demo.tokens`).
+STATE_DIR_TOKEN = "{state_dir}"
 
 
 def state_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -42,3 +48,10 @@ def database_url(state: Path | None = None, environ: Mapping[str, str] | None = 
     if url:
         return url
     return sqlite_url(state if state is not None else state_dir(env))
+
+
+def expand_state_dir(path: str, state: Path | None = None) -> str:
+    """`path` with a leading `{state_dir}` replaced by the state dir (default: `state_dir()`); else unchanged."""
+    if path != STATE_DIR_TOKEN and not path.startswith(STATE_DIR_TOKEN + "/"):
+        return path
+    return str((state if state is not None else state_dir()) / path[len(STATE_DIR_TOKEN):].lstrip("/"))

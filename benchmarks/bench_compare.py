@@ -1,6 +1,7 @@
 """Parse + compare + report on two real-format logs: 100,000 steps (plots included) and 1,000 steps (no plots).
 
-Goals (issue 6, on the 2-core development machine): 100k-step pair < 10 s with plots; 1k-step pair < 1 s without.
+Goals (issues 6 and 15, on the 2-core development machine): parse + compare of the 100k-step pair < 10 s, of the
+1k-step pair < 1 s; the report (and plots) is timed and printed beside it.
 The logs are written with the frameworks' own format strings (`alignflow.logs.render`): a MindFormers PyNative
 G3 log (MTP, MoE, stdout prefix) against a Megatron log. Baseline measured in the same run: reading the same two
 files line by line without parsing (the I/O floor), so the printed ratio says what the parsing itself costs.
@@ -22,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from alignflow.compare.comparison import compare
-from alignflow.compare.criteria import default_criteria
 from alignflow.compare.report import write_report
+from alignflow.config.criteria import default_criteria
 from alignflow.logs import parse_log_file
 from alignflow.logs.render import megatron_line, mindformers_pynative_line
 
@@ -72,7 +73,7 @@ def one_round(npu: Path, gpu: Path, out: Path, plots: bool) -> dict[str, float]:
     assert result.steps.compared == len(test.frame) == len(ref.frame)
     assert len(files.pngs) == (5 if plots else 0)
     return {"read": t_read, "parse": t_parse, "compare": t_compare, "report": t_report,
-            "total": t_parse + t_compare + t_report}
+            "parse_compare": t_parse + t_compare, "total": t_parse + t_compare + t_report}
 
 
 def main() -> int:
@@ -101,10 +102,11 @@ def main() -> int:
                   f"compare {med['compare']:.3f} s | report{' + plots' if plots else ''} {med['report']:.3f} s")
             verdict = ""
             if goal is not None:
-                ok = med["total"] < goal
+                ok = med["parse_compare"] < goal
                 failed = failed or not ok
-                verdict = f" (goal < {goal:g} s: {'met' if ok else 'MISSED'}, {med['total'] / goal:.2f} of it)"
-            print(f"   parse + compare + report: {med['total']:.3f} s median{verdict}", flush=True)
+                verdict = f" (goal < {goal:g} s: {'met' if ok else 'MISSED'}, {med['parse_compare'] / goal:.2f} of it)"
+            print(f"   parse + compare: {med['parse_compare']:.3f} s median{verdict}; with the report: "
+                  f"{med['total']:.3f} s", flush=True)
     return 1 if failed else 0
 
 

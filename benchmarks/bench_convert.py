@@ -1,4 +1,4 @@
-"""Benchmark of the checkpoint converters on a GLM-5.2 1B-sized checkpoint (seed 000 §4.2, spec glm52-1b).
+"""Benchmark of the checkpoint converters on a GLM-5.2 1B-sized checkpoint (docs/seeds.md#glm-52-1b, spec glm52-1b).
 
     python benchmarks/bench_convert.py [--workdir DIR] [--keep] [--flavor te|local] [--repeat N]
 

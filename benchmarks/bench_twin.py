@@ -1,12 +1,12 @@
-"""Benchmark of the reference twin: seconds per training step of each side on the default config (twin-moe).
+"""Benchmark of the twin: seconds per training step of each side on the default config (twin-moe).
 
     python benchmarks/bench_twin.py [--steps N] [--eager-steps M] [--sides all|mindspore|torch] [--workdir DIR]
 
 Runs each side through its real entry point in a child process, from scratch, on the same data file:
 
-  mindspore        `python -m alignflow.reference.mindspore_train` (PyNative, step compiled with mindspore.jit)
+  mindspore        `python -m alignflow.twin.mindspore_train` (PyNative, step compiled with mindspore.jit)
   mindspore-eager  the same with `twin.jit: false` (plain PyNative: the baseline the jit is measured against)
-  torch            `python -m alignflow.reference.torch_train` (CUDA when present, else CPU)
+  torch            `python -m alignflow.twin.torch_train` (CUDA when present, else CPU)
 
 and prints, from the logs the twin writes (parsed with `alignflow.logs.parse_log`), the median step time over
 steps 3..N (step 1 includes the jit compilation and step 2 warms up), the time to the first step line, and the
@@ -31,16 +31,18 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from alignflow.backends.twin import megatron_args  # noqa: E402
 from alignflow.config.model import TrainingConfig  # noqa: E402
 from alignflow.logs import parse_log  # noqa: E402
-from alignflow.reference.data import make_data  # noqa: E402
-from alignflow.reference.presets import preset  # noqa: E402
-from alignflow.reference.render import megatron_args, mindformers_config  # noqa: E402
+from alignflow.twin.data import make_data  # noqa: E402
+from alignflow.twin.presets import preset  # noqa: E402
+from alignflow.twin.render import mindformers_config, twin_env  # noqa: E402
 
 
-def _run(argv: list[str], cwd: Path) -> tuple[list[str], float]:
+def _run(argv: list[str], cwd: Path, extra_env: dict[str, str] | None = None) -> tuple[list[str], float]:
     pythonpath = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    env = {**os.environ, "PYTHONPATH": pythonpath, "GLOG_v": "3", "LOCAL_DEFAULT_PATH": str(cwd / "output")}
+    env = {**os.environ, "PYTHONPATH": pythonpath, "GLOG_v": "3", "LOCAL_DEFAULT_PATH": str(cwd / "output"),
+           **(extra_env or {})}
     start = time.perf_counter()
     done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
@@ -69,7 +71,7 @@ def main() -> int:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-twin-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        data = work / "data.tokens"
+        data = work / "data" / "data"  # an indexed dataset prefix: data.bin + data.idx
         sha = make_data(data, 65_536, seed=7)
         model = preset("twin-moe")
         results: dict[str, dict[str, float]] = {}
@@ -80,20 +82,20 @@ def main() -> int:
             cfg: dict[str, Any] = mindformers_config(model, training, data_path=str(data), data_sha256=sha,
                                                      load_path=None, save_path=None, steps=steps, jit=jit)
             (work / f"{name}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-            lines, wall = _run([sys.executable, "-m", "alignflow.reference.mindspore_train", "--config",
+            lines, wall = _run([sys.executable, "-m", "alignflow.twin.mindspore_train", "--config",
                                 str(work / f"{name}.yaml"), "--mode", "1"], work)
             results[name] = _figures(lines, wall)
         if args.sides in ("all", "torch"):
             training = TrainingConfig(seed=1234, steps=args.steps, lr=1e-3, lr_warmup_iters=3, micro_batch_size=4,
                                       global_batch_size=4, bf16=False)
-            argv = megatron_args(model, training, data_path=str(data), data_sha256=sha, load=None, save=None,
-                                 steps=args.steps)
-            lines, wall = _run([sys.executable, "-m", "alignflow.reference.torch_train", *argv], work)
+            argv = megatron_args(model, training, data_path=str(data), load=None, save=None, steps=args.steps)
+            env = twin_env(data_sha256=sha, megatron_version="0.16")
+            lines, wall = _run([sys.executable, "-m", "alignflow.twin.torch_train", *argv], work, env)
             results["torch"] = _figures(lines, wall)
         import torch
 
         device = f"cuda ({torch.cuda.get_device_name()})" if torch.cuda.is_available() else "cpu"
-        print(f"reference twin, twin-moe, GBS 4 x seq 32, torch on {device}, {os.cpu_count()} CPUs")
+        print(f"twin, twin-moe, GBS 4 x seq 32, torch on {device}, {os.cpu_count()} CPUs")
         print(f"{'side':16} {'s/step (median)':>16} {'step 1 s':>9} {'wall s':>7} {'steps':>5} {'last lm loss':>12}")
         for name, r in results.items():
             print(f"{name:16} {r['median_s']:16.4f} {r['first_s']:9.2f} {r['wall_s']:7.1f} {int(r['steps']):5d} "

@@ -6,7 +6,8 @@ The strongest end-to-end check of the conversion that does not need an Ascend bo
 from the bf16 checkpoint and logs its step-1 lm loss and mtp_1 loss (a forward pass on batch 1 before any update);
 real megatron-core (local spec, fp32, TF32 off, alltoall dispatcher) loads the Megatron checkpoint converted from
 the same bf16 weights with `strict=True` and computes the same two losses on the same batch. They must agree to
-fp32 rounding (seed 001 §6.4 asks 0.005% of the real pair in bf16). The PyTorch twin's forward is reported too.
+fp32 rounding (docs/seeds.md#early-gate asks 0.005% of the real pair in bf16). The PyTorch twin's forward is reported
+too.
 
 Needs CUDA and a megatron-core that builds MTP (>= 0.16); the MTP inner layer name follows the installed version.
 """
@@ -28,8 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from alignflow.logs import parse_log  # noqa: E402
-from alignflow.reference.data import TokenData, load_data  # noqa: E402
-from alignflow.reference.presets import preset, twin_spec  # noqa: E402
+from alignflow.twin.data import TokenData, load_data  # noqa: E402
+from alignflow.twin.presets import preset, twin_spec  # noqa: E402
 
 
 def build_megatron(name: str) -> Any:
@@ -106,9 +107,9 @@ def megatron_losses(name: str, ckpt: Path, data: TokenData, gbs: int) -> dict[st
 
 
 def twin_losses(name: str, ckpt: Path, data: TokenData, gbs: int, version: str) -> dict[str, float]:
-    from alignflow.reference.flavours import megatron_layout, mtp_inner_name
-    from alignflow.reference.torch_checkpoint import load_checkpoint
-    from alignflow.reference.torch_model import TwinGPTTorch
+    from alignflow.twin.flavours import megatron_layout, mtp_inner_name
+    from alignflow.twin.torch_checkpoint import load_checkpoint
+    from alignflow.twin.torch_model import TwinGPTTorch
 
     model = TwinGPTTorch(twin_spec(preset(name)), mtp_inner_name=mtp_inner_name(version))
     layout = megatron_layout(list(model.state_dict()), "local", grouped_gemm=False)
@@ -127,7 +128,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("ckpt", type=Path)
     ap.add_argument("--preset", required=True)
-    ap.add_argument("--data", type=Path, required=True)
+    ap.add_argument("--data", type=Path, required=True, help="indexed dataset prefix (PREFIX.bin + .idx)")
     ap.add_argument("--npu-log", type=Path, help="the MindSpore twin's log of a training from the bf16 checkpoint")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--gbs", type=int, default=4)

@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# A lab SSH host for docker/compose.yaml's `lab` profile: sshd plus what the reference twin runs (alignflow with
+# A lab SSH host for docker/compose.yaml's `lab` profile: sshd plus what the twin runs (alignflow with
 # MindSpore and PyTorch). Three containers of this image play ascend, cpu and cuda, each reached only over SSH,
 # like tests/lab/sshd.py does with loopback sshd processes.
 #

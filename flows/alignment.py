@@ -1,46 +1,68 @@
-"""The alignment flow: preflight, then the pipeline steps as Prefect tasks; gpu_train and npu_reload_train run
-concurrently.
+"""The alignment flow: preflight, data, then the pipeline's DAG with one Prefect task per step.
+
+The flow only wires tasks: the DAG walk is the core's (`alignflow.runner.walk.walk`, the same walker
+`execute_pipeline` uses); here it submits each step as a Prefect task as soon as its upstream steps are done, so
+`npu_reload_train` runs beside `convert_megatron` and the early gate.
+
+What the UI shows comes from `flows.states`: the run's final state carries the verdict (`Completed`, `Not aligned`
+or `Failed` with the cause), reused steps end `Cached`, runs are named `align-<experiment>-<run id>` and task
+runs `<step> @ <host>`.
 
 No `from __future__ import annotations` here: Prefect builds the UI form from the real annotations
-(orchestration reference G4).
+(docs/orchestration.md#flow-parameters).
 """
 
 import logging
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from prefect import flow, get_run_logger
+from prefect.client.schemas.objects import State
 from prefect.context import get_run_context
-from prefect.futures import PrefectFuture
+from prefect.futures import PrefectFuture, as_completed
 
-from alignflow import pipeline
+from alignflow.config.placement import resolve_host
 from alignflow.errors import AlignflowError
 from alignflow.runner.artifacts import ArtifactRef
-from alignflow.runner.run import reopen, reusable_parent_steps, reuse_parent_step
+from alignflow.runner.session import RunOptions, StepOutcome
+from alignflow.runner.walk import WalkResult, walk
 from flows.artifacts import publish_run_artifacts
 from flows.hooks import kill_remote_jobs, remember_run
-from tasks.context import open_store, runner_for
+from flows.states import flow_run_name, name_current_flow_run, not_started_state, run_state
+from tasks.context import run_context, state_dir
 from tasks.steps import data_task, finish_task, preflight_task, start_run_task, step_task
 
 log = logging.getLogger(__name__)
-CONCURRENT = ("gpu_train", "npu_reload_train")
 
 
 def _flow_run_name() -> str:
+    """The name from the parameters; a run recorded by the flow itself gets its run id once it exists."""
     from prefect.runtime import flow_run
 
     params = flow_run.parameters
-    name = Path(str(params.get("experiment", "experiment"))).stem
-    extra = f"-rerun-{params['force'][0]}" if params.get("parent_run") and params.get("force") else ""
-    return f"align-{name}{extra}"
+    options = RunOptions(force=tuple(params.get("force") or ()), parent=params.get("parent_run"),
+                         reproduce_of=params.get("reproduce_of"))
+    return flow_run_name(Path(str(params.get("experiment", "experiment"))).stem, params.get("run_id"), options)
 
 
-def _reuse_from_parent(run_id: str, step: str, parent: dict[str, dict[str, ArtifactRef]]) -> dict[str, Any] | None:
-    """The step taken from the parent run (see `reusable_parent_steps`), or None when it must execute."""
-    if step not in parent:
-        return None
-    with runner_for(run_id) as runner:
-        return reuse_parent_step(runner, step, parent).to_dict()
+class TaskScheduler:
+    """The walker's scheduler in a flow run: each step is a `step_task` submitted to the flow's task runner, its
+    task run named `<step> @ <host>`."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+
+    def submit(self, step: str, available: Mapping[str, ArtifactRef]) -> PrefectFuture[StepOutcome]:
+        ctx = run_context(self.run_id)
+        host = resolve_host(ctx.experiment, ctx.inventory, step, state_dir()).name
+        future = step_task.with_options(name=step, task_run_name=f"{step} @ {host}").submit(
+            self.run_id, step, dict(available))
+        # The task returns a `Cached` state for a reused step; the future's result is the state's data either way.
+        return cast(PrefectFuture[StepOutcome], future)
+
+    def first_done(self, futures: Iterable[PrefectFuture[StepOutcome]]) -> PrefectFuture[StepOutcome]:
+        return next(as_completed(list(futures)))
 
 
 @flow(
@@ -61,72 +83,39 @@ def alignment(
     reproduce_of: str | None = None,
     trigger: str = "prefect",
     run_id: str | None = None,
-) -> dict[str, Any]:
-    """Run one alignment experiment end to end and return the run record (`alignflow show --json`).
+) -> State[Any]:
+    """Run one alignment experiment end to end; its final state carries the verdict (`flows.states`), its result
+    is the run record (`alignflow show --json`, a `RunView.to_json()` document).
 
     `run_id` continues a run already recorded by the caller (the CLI records it first so that it can always
     report on it); otherwise the flow records a new run from the other parameters.
     """
     logger = get_run_logger()
-    options = {"from_step": from_step, "only": tuple(only or ()), "force": tuple(force or ()), "parent": parent_run,
-               "trigger": trigger, "reuse_parent": reuse_parent, "reproduce_of": reproduce_of}
     if run_id is None:
-        run_id = start_run_task(str(Path(experiment)), str(Path(hosts)), options)
+        options = RunOptions(from_step=from_step, only=tuple(only or ()), force=tuple(force or ()),
+                             parent=parent_run, trigger=trigger, reuse_parent=reuse_parent, reproduce_of=reproduce_of)
+        try:
+            run_id = start_run_task(str(Path(experiment)), str(Path(hosts)), options)
+        except AlignflowError as exc:  # bad parameters (an unknown parent run...): nothing was recorded
+            logger.error("not started: %s", exc)
+            return not_started_state(exc)
+    ctx = run_context(run_id)
+    name_current_flow_run(flow_run_name(ctx.experiment.name, run_id, ctx.options))
     remember_run(get_run_context(), run_id)
-    store = open_store()
-    try:
-        _, _, plan, _ = reopen(run_id, store=store)
-        parent = reusable_parent_steps(store, run_id)
-    finally:
-        store.close()
-    outcomes: dict[str, dict[str, Any]] = {}
-    available: dict[str, dict[str, Any]] = {}
+    result = WalkResult({}, ())
     error: str | None = None
     try:
-        preflight_task(run_id)  # before step 1: a configuration mismatch fails the run with nothing run
-        available["data"] = data_task(run_id)
-        for name in plan.steps:
-            if name in CONCURRENT:
-                continue
-            if name == "compare":
-                _run_concurrent(run_id, plan, parent, available, outcomes)
-            outcome = (_reuse_from_parent(run_id, name, parent)
-                       or step_task.with_options(name=name)(run_id, name, available))
-            outcomes[name] = outcome
-            available.update(outcome["artifacts"])
-        if "compare" not in plan.steps:
-            _run_concurrent(run_id, plan, parent, available, outcomes)
+        plan = preflight_task(run_id)  # before step 1: a configuration mismatch fails the run with nothing run
+        data = data_task(run_id)
+        result = walk(plan, {"data": data}, TaskScheduler(run_id))
+        error = result.error
     except AlignflowError as exc:
         error = str(exc)
-        logger.error("run %s failed: %s", run_id, exc)
     except Exception as exc:  # a task failed: Prefect re-raises the original error
         error = f"{type(exc).__name__}: {exc}"
-        logger.error("run %s failed: %s", run_id, error)
-    record = finish_task(run_id, outcomes, error=error)
-    publish_run_artifacts(record)
-    logger.info("run %s: %s, verdict %s, report %s", run_id, record["status"], record["verdict"], record["report"])
     if error is not None:
-        raise AlignflowError(f"run {run_id} failed: {error}")
-    return record
-
-
-def _run_concurrent(run_id: str, plan: pipeline.Plan, parent: dict[str, dict[str, ArtifactRef]],
-                    available: dict[str, dict[str, Any]], outcomes: dict[str, dict[str, Any]]) -> None:
-    """gpu_train and npu_reload_train side by side (they read different checkpoints on different hosts)."""
-    futures: dict[str, PrefectFuture[dict[str, Any]] | dict[str, Any]] = {}
-    for name in CONCURRENT:
-        if name in plan.steps and name not in outcomes:
-            reused = _reuse_from_parent(run_id, name, parent)
-            futures[name] = reused if reused is not None else step_task.with_options(name=name).submit(
-                run_id, name, dict(available))
-    errors: list[BaseException] = []
-    for name, fut in futures.items():
-        try:
-            outcome = fut if isinstance(fut, dict) else fut.result()
-        except BaseException as exc:  # collect both sides' failures before raising
-            errors.append(exc)
-            continue
-        outcomes[name] = outcome
-        available.update(outcome["artifacts"])
-    if errors:
-        raise errors[0]
+        logger.error("run %s failed: %s", run_id, error)
+    view = finish_task(run_id, result.outcomes, error=error)
+    publish_run_artifacts(view.to_json())
+    logger.info("run %s: %s, verdict %s, report %s", run_id, view.status, view.verdict, view.report)
+    return run_state(view)

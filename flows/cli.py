@@ -5,11 +5,12 @@ the core library stays free of Prefect: `alignflow.cli` knows nothing of this mo
 converts or trains (`python -m alignflow convert ...`) never loads it. Prefect itself is imported inside the
 commands, so `alignflow --help` stays fast.
 
-`run` and `rerun` execute the alignment flow; without a `PREFECT_API_URL` Prefect starts a temporary local server
-for the run (a few seconds). `serve` registers the alignment and nightly deployments with a Prefect server and runs
-their flow runs. Everything is checked before anything is registered: the inventory, every experiment file offered
-in the UI, the nightly settings (experiments, cron, time zone), the Prefect server and the alignflow store — a
-team server that starts with a broken piece would only fail at 2 a.m.
+`run` and `rerun` execute the alignment flow; without a `PREFECT_API_URL` they use the Prefect server alignflow
+owns (flows/server.py: the one `alignflow server start` keeps, else one started for the run). Usage mistakes are
+found before Prefect is imported (exit 2, in well under a second). `serve` registers the alignment and nightly
+deployments with a Prefect server and runs their flow runs. Everything is checked before anything is registered:
+the inventory, every experiment file offered in the UI, the nightly settings (experiments, cron, time zone), the
+Prefect server and the alignflow store — a team server that starts with a broken piece would only fail at 2 a.m.
 """
 
 from __future__ import annotations
@@ -21,152 +22,282 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from alignflow.cli.show import print_record, resolve_experiment
-from alignflow.errors import AlignflowError, ConfigError
+from alignflow.cli.show import experiment_names, print_view, resolve_experiment
+from alignflow.errors import ConfigError
+from flows.console import Verbosity, terminal, verbosity_of
 
 
 def register(app: typer.Typer) -> None:
     """Entry point of the `alignflow.commands` group: add this module's commands to `app`."""
     _register_run(app)
     _register_serve(app)
+    from flows.server_cli import server_app
+
+    app.add_typer(server_app(), name="server")
 
 
-def _flow_run(**params: Any) -> dict[str, Any]:
-    """Record the run, then hand it to the Prefect flow; whatever happens, report the recorded run."""
-    from alignflow.runner.run import show, start_run
-    from alignflow.runner.session import RunOptions
-    from flows.alignment import alignment
-    from tasks.context import open_store, state_dir
+def _complete_step(incomplete: str) -> list[str]:
+    from alignflow import pipeline
 
-    options = RunOptions(from_step=params.get("from_step"), only=tuple(params.get("only") or ()),
-                         force=tuple(params.get("force") or ()), parent=params.get("parent_run"),
-                         trigger=params.get("trigger", "cli"), reuse_parent=bool(params.get("reuse_parent")),
-                         reproduce_of=params.get("reproduce_of"))
-    store = open_store()
-    try:
-        run_id = start_run(params["experiment"], params["hosts"], store=store, state_dir=state_dir(),
-                           options=options)
-    finally:
-        store.close()
-    try:
-        result: dict[str, Any] = alignment(**params, run_id=run_id)
-        return result
-    except Exception as exc:
-        # The flow recorded the failure; print the recorded run (its error says what went wrong).
+    return [s for s in pipeline.STEP_NAMES if s.startswith(incomplete)]
+
+
+def check_steps(*names: str | None) -> None:
+    """Every named step exists (a usage error, exit 2, naming the closest step, before anything is imported)."""
+    from alignflow import pipeline
+    from alignflow.errors import did_you_mean
+
+    for name in filter(None, names):
+        if name not in pipeline.STEP_NAMES:
+            raise ConfigError(f"unknown step '{name}'{did_you_mean(name, pipeline.STEP_NAMES)}; steps are: "
+                              f"{', '.join(pipeline.STEP_NAMES)}")
+
+
+def check_run_inputs(experiment: Path, hosts: Path) -> None:
+    """The experiment and the inventory load and agree (file:line errors, exit 2) - in well under a second, before
+    Prefect or any framework is imported."""
+    from alignflow.runner.session import load_run_inputs
+
+    load_run_inputs(experiment, hosts)
+
+
+def _flow_run(*, verbosity: Verbosity, **params: Any) -> Any:
+    """Record the run, then hand it to the Prefect flow; whatever happens, report the recorded run.
+
+    Prefect is reached first (`flows.server.prefect_api`: the configured API, the kept server or one started for
+    this run): a run that cannot reach Prefect fails before anything is recorded.
+    """
+    from alignflow.cli.runs import open_store
+    from alignflow.state import state_dir
+    from flows.server import prefect_api
+
+    with prefect_api(state_dir()) as api:
+        if verbosity != "quiet" and api.server is not None and not api.server.kept:
+            Console(stderr=True).print(f"prefect: a server for this run at {api.server.ui}; `alignflow server start` "
+                                       "keeps one for later runs", highlight=False)
+        from alignflow.runner.run import start_run
+        from alignflow.runner.session import RunOptions
+        from alignflow.runview import run_view
+        from flows.alignment import alignment
+
+        options = RunOptions(from_step=params.get("from_step"), only=tuple(params.get("only") or ()),
+                             force=tuple(params.get("force") or ()), parent=params.get("parent_run"),
+                             trigger=params.get("trigger", "cli"), reuse_parent=bool(params.get("reuse_parent")),
+                             reproduce_of=params.get("reproduce_of"))
         store = open_store()
         try:
-            record = show(store, run_id)
+            run_id = start_run(params["experiment"], params["hosts"], store=store, state_dir=state_dir(),
+                               options=options)
         finally:
             store.close()
-        if record["status"] == "running":
-            raise AlignflowError(f"run {run_id}: the flow ended without closing the run: {exc}") from exc
-        return record
+        try:
+            with terminal(verbosity):  # the progress display (alignflow.cli.progress), per --quiet / --verbose
+                return alignment(**params, run_id=run_id)
+        except KeyboardInterrupt:
+            _interrupt(run_id, "stopped by Ctrl-C; its detached jobs go on until `alignflow cancel` kills them, "
+                               f"`alignflow rerun {run_id}` continues it")
+            raise
+        except Exception as exc:
+            # The flow recorded the failure; print the recorded run (its error says what went wrong). If it could
+            # not (the Prefect server went away under it), the run is interrupted here, with the cause.
+            store = open_store(quiet=True)
+            try:
+                if store.get_run(run_id).status == "running":
+                    store.interrupt_run(run_id, reason=f"the flow ended without closing the run ({exc}; Prefect API "
+                                                       f"{api.url}); `alignflow rerun {run_id}` continues it")
+                return run_view(store, run_id)
+            finally:
+                store.close()
 
 
-def _finish(record: dict[str, Any], as_json: bool, started: float) -> None:
+def _interrupt(run_id: str, reason: str) -> None:
+    from alignflow.cli.runs import open_store
+
+    with open_store(quiet=True) as store:
+        store.interrupt_run(run_id, reason=reason)
+
+
+def _view(record: Any) -> Any:
+    """The recorded run as `alignflow show` sees it (alignflow.runview), whatever shape the flow returned."""
+    from alignflow.cli.runs import open_store
+    from alignflow.runview import RunView, run_view
+
+    run_id = record.run_id if isinstance(record, RunView) else record["run_id"]
+    store = open_store(quiet=True)
+    try:
+        return run_view(store, run_id)
+    finally:
+        store.close()
+
+
+def _finish(record: Any, as_json: bool, started: float, verbosity: Verbosity = "normal") -> None:
+    view = _view(record)
     if as_json:
-        typer.echo(json.dumps(record, indent=2))
+        typer.echo(json.dumps(view.to_json(), indent=2))
+    elif verbosity == "quiet":
+        typer.echo(f"run {view.run_id}: {view.status}, verdict {(view.verdict or 'none').upper()}"
+                   + (f", report {view.report}" if view.report else "")
+                   + (f"\nerror: {view.error}" if view.error else ""))
     else:
-        print_record(record, seconds=time.monotonic() - started)
-    raise typer.Exit(0 if record.get("verdict") == "pass" and record.get("status") == "completed" else 1)
+        print_view(view, seconds=time.monotonic() - started)
+    raise typer.Exit(0 if view.verdict == "pass" and view.status == "completed" else 1)
+
+
+_QUIET = typer.Option(False, "--quiet", "-q", help="Only the result (and warnings); no progress lines.")
+_VERBOSE = typer.Option(False, "--verbose", "-v", help="Also Prefect's own logs and alignflow's debug lines.")
 
 
 def _register_run(app: typer.Typer) -> None:
     @app.command("run")
     def run_cmd(
-        experiment: str = typer.Argument(..., help="Experiment file or name under experiments/."),
+        experiment: str = typer.Argument(..., help="Experiment file or name under experiments/.",
+                                         autocompletion=experiment_names),
         hosts: Path = typer.Option(Path("hosts.yaml"), "--hosts", help="Host inventory."),
-        from_step: str | None = typer.Option(None, "--from", help="Re-execute this step and everything after it."),
-        only: list[str] = typer.Option([], "--only", help="Run only these steps (repeatable)."),
-        force: list[str] = typer.Option([], "--force", help="Re-execute these steps and what depends on them."),
+        from_step: str | None = typer.Option(None, "--from", help="Re-execute this step and everything after it.",
+                                             autocompletion=_complete_step),
+        only: list[str] = typer.Option([], "--only", help="Run only these steps (repeatable).",
+                                       autocompletion=_complete_step),
+        force: list[str] = typer.Option([], "--force", help="Re-execute these steps and what depends on them.",
+                                        autocompletion=_complete_step),
         parent: str | None = typer.Option(None, "--parent", help="Parent run whose artifacts may be reused."),
         as_json: bool = typer.Option(False, "--json", help="Print the run record as JSON."),
+        quiet: bool = _QUIET,
+        verbose: bool = _VERBOSE,
     ) -> None:
-        """Run an alignment experiment end to end; exit 0 when the verdict is pass."""
+        """Run an alignment experiment end to end; exit 0 when the verdict is pass, 1 when not, 2 on a usage or
+        configuration error."""
         started = time.monotonic()
+        verbosity = verbosity_of(quiet, verbose)
         path = resolve_experiment(experiment)
-        record = _flow_run(experiment=str(path), hosts=str(hosts), from_step=from_step, only=list(only) or None,
-                           force=list(force) or None, parent_run=parent, reuse_parent=parent is not None,
-                           trigger="cli")
-        _finish(record, as_json, started)
+        check_steps(from_step, *only, *force)
+        check_run_inputs(path, hosts)
+        if parent is not None:
+            from alignflow.cli.runs import open_store
+
+            with open_store(existing=True) as store:
+                parent = store.get_run(parent).id
+        record = _flow_run(verbosity=verbosity, experiment=str(path), hosts=str(hosts), from_step=from_step,
+                           only=list(only) or None, force=list(force) or None, parent_run=parent,
+                           reuse_parent=parent is not None, trigger="cli")
+        _finish(record, as_json, started, verbosity)
 
     @app.command("rerun")
     def rerun_cmd(
-        run_id: str = typer.Argument(..., help="The run to re-run a step of (it becomes the parent)."),
-        step: str = typer.Option(..., "--step", help="The step to re-execute (with everything that depends on it)."),
+        run_id: str = typer.Argument(..., help="The run to re-run (it becomes the parent)."),
+        step: str | None = typer.Option(None, "--step", help="Re-execute this step and what depends on it; without "
+                                        "it, every step the run did not finish (an interrupted or failed run "
+                                        "continues).", autocompletion=_complete_step),
         as_json: bool = typer.Option(False, "--json", help="Print the new run record as JSON."),
+        quiet: bool = _QUIET,
+        verbose: bool = _VERBOSE,
     ) -> None:
-        """A new run whose parent is RUN: re-executes STEP and its dependents, reuses the rest."""
-        from alignflow import pipeline
-        from tasks.context import open_store
+        """A new run whose parent is RUN: reuses every step RUN finished, executes the rest (or STEP and its
+        dependents)."""
+        from alignflow.cli.runs import open_store
+        from alignflow.store import RunStatus
 
-        pipeline.step(step)
+        check_steps(step)
         started = time.monotonic()
-        store = open_store()
+        verbosity = verbosity_of(quiet, verbose)
+        store = open_store(existing=True)
         try:
             parent = store.get_run(run_id)
+            if parent.status == RunStatus.RUNNING:
+                raise ConfigError(f"run {parent.id} is still running (driven by pid "
+                                  f"{(parent.controller or {}).get('pid', '?')}); wait for it, or `alignflow cancel "
+                                  f"{parent.id}` first")
+            if parent.status == RunStatus.INTERRUPTED:
+                _end_left_jobs(store, parent.id)
         finally:
             store.close()
         params = parent.params
-        record = _flow_run(experiment=params["experiment_path"], hosts=params["hosts_path"], force=[step],
-                           parent_run=parent.id, reuse_parent=True, trigger="rerun")
-        _finish(record, as_json, started)
+        record = _flow_run(verbosity=verbosity, experiment=params["experiment_path"], hosts=params["hosts_path"],
+                           force=[step] if step else None, parent_run=parent.id, reuse_parent=True, trigger="rerun")
+        _finish(record, as_json, started, verbosity)
 
     @app.command("reproduce")
     def reproduce_cmd(
         run_id: str = typer.Argument(..., help="The run to reproduce from its recorded inputs."),
         as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
+        quiet: bool = _QUIET,
+        verbose: bool = _VERBOSE,
     ) -> None:
-        """Run again from the recorded experiment and inventory; list every fingerprint that differs."""
-        from alignflow.runner.reproduce import diff_runs
-        from tasks.context import open_store
+        """Run again from the recorded experiment and inventory: reproduced or diverged, then every difference
+        with its cause; exit 0 reproduced, 1 diverged (or the reproduction did not complete)."""
+        from alignflow.cli.runs import open_store
+        from alignflow.runner.reproduce import judge_reproduction
 
-        store = open_store()
+        store = open_store(existing=True)
         try:
             original = store.get_run(run_id)
         finally:
             store.close()
-        record = _flow_run(experiment=original.params["experiment_path"], hosts=original.params["hosts_path"],
-                           parent_run=original.id, trigger="reproduce", reproduce_of=original.id)
-        if record["status"] != "completed":
-            print_record(record)
+        record = _flow_run(verbosity=verbosity_of(quiet, verbose), experiment=original.params["experiment_path"],
+                           hosts=original.params["hosts_path"], parent_run=original.id, trigger="reproduce",
+                           reproduce_of=original.id)
+        view = _view(record)
+        if view.status != "completed":
+            if as_json:
+                typer.echo(json.dumps({"verdict": "incomplete", "reproduction": view.to_json()}, indent=2))
+            else:
+                Console().print(f"[bold red]NOT REPRODUCED[/]: the reproduction {view.run_id} ended {view.status}")
+                print_view(view)
             raise typer.Exit(1)
         store = open_store()
         try:
-            diffs = diff_runs(store, original.id, record["run_id"])
+            judged = judge_reproduction(store, original.id, view.run_id)
         finally:
             store.close()
-        real = [d for d in diffs if d.substantive]
         if as_json:
-            typer.echo(json.dumps({"original": original.id, "reproduction": record["run_id"],
-                                   "reproduced": not real,
-                                   "differences": [{"what": d.what, "original": d.original,
-                                                    "reproduction": d.reproduction, "note": d.note}
-                                                   for d in diffs]}, indent=2))
-        else:
-            print_record(record)
-            if diffs:
-                Console().print(f"[bold yellow]{len(diffs)} fingerprint(s) differ from run {original.id}:[/]")
-                for d in diffs:
-                    note = f"  ({d.note})" if d.note else ""
-                    typer.echo(f"  {d.what}: {d.original} -> {d.reproduction}{note}")
-            verdict = "reproduced" if not real else f"NOT reproduced: {len(real)} substantive difference(s)"
-            Console().print(f"[bold]{verdict}[/] — every checkpoint, input and logged metric compared with run "
-                            f"{original.id}")
-        raise typer.Exit(1 if real else 0)
+            typer.echo(json.dumps({**judged.to_json(), "reproduction_run": view.to_json()}, indent=2))
+            raise typer.Exit(0 if judged.verdict == "reproduced" else 1)
+        console = Console(highlight=False)
+        color = "green" if judged.verdict == "reproduced" else "red"
+        console.print(f"[bold {color}]{escape(judged.headline)}[/]")
+        for title, group in (("differences", judged.substantive),
+                             ("differences that change nothing",
+                              tuple(d for d in judged.differences if not d.substantive))):
+            if not group:
+                continue
+            table = Table(title=title, title_justify="left", header_style="bold")
+            for col in ("what", "original", "reproduction", "cause"):
+                table.add_column(col, overflow="fold", no_wrap=col == "what")
+            for d in group:
+                table.add_row(escape(d.what), _short(d.original), _short(d.reproduction), escape(d.note))
+            console.print(table)
+        print_view(view)
+        raise typer.Exit(0 if judged.verdict == "reproduced" else 1)
+
+
+def _short(value: str | None) -> str:
+    """A sha256 or cache key to its first 16 characters; anything else as it is."""
+    if value is None:
+        return "—"
+    return value[:16] if len(value) == 64 and all(c in "0123456789abcdef" for c in value) else escape(value)
 
 
 def _api_url() -> str:
+    """The configured Prefect API, else the kept server alignflow owns (`alignflow server start`)."""
+    import os
+
     from prefect.settings import get_current_settings
 
+    from alignflow.state import state_dir
+    from flows.server import kept_server
+
     url = get_current_settings().api.url
-    if not url:
-        raise ConfigError("PREFECT_API_URL is not set: `alignflow serve` registers deployments with a Prefect "
-                          "server; start one (`prefect server start`, or docker/compose.yaml) and export "
-                          "PREFECT_API_URL=http://HOST:4200/api")
-    return str(url)
+    if url:
+        return str(url)
+    kept = kept_server(state_dir())
+    if kept is None:
+        raise ConfigError("PREFECT_API_URL is not set and no Prefect server is kept: `alignflow serve` registers "
+                          "deployments with a lasting Prefect server; start one with `alignflow server start` (or "
+                          "use a team server, docker/compose.yaml, and export PREFECT_API_URL=http://HOST:4200/api)")
+    os.environ["PREFECT_API_URL"] = kept.url  # serve's flow-run subprocesses must reach it too
+    return kept.url
 
 
 def _check_server(api_url: str) -> None:
@@ -194,11 +325,19 @@ def _register_serve(app: typer.Typer) -> None:
         nightly_experiment: list[str] = typer.Option([], "--nightly-experiment",
                                                      help="Experiment of the nightly (repeatable; default: all)."),
         limit: int | None = typer.Option(None, "--limit", min=1, help="Most flow runs executing at once."),
+        reports_bind: str = typer.Option("127.0.0.1", "--reports-bind",
+                                         help="Address the read-only reports server listens on (0.0.0.0: all)."),
+        reports_port: int = typer.Option(4201, "--reports-port", min=0, max=65535,  # beside Prefect's 4200
+                                         help="Port of the reports server (0: any free port)."),
+        reports_url: str | None = typer.Option(None, "--reports-url",
+                                               help="Address people open the reports at (default: "
+                                                    "http://BIND:PORT); ignored when ALIGNFLOW_REPORTS_URL is set."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Build and print the deployments, then exit."),
         as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the deployments as JSON."),
     ) -> None:
-        """Serve the `alignment/launch` (UI form) and `nightly-regression/nightly` (cron) deployments until SIGTERM."""
-        from flows.serve import describe, load_serve_spec, serve_deployments
+        """Serve the `alignment/launch` (UI form) and `nightly-regression/nightly` (cron) deployments until SIGTERM,
+        and the state dir's HTML reports read-only over http."""
+        from flows.serve import describe, load_serve_spec, serve_deployments, serving_reports
 
         if nightly is None and Path("nightly.yaml").is_file():
             nightly = Path("nightly.yaml")
@@ -217,12 +356,17 @@ def _register_serve(app: typer.Typer) -> None:
             table.add_row(d["name"], when, ", ".join(d["parameters"]))
         console.print(table)
         console.print(f"experiments: {', '.join(spec.catalog.names)} ({spec.catalog.directory})", highlight=False)
+        for u in spec.catalog.unserved:
+            console.print(f"not served:  {escape(u.name)}: {escape('; '.join(u.reasons))}", highlight=False)
         console.print(f"nightly:     {', '.join(spec.nightly.experiments or spec.catalog.names)}", highlight=False)
+        if spec.nightly.alert is not None:
+            console.print(f"alert:       {spec.nightly.alert.format} webhook on a failed nightly", highlight=False)
         if dry_run:
             raise typer.Exit(0)
         api = _api_url()
         _check_server(api)
-        from tasks.context import open_store
+        from alignflow.cli.runs import open_store
+        from alignflow.state import state_dir
 
         store = open_store()  # fails now, with the database named, if the store is unreachable or too new
         try:
@@ -230,5 +374,20 @@ def _register_serve(app: typer.Typer) -> None:
         finally:
             store.close()
         console.print(f"prefect:     {api} — UI {api.rstrip('/').removesuffix('/api')}/v2/deployments", highlight=False)
-        serve_deployments(spec, limit=limit)
+        from prefect.settings import PREFECT_API_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: api}), \
+                serving_reports(state_dir(), bind=reports_bind, port=reports_port, public_url=reports_url) as url:
+            console.print(f"reports:     {url}/", highlight=False)
+            serve_deployments(spec, limit=limit)
         console.print("stopped (schedules left active)")
+
+
+def _end_left_jobs(store: Any, run_id: str) -> None:
+    """Before a rerun of an interrupted run: its leftover jobs would compete for their hosts' slots and nobody would
+    ever collect what they produce; end them (their steps run again, or come from the cache)."""
+    from alignflow.cli.cancel import kill_interrupted_jobs
+    from alignflow.transport import open_transport
+
+    for line in kill_interrupted_jobs(store, run_id, transport_factory=open_transport):
+        typer.echo(f"run {run_id}: ended a job its interruption left: {line}", err=True)

@@ -1,12 +1,14 @@
 """Flow-run state hooks: cancelling or crashing a flow run kills the remote jobs of its alignflow run.
 
-Hooks are called with the keyword arguments `flow, flow_run, state` (orchestration reference G7). The flow writes
+Hooks are called with the keyword arguments `flow, flow_run, state`
+(docs/orchestration.md#g7-state-hooks-get-keyword-arguments). The flow writes
 `<state>/flow-runs/<flow run id>` with its alignflow run id as soon as the run exists, so the hook can find the
 job handles recorded in the store even when the flow process is gone.
 """
 
 from typing import Any
 
+from alignflow.runner.control import cancel_run_jobs
 from tasks.context import open_store, state_dir, transport_factory
 
 
@@ -25,14 +27,8 @@ def remember_run(ctx: Any, run_id: str) -> None:
 
 def kill_remote_jobs(flow: Any, flow_run: Any, state: Any) -> None:
     """Cancel every job of the run that is still recorded as running."""
-    from alignflow.runner.control import cancel_run_jobs
-
     marker = _marker(flow_run.id)
     if not marker.exists():
         return
     run_id = marker.read_text().strip()
-    store = open_store()
-    try:
-        cancel_run_jobs(store, run_id, transport_factory=transport_factory())
-    finally:
-        store.close()
+    cancel_run_jobs(open_store(), run_id, transport_factory=transport_factory())

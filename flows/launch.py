@@ -1,4 +1,4 @@
-"""The alignment flow as the Prefect UI launches it: typed parameters that render as a form.
+"""The alignment flow as the Prefect UI launches it: typed parameters that render as a clean form.
 
 `flows.alignment.alignment` takes file paths, which suit the CLI; a person in the UI picks an experiment by name.
 `build_alignment_flow` makes a flow (same name, `alignment`, so every alignment run is listed together) whose
@@ -6,52 +6,87 @@ parameters are:
 
 - `experiment`: an enum of the catalog's names, built when the deployment is made (a dropdown in the UI; the
   server refuses any other value because the deployment enforces its parameter schema);
-- `steps`: a `StepSelection` (from-step, only, force; step names are an enum of the pipeline's steps);
-- `parent`: an optional `ParentRun` (a run id whose artifacts the new run may reuse).
+- `steps`: a `StepSelection` (re-execute from, only, force; step names are an enum of the pipeline's steps);
+- `parent`: a `ParentRun` (a run id whose artifacts the new run may reuse; empty for none). The id is checked
+  against the store when the run starts (`alignflow.runner.run.check_parent`): an unknown id or a run of another
+  experiment ends the flow run `Not started`, its message listing the experiment's recent runs.
 
+Every field has a title and a description; optional fields are left out of the schema's `null` branch
+(`SkipJsonSchema[None]`), so the form shows the field itself, not a toggle between it and "None" (issue 19).
 Constrained values sit inside pydantic models: Prefect enforces those, not a top-level `Field(ge=...)`
-(orchestration reference G5). No `from __future__ import annotations` in this module: Prefect builds the form
-from the real annotations (G4). The flow function is made per catalog, so the served process pickles it by value
-into each flow run's subprocess, enum included.
+(docs/orchestration.md#g5-top-level-field-constraints-are-not-enforced). No `from __future__ import annotations` in
+this module: Prefect builds the form from the real annotations
+(docs/orchestration.md#g4-no-future-annotations-in-flow-modules). The flow function is made per catalog, so the
+served process pickles it by value into each flow run's subprocess, enum included.
 """
 
 import enum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import Flow, flow
-from pydantic import BaseModel, ConfigDict, Field
+from prefect.client.schemas.objects import State
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, StringConstraints, model_serializer
+from pydantic.json_schema import SkipJsonSchema
 
 from alignflow import pipeline
 from alignflow.config.catalog import ExperimentCatalog
+from alignflow.runner.session import RunOptions
 from flows.alignment import alignment as alignment_flow
 from flows.hooks import kill_remote_jobs
+from flows.states import flow_run_name
 
 StepName = enum.StrEnum("StepName", {name: name for name in pipeline.STEP_NAMES})  # type: ignore[misc]
 StepName.__doc__ = "A pipeline step."
+RunId = Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{4,12})?$")]  # empty: no parent (a cleared field)
 
 
-class StepSelection(BaseModel):
+def _no_default(schema: dict[str, Any]) -> None:
+    schema.pop("default", None)
+
+
+class FormModel(BaseModel):
+    """A sub-form whose empty optional fields are left out of the JSON it is sent as (and of its defaults).
+
+    The UI pre-fills a form from the parameter's default and posts every key it holds; the server validates the
+    posted values against the schema, where an optional field is its type alone (no `null` branch, which the UI
+    would render as a type toggle). A `null` would then be refused (409), so a `None` is never written."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_serializer(mode="wrap")
+    def _without_none(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class StepSelection(FormModel):
     """Which steps run. Everything else still comes from the cache when its inputs are unchanged."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", title="Steps")
 
-    from_step: StepName | None = Field(None, description="Re-execute this step and every step after it.")
+    from_step: StepName | SkipJsonSchema[None] = Field(
+        None, title="Re-execute from", description="Re-execute this step and every step after it (empty: none).",
+        json_schema_extra=_no_default)
     only: list[StepName] = Field(
-        default_factory=list, description="Run only these steps (their inputs must come from the cache or the parent)."
-    )
+        default_factory=list, title="Only these steps",
+        description="Run only these steps (their inputs must come from the cache or the parent run).")
     force: list[StepName] = Field(
-        default_factory=list, description="Re-execute these steps and what depends on them, even when cached."
-    )
+        default_factory=list, title="Force",
+        description="Re-execute these steps and what depends on them, even when cached.")
 
 
-class ParentRun(BaseModel):
-    """An earlier alignflow run that this run re-runs part of."""
+class ParentRun(FormModel):
+    """An earlier alignflow run of the same experiment that this run re-runs part of (empty: none)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", title="Parent run")
 
-    run_id: str = Field(pattern=r"^[0-9a-f]{4,12}$", description="alignflow run id (or a unique prefix of 4+).")
-    reuse_artifacts: bool = Field(True, description="Take the parent's artifacts for steps that are not re-executed.")
+    run_id: RunId | SkipJsonSchema[None] = Field(
+        None, title="Run id",
+        description="The alignflow run id, as the runs list names runs (align-EXPERIMENT-RUNID), or a unique "
+                    "prefix of 4+ characters; empty: no parent.", json_schema_extra=_no_default)
+    reuse_artifacts: bool = Field(
+        True, title="Reuse its artifacts", description="Take the parent's artifacts for steps that are not "
+                                                        "re-executed.")
 
 
 def _field(obj: Any, key: str) -> Any:
@@ -63,51 +98,65 @@ def _plain(value: Any) -> Any:
 
 
 def launch_run_name() -> str:
-    """`align-<experiment>` (`-rerun-<step>` when a parent's step is forced), like the CLI's runs."""
+    """`align-<experiment>` (`-rerun-<step>` when a parent's step is forced) until the run is recorded; the flow
+    then renames itself `align-<experiment>-<run id>...` (`flows.states`)."""
     from prefect.runtime import flow_run
 
     params = flow_run.parameters  # validated objects in the flow process, JSON where only the API's copy exists
-    name = _plain(params.get("experiment")) or "experiment"
-    force = _field(params.get("steps") or {}, "force") or []
-    extra = f"-rerun-{_plain(force[0])}" if params.get("parent") and force else ""
-    return f"align-{name}{extra}"
+    force = tuple(_plain(s) for s in (_field(params.get("steps") or {}, "force") or []))
+    parent = _field(params.get("parent") or {}, "run_id")
+    return flow_run_name(str(_plain(params.get("experiment")) or "experiment"), None,
+                         RunOptions(force=force, parent=parent))
 
 
 def run_alignment(experiment_file: Path, hosts: Path, steps: StepSelection, parent: ParentRun | None,
-                  trigger: str = "deployment") -> dict[str, Any]:
+                  trigger: str = "deployment") -> State[Any]:
     """The body of every launch: the alignment flow's own body, in this flow run (no nested subflow run, so the
-    run's artifacts and logs are on the page the UI opens)."""
-    result: dict[str, Any] = alignment_flow.fn(
+    run's artifacts, logs and final state are on the page the UI opens)."""
+    run_id = (parent.run_id if parent else None) or None
+    state: State[Any] = alignment_flow.fn(
         experiment=str(experiment_file), hosts=str(hosts),
         from_step=steps.from_step.value if steps.from_step else None,
         only=[s.value for s in steps.only] or None, force=[s.value for s in steps.force] or None,
-        parent_run=parent.run_id if parent else None, reuse_parent=bool(parent and parent.reuse_artifacts),
+        parent_run=run_id, reuse_parent=bool(run_id and parent and parent.reuse_artifacts),
         trigger=trigger,
     )
-    return result
+    return state
 
 
 def experiment_enum(catalog: ExperimentCatalog) -> type[enum.StrEnum]:
     """The catalog's names as an enum (JSON schema: `{"enum": [...]}`, a dropdown in the UI)."""
     made: type[enum.StrEnum] = enum.StrEnum("ExperimentName", {n: n for n in catalog.names})  # type: ignore[misc]
-    # A top-level parameter's description is not rendered from `Annotated` metadata; the enum's is.
-    made.__doc__ = f"The experiment to run: a file of {catalog.directory.name}/ (<name>.yaml)."
+    # No angle brackets: the UI renders descriptions as sanitised HTML, where `<name>` would vanish.
+    made.__doc__ = f"An experiment file of {catalog.directory.name}/ (NAME.yaml)."
     return made
 
 
-def build_alignment_flow(catalog: ExperimentCatalog, hosts: Path) -> Flow[..., dict[str, Any]]:
+def build_alignment_flow(catalog: ExperimentCatalog, hosts: Path) -> Flow[..., State[Any]]:
     """The UI-facing alignment flow for this catalog and inventory."""
     ExperimentName = experiment_enum(catalog)
     files = {name: path for name, path in catalog.files}
     inventory = Path(hosts).resolve()
+    names = ", ".join(catalog.names)
+    # Top-level parameters: Prefect takes a `Field` default's description, and its title from json_schema_extra.
+    experiment_field: Any = Field(
+        description=f"The experiment to run ({names}); each is a file of {catalog.directory.name}/.",
+        json_schema_extra={"title": "Experiment"})
+    steps_field: Any = Field(
+        StepSelection(), description="Which steps run; the others come from the cache or the parent run.",
+        json_schema_extra={"title": "Steps"})
+    parent_field: Any = Field(
+        ParentRun(), description="An earlier run of this experiment to re-run part of (empty: none).",
+        json_schema_extra={"title": "Parent run"})
 
     def alignment(
-        experiment: ExperimentName,  # type: ignore[valid-type]  # a class made at run time, on purpose
-        steps: StepSelection = StepSelection(),  # noqa: B008 - Prefect reads defaults from the signature
-        parent: ParentRun | None = None,
-    ) -> dict[str, Any]:
+        experiment: ExperimentName = experiment_field,  # type: ignore[valid-type]  # a class made at run time
+        steps: StepSelection = steps_field,
+        parent: ParentRun = parent_field,
+    ) -> State[Any]:
         """Run one alignment experiment end to end: NPU base training, bf16 and Megatron conversion, both
-        trainings from the same weights, comparison. Returns the run record (as `alignflow show --json`)."""
+        trainings from the same weights, comparison. Ends Completed (aligned), Not aligned (verdict fail, the
+        failed criteria in its message) or Failed (with the cause); the result is the run record."""
         return run_alignment(files[experiment.value], inventory, steps, parent)  # type: ignore[attr-defined]
 
     return flow(name="alignment", flow_run_name=launch_run_name, on_cancellation=[kill_remote_jobs],

@@ -1,35 +1,38 @@
 """Deployments of alignflow's flows: the UI launch of the alignment flow and the nightly regression on a cron.
 
-Two ways to run them (orchestration reference §1.6):
+Two ways to run them (docs/orchestration.md#deployments):
 
 - `alignflow serve` (`build_deployments` + `serve_deployments`): one long-running process on the controller —
   the host that holds the SSH keys, `hosts.yaml` and the repository — registers both deployments and runs each
   flow run in a subprocess. `pause_on_shutdown=False`: by default Prefect pauses every schedule when `serve`
-  stops, so a plain restart (systemd, `docker compose restart`) would silently stop the nightly (G6). SIGTERM
+  stops, so a plain restart (systemd, `docker compose restart`) would silently stop the nightly
+  (docs/orchestration.md#g6-serve-pauses-schedules-on-shutdown). SIGTERM
   stops it cleanly: in-flight flow runs are cancelled, and their cancellation hooks kill the remote jobs.
 - `prefect.yaml` + `prefect deploy --all` + `prefect worker start --pool NAME` (a process work pool): the same
   flows, loaded by the worker from this module's entry points `alignment` and `nightly_regression`, built on
   first access from the working directory (`$ALIGNFLOW_EXPERIMENTS_DIR` or `experiments/`, `$ALIGNFLOW_HOSTS` or
   `hosts.yaml`, `$ALIGNFLOW_NIGHTLY` or `nightly.yaml` when present). Nothing is read at import time.
 
-No `from __future__ import annotations` in this module (orchestration reference G4).
+What `serve` checks is `alignflow.config.catalog.check_serving` (and `alignflow validate --hosts` runs the same):
+experiments whose hosts the inventory lacks are not served, with the reason, instead of stopping it. Beside the
+deployments it serves the state dir's reports read-only over http (`alignflow.reportserver`; unless
+`ALIGNFLOW_REPORTS_URL` says they are served elsewhere) and installs the nightly's alert (`flows.alerts`).
+
+No `from __future__ import annotations` in this module (docs/orchestration.md#g4-no-future-annotations-in-flow-modules).
 """
 
 import logging
 import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from alignflow.config.catalog import (
-    ExperimentCatalog,
-    NightlySettings,
-    check_nightly_experiments,
-    load_nightly_settings,
-)
-from alignflow.config.hosts import load_hosts
+from alignflow.config.catalog import ExperimentCatalog, NightlySettings, check_serving
 from alignflow.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -53,22 +56,19 @@ def load_serve_spec(experiments_dir: str | Path, hosts: str | Path, nightly: str
                     cron: str | None = None, timezone: str | None = None,
                     nightly_experiments: list[str] | None = None) -> ServeSpec:
     """Read and check the catalog, the inventory and the nightly settings; the options override the file."""
-    inventory_path = Path(hosts).expanduser().resolve()
-    inventory = load_hosts(inventory_path)
-    catalog = ExperimentCatalog.discover(experiments_dir, inventory)
-    settings = load_nightly_settings(nightly) if nightly is not None else NightlySettings()
-    updates: dict[str, Any] = {k: v for k, v in (("cron", cron), ("timezone", timezone),
-                                                 ("experiments", nightly_experiments)) if v}
+    checked = check_serving(experiments_dir, hosts, nightly, nightly_experiments=nightly_experiments)
+    settings = checked.nightly
+    updates: dict[str, Any] = {k: v for k, v in (("cron", cron), ("timezone", timezone)) if v}
     if updates:
         try:
             settings = NightlySettings.model_validate({**settings.model_dump(), **updates})
         except ValidationError as exc:
             raise ConfigError([("", None, f"--{str(e['loc'][0]).replace('_', '-')}: {_message(e['msg'])}")
                                for e in exc.errors()]) from None
-    file = str(nightly) if nightly is not None else "nightly settings"
-    check_nightly_experiments(settings, catalog, source="--nightly-experiment" if nightly_experiments else file)
+    file = checked.nightly_source
     nightly_schedule(settings, source="--cron/--timezone" if cron or timezone else file)
-    return ServeSpec(catalog=catalog, hosts=inventory_path, nightly=settings, nightly_source=file)
+    return ServeSpec(catalog=checked.catalog, hosts=Path(hosts).expanduser().resolve(), nightly=settings,
+                     nightly_source=file)
 
 
 def _message(msg: str) -> str:
@@ -125,7 +125,9 @@ def describe(spec: ServeSpec) -> list[dict[str, Any]]:
         schema = parameter_schema(served.flow).model_dump()
         schedules = [{"cron": s.cron, "timezone": s.timezone} for s in served.options.get("schedules", [])]
         out.append({"name": f"{served.flow.name}/{served.name}", "description": served.options["description"],
-                    "schedules": schedules, "parameters": list(schema.get("properties", {})), "schema": schema})
+                    "schedules": schedules, "parameters": list(schema.get("properties", {})), "schema": schema,
+                    "not_served": [{"experiment": u.name, "path": str(u.path), "reasons": list(u.reasons)}
+                                   for u in spec.catalog.unserved]})
     return out
 
 
@@ -141,6 +143,9 @@ def serve_deployments(spec: ServeSpec, *, limit: int | None = None) -> None:
     from prefect.exceptions import TerminationSignal
     from prefect.runner import Runner
 
+    from flows.alerts import install_alert
+
+    install_alert(spec.nightly.alert)
     runner = Runner(name="alignflow-serve", pause_on_shutdown=False, limit=limit)
     for served in served_flows(spec):
         runner.add_flow(served.flow, name=served.name, **served.options)
@@ -148,6 +153,31 @@ def serve_deployments(spec: ServeSpec, *, limit: int | None = None) -> None:
         asyncio.run(runner.start())
     except (KeyboardInterrupt, TerminationSignal) as exc:
         log.info("%s: stopping", type(exc).__name__)
+
+
+@contextmanager
+def serving_reports(state: Path, *, bind: str, port: int, public_url: str | None) -> Iterator[str]:
+    """The base URL of the state dir's reports while inside: `$ALIGNFLOW_REPORTS_URL` when something else serves
+    them (compose's nginx), else a read-only server of `<state>/reports` started here. The URL is exported to
+    this process's environment, which every flow-run subprocess inherits, and published in the state dir for
+    `alignflow run` on the same controller."""
+    from alignflow.reportserver import REPORTS_URL_ENV, ReportServer, publish_url, reports_dir, withdraw_url
+
+    given = os.environ.get(REPORTS_URL_ENV)
+    if given:
+        yield given
+        return
+    server = ReportServer(reports_dir(state), host=bind, port=port).start()
+    host = server.host if server.host not in ("0.0.0.0", "::") else socket.getfqdn()
+    url = (public_url or f"http://{host}:{server.port}").rstrip("/")
+    os.environ[REPORTS_URL_ENV] = url
+    publish_url(state, url)
+    try:
+        yield url
+    finally:
+        withdraw_url(state, url)
+        os.environ.pop(REPORTS_URL_ENV, None)
+        server.close()
 
 
 _POOL_FLOWS: dict[str, Any] = {}

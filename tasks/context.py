@@ -1,53 +1,81 @@
-"""How a task reaches the core: the store, the state dir, transports — resolved from the environment at call time.
+"""How a task reaches the core: the store, the run's context, the state dir and transports.
 
-Tasks re-open everything by run id, so each is self-contained across retries and processes (a Prefect worker
-may run them in a subprocess; a retry must not depend on objects of the failed attempt).
+Resolved from the environment at call time, and kept once per process: every task of a run (and the CLI that
+started it, in the same process) shares one `Store` and one `RunContext` per run, instead of opening the database
+and re-reading the run's record for each task. A Prefect worker that runs tasks in another process opens its own.
 """
 
 from __future__ import annotations
 
+import atexit
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
-from alignflow.runner.engine import StepRunner
-from alignflow.runner.run import open_runner
-from alignflow.runner.session import default_state_dir
+from alignflow.runner.engine import StepRunner, TransportFactory
+from alignflow.runner.progress import ProgressFn
+from alignflow.runner.session import Events, RunContext, default_state_dir, open_run
+from alignflow.state import database_url
+from alignflow.store import Store
+from alignflow.transport import open_transport
+
+_lock = threading.Lock()
+_stores: dict[str, Store] = {}
+_contexts: dict[tuple[str, str], RunContext] = {}
 
 
 def state_dir() -> Path:
     return default_state_dir()
 
 
-def open_store() -> Any:
-    from alignflow.store import Store
+def open_store() -> Store:
+    """The process's store for the current state dir / database URL (opened, and migrated, on first use)."""
+    url = database_url(state_dir())
+    with _lock:
+        store = _stores.get(url)
+        if store is None:
+            store = _stores[url] = Store.open(state_dir=state_dir(), upgrade=True)
+        return store
 
-    return Store.open(state_dir=state_dir(), upgrade=True)
+
+def run_context(run_id: str) -> RunContext:
+    """The recorded run's context, read once per process (a run's record does not change while it runs)."""
+    store = open_store()
+    key = (store.url, run_id)
+    with _lock:
+        ctx = _contexts.get(key)
+    if ctx is None:
+        ctx = open_run(store, run_id)
+        with _lock:
+            _contexts[key] = ctx
+    return ctx
 
 
-def transport_factory() -> Any:
-    from alignflow.transport import open_transport
-
+def transport_factory() -> TransportFactory:
     return open_transport
 
 
 @contextmanager
-def runner_for(run_id: str, *, events: Any = None) -> Iterator[StepRunner]:
-    store = open_store()
-    runner = open_runner(run_id, store=store, state_dir=state_dir(), transport_factory=transport_factory(),
-                         events=events)
+def runner_for(run_id: str, *, events: Events | None = None, progress: ProgressFn | None = None
+               ) -> Iterator[StepRunner]:
+    """A `StepRunner` of the run for one task (its transports are the task's own: runners are not shared)."""
+    runner = StepRunner(run_context(run_id), store=open_store(), state_dir=state_dir(),
+                        transport_factory=transport_factory(), events=events, progress=progress)
     try:
         yield runner
     finally:
         runner.close()
+
+
+def close_stores() -> None:
+    """Close every store this process opened (at exit; tests call it between state dirs)."""
+    with _lock:
+        stores = list(_stores.values())
+        _stores.clear()
+        _contexts.clear()
+    for store in stores:
         store.close()
 
 
-def retry_on_transient(task: Any, task_run: Any, state: Any) -> bool:
-    """Retry only transport errors (connection, timeout); never a failed command, sentinel or comparison."""
-    try:
-        state.result()
-    except Exception as exc:  # the state's exception is re-raised here
-        return bool(getattr(exc, "retryable", False))
-    return False
+atexit.register(close_stores)

@@ -11,14 +11,10 @@ from alignflow.regression import DriftPolicy, check_against_last_pass
 from tasks.context import open_store
 
 
-@task(name="regression-check", cache_policy=NO_CACHE, persist_result=False)
+@task(name="regression-check", task_run_name="regression-check", cache_policy=NO_CACHE, persist_result=False)
 def regression_task(run_id: str, drift: dict[str, Any]) -> dict[str, Any]:
     """`RegressionCheck.to_dict()` of the run (reads the store only)."""
-    store = open_store()
-    try:
-        check = check_against_last_pass(store, run_id, DriftPolicy.model_validate(drift))
-    finally:
-        store.close()
+    check = check_against_last_pass(open_store(), run_id, DriftPolicy.model_validate(drift))
     get_run_logger().info("%s run %s vs %s: %s", check.experiment, run_id, check.baseline_run_id or "no baseline",
                           "; ".join(check.reasons) or "no regression")
     return check.to_dict()

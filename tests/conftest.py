@@ -1,12 +1,19 @@
-"""Shared pytest fixtures.
+"""Shared pytest fixtures, and the rule of the unit tier.
 
 Integration fixtures (real sshd lab hosts, a real PostgreSQL server, one Prefect harness per session) live in
 `tests/lab/` modules and are imported here so that every test module can request them.
+
+Tiers: `make test-unit` runs the tests marked neither `integration` nor `slow` with `ALIGNFLOW_TEST_TIER=unit`,
+and in that tier starting a process fails the test — a test that needs a real process (sshd, PostgreSQL,
+Prefect, a training, a CLI subprocess) says so with its marker, so the unit tier stays a minute long.
+`make test` runs everything.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,12 +22,63 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from tests.lab.slurm import SlurmLab
     from tests.lab.sshd import SSHLab
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Lab fixtures with real processes: `postgres_server` (session), `postgres_url` (an empty database per test).
 pytest_plugins = ["tests.lab.postgres"]
+
+
+UNIT_TIER = os.environ.get("ALIGNFLOW_TEST_TIER") == "unit"
+_MODULE_TIER = re.compile(r"^pytestmark = .*\b(integration|slow)\b", re.M)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """In the unit tier, a test module marked `integration` or `slow` as a whole is not even imported (its
+    imports — megatron-core, MindSpore, Prefect's harness — are what makes collection slow)."""
+    if UNIT_TIER and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return bool(_MODULE_TIER.search(collection_path.read_text(encoding="utf-8"))) or None
+    return None
+
+
+# Fixtures holding a machine-wide resource: the SSH lab binds 127.0.0.11-13, the jump lab 127.0.0.14-15, the Slurm
+# lab its network namespace and its daemons' ports. Under `pytest -n N --dist loadgroup` (make test) every test
+# using one of them runs on the same worker, one after the other; the rest spread over the others.
+MACHINE_WIDE = frozenset({"ssh_lab", "lab_hosts_yaml", "slurm_lab", "jump_lab"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if MACHINE_WIDE.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("machine-wide-labs"))
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not UNIT_TIER:
+        return
+
+    def refuse(self: subprocess.Popen[bytes], args: object, *rest: object, **kw: object) -> None:
+        raise AssertionError(f"{request.node.nodeid} started a process ({args!r}) in the unit tier: mark the test "
+                             "`integration` (it needs a real process) or give it a fake")
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _state_dir_outside_the_checkout(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Tests that do not choose a state dir get a fresh one: never the checkout's ./.alignflow (which a developer's
+    own runs use), and never one an earlier test filled - so a test passes alone and in any order."""
+    if os.environ.get("ALIGNFLOW_STATE_DIR"):
+        yield
+        return
+    os.environ["ALIGNFLOW_STATE_DIR"] = str(tmp_path_factory.mktemp("alignflow-state"))
+    try:
+        yield
+    finally:
+        os.environ.pop("ALIGNFLOW_STATE_DIR", None)
 
 
 @pytest.fixture(scope="session")
@@ -64,3 +122,21 @@ def ssh_lab() -> Iterator[SSHLab]:
 def lab_hosts_yaml(ssh_lab: SSHLab, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A hosts.yaml describing the SSH lab's three hosts."""
     return ssh_lab.write_hosts_yaml(tmp_path_factory.mktemp("lab") / "hosts.yaml")
+
+
+@pytest.fixture(scope="session")
+def slurm_lab() -> Iterator[SlurmLab]:
+    """A real one-node Slurm cluster (munged, slurmctld, slurmd; 2 CPUs) in a private network namespace.
+
+    Needs root and Debian's slurm-wlm + munge; fails (never skips) without them, because these tests must run in CI.
+    """
+    from tests.lab.slurm import LabUnavailable, SlurmLab
+
+    try:
+        lab = SlurmLab.start()
+    except LabUnavailable as exc:
+        pytest.fail(f"Slurm lab unavailable: {exc}")
+    try:
+        yield lab
+    finally:
+        lab.close()

@@ -33,6 +33,7 @@ def test_no_core_module_imports_the_orchestrator(repo_root: Path) -> None:
     assert offending == []
 
 
+@pytest.mark.integration
 def test_importing_every_core_module_and_the_cli_loads_no_prefect(repo_root: Path,
                                                                   subprocess_env: dict[str, str]) -> None:
     probe = """
@@ -52,6 +53,17 @@ print(len(names), sorted(m for m in sys.modules if m.split(".")[0] == "prefect")
     assert loaded == "[]"
 
 
+@pytest.mark.integration
+def test_the_controller_of_a_run_loads_no_torch(repo_root: Path, subprocess_env: dict[str, str]) -> None:
+    # `alignflow run` imports the flow and every step's code; the steps that need torch (conversion, diagnosis's
+    # tensor ops) import it when they run. Importing it up front cost every run ~2 s, a fully cached one too.
+    probe = "import sys, alignflow.cli, flows.alignment, alignflow.runner.run; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=subprocess_env,
+                          cwd=repo_root, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
+
+
 def test_the_orchestrator_commands_join_the_cli_through_the_entry_point() -> None:
     import importlib.metadata
 
@@ -63,6 +75,7 @@ def test_the_orchestrator_commands_join_the_cli_through_the_entry_point() -> Non
     assert {"run", "rerun", "reproduce", "serve", "show", "preflight", "hash"} <= names
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("command", ["run", "serve"])
 def test_the_orchestrator_commands_answer_help(command: str, subprocess_env: dict[str, str]) -> None:
     done = subprocess.run([sys.executable, "-m", "alignflow", command, "--help"], capture_output=True, text=True,

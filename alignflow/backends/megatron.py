@@ -3,48 +3,54 @@
 The flags that decide alignment are not left to templates: the model shape comes from `ModelConfig`, the
 optimisation from `TrainingConfig`, and the load path is pinned with `--finetune --no-load-optim --no-load-rng
 --ckpt-format torch` (weights only, schedule and data from step 0 — the equivalent of MindFormers'
-`no_load_optim: True`), `--log-interval 1` (per-step lines; reference megatron §2.1) and
-`--dataloader-type single` (seed 001 §10.1: `cyclic` adds a second shuffle). `--exit-on-missing-checkpoint`
-does not make Megatron fail (it exits 0), which is why the log sentinels exist.
+`no_load_optim: True`), `--log-interval 1` (per-step lines; Megatron prints its first iteration always and
+does not reset its loss accumulators after it) and `--dataloader-type single` (`cyclic` adds a second
+shuffle). `--exit-on-missing-checkpoint` does not make Megatron fail (it exits 0), which is why the log sentinels
+exist.
 
-The vocabulary is given the way the twin gives it (megatron §7.8): alignment data is pre-tokenized, so the
-tokenizer is `NullTokenizer`, which appends one end-of-document id to `--vocab-size` before Megatron pads to
-`--make-vocab-size-divisible-by`; the flag is therefore `vocab_size - 1`, and a divisor that would pad the
-embedding is refused (padded rows enter the softmax and change the loss).
+What depends on the megatron-core version and on the GPU host is `alignflow.frameworks.megatron_versions`: the
+NullTokenizer's vocabulary and EOD flags (alignment data is pre-tokenized; the padded vocabulary must equal the
+NPU side's, since padded rows enter the softmax), the fused kernels the host's extensions allow
+(`gpu.extensions`, filled from hosts.yaml's `cuda_extensions`), the environment `--deterministic-mode` checks.
+`--data-cache-path {out}/data_cache` keeps GPTDataset's index cache out of the data directory (whose fingerprint
+is the data's sha256).
 
-`gpu.extra_args` holds what the generator cannot know (host-specific kernels, TE options, a tokenizer of the
-user's own); a flag given there *replaces* the generated one instead of being appended after it, so the command
-line states every setting once — and preflight reads the result with Megatron's own semantics either way.
+`gpu.extra_args` holds what the generator cannot know (TE options, a tokenizer of the user's own); a flag given
+there *replaces* the generated one instead of being appended after it, so the command line states every setting
+once — and preflight reads the result with Megatron's own semantics either way.
+
+The twin's PyTorch side takes exactly these flags (`alignflow.backends.twin`): a command line that trains the
+twin is one that real Megatron-LM accepts, and the twin's own settings travel in its environment.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from alignflow.backends.launch import layout_for, parallel_flags, torchrun
+from alignflow.backends.template import CommandTemplate, TrainSpec
+from alignflow.config.experiment import Experiment
 from alignflow.config.model import ModelConfig, TrainingConfig
 from alignflow.errors import ConfigError
-
-if TYPE_CHECKING:
-    from alignflow.backends import CommandTemplate, TrainSpec
-    from alignflow.config.experiment import Experiment
+from alignflow.frameworks.megatron_versions import determinism_env, kernel_flags, null_tokenizer
 
 
 def _num(value: float) -> str:
     return repr(float(value)) if not float(value).is_integer() or abs(value) < 1 else str(int(value))
 
 
-def megatron_vocab_flags(model: ModelConfig) -> list[str]:
-    """`--vocab-size V-1 --make-vocab-size-divisible-by D`, refusing a D that would pad the embedding."""
+def megatron_vocab_flags(model: ModelConfig, megatron_version: str) -> list[str]:
+    """NullTokenizer flags for `model.vocab_size` ids, EOD the last (`--vocab-size V-1` up to 0.17, `--vocab-size V
+    --null-tokenizer-eod-id V-1` from 0.18) and `--make-vocab-size-divisible-by D`, refusing a D that would pad."""
     d = model.make_vocab_size_divisible_by
-    padded = -(-model.vocab_size // d) * d  # NullTokenizer: (V - 1) + 1 ids before padding
+    padded = -(-model.vocab_size // d) * d  # the tokenizer holds V ids on every version
     if padded != model.vocab_size:
         raise ConfigError(f"model.vocab_size {model.vocab_size} is not a multiple of make_vocab_size_divisible_by "
                           f"{d}: Megatron would pad the embedding to {padded} rows, and padded rows change the loss")
-    return ["--vocab-size", str(model.vocab_size - 1), "--make-vocab-size-divisible-by", str(d)]
+    return [*null_tokenizer(megatron_version).flags(model.vocab_size), "--make-vocab-size-divisible-by", str(d)]
 
 
-def model_flags(model: ModelConfig, *, transformer_impl: str = "local") -> list[str]:
+def model_flags(model: ModelConfig, *, transformer_impl: str = "local", megatron_version: str = "0.16") -> list[str]:
     """Flags of the model shape (`--num-layers ...`)."""
     if model.activation == "gelu" and model.gated_linear_unit:
         raise ConfigError(
@@ -81,7 +87,7 @@ def model_flags(model: ModelConfig, *, transformer_impl: str = "local") -> list[
         f.append("--attention-output-gate")
     if model.untie_embeddings_and_output_weights:
         f.append("--untie-embeddings-and-output-weights")
-    f += ["--tokenizer-type", "NullTokenizer", *megatron_vocab_flags(model)]
+    f += ["--tokenizer-type", "NullTokenizer", *megatron_vocab_flags(model, megatron_version)]
     f += ["--attention-dropout", _num(model.attention_dropout), "--hidden-dropout", _num(model.hidden_dropout)]
     f += ["--init-method-std", _num(model.init_method_std)]
     if model.moe is not None:
@@ -197,45 +203,51 @@ def pretrain_flags(
     *,
     steps: int,
     data_path: str,
-    load: str,
+    load: str | None,
     transformer_impl: str,
+    megatron_version: str,
+    extensions: Sequence[str] | None = None,
+    data_cache_path: str | None = "{out}/data_cache",
+    save: str | None = None,
+    save_interval: int | None = None,
     extra_args: Sequence[str] = (),
 ) -> list[str]:
-    """The complete `pretrain_gpt.py` argument list of an alignment training."""
+    """The complete `pretrain_gpt.py` argument list of an alignment training on megatron-core `megatron_version`,
+    on a host with `extensions` (None: not known, no fused kernel that needs one)."""
     f = ["--transformer-impl", transformer_impl]
-    f += model_flags(model, transformer_impl=transformer_impl)
+    f += model_flags(model, transformer_impl=transformer_impl, megatron_version=megatron_version)
     f += training_flags(training, steps=steps)
-    f += ["--data-path", data_path, "--split", "1,0,0", "--dataloader-type", "single",
-          "--load", load, "--finetune", "--no-load-optim", "--no-load-rng", "--ckpt-format", "torch",
-          "--exit-on-missing-checkpoint", "--log-interval", "1", "--eval-iters", "0",
+    f += ["--data-path", data_path, "--split", "100,0,0", "--dataloader-type", "single"]
+    if data_cache_path is not None:
+        f += ["--data-cache-path", data_cache_path]
+    if load is not None:
+        f += ["--load", load, "--finetune", "--no-load-optim", "--no-load-rng", "--exit-on-missing-checkpoint"]
+    if save is not None:
+        f += ["--save", save, "--save-interval", str(save_interval or steps)]
+    f += ["--ckpt-format", "torch", "--log-interval", "1", "--eval-iters", "0",
           "--eval-interval", str(max(steps, 1) * 10)]
     if training.deterministic:
         f.append("--deterministic-mode")
-    if transformer_impl == "local":
-        f += ["--no-persist-layer-norm", "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion",
-              "--no-bias-dropout-fusion", "--no-bias-swiglu-fusion", "--no-rope-fusion"]
+    f += kernel_flags(transformer_impl=transformer_impl, normalization=model.normalization,
+                      rope=model.position_embedding_type == "rope", extensions=extensions)
     return merge_flags(f, extra_args)
 
 
 def gpu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
-    """`pretrain_gpt.py <flags>` (optionally under `torchrun`) for one GPU-side training."""
-    from alignflow.backends import CommandTemplate
-
+    """`pretrain_gpt.py <flags>` for one GPU-side training: under torchrun for more than one process (from the
+    layout, `alignflow.backends.launch`) or when `gpu.torchrun` asks for it."""
     gpu = experiment.gpu
     assert gpu.entry is not None
     assert spec.load is not None
+    layout = spec.layout or layout_for(experiment.parallel("gpu"), None, side="gpu")
     flags = pretrain_flags(experiment.model, experiment.training, steps=spec.steps, data_path=spec.data,
-                           load=spec.load, transformer_impl=gpu.transformer_impl, extra_args=gpu.extra_args)
-    if gpu.torchrun is not None:
-        launcher = ["{python}", "-m", "torch.distributed.run"]
-        for key, value in sorted(gpu.torchrun.items()):
-            launcher += [f"--{key}", str(value)]
-        argv = [*launcher, gpu.entry, *flags]
-    else:
-        argv = ["{python}", gpu.entry, *flags]
-    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+                           load=spec.load, transformer_impl=gpu.transformer_impl,
+                           megatron_version=gpu.megatron_version, extensions=gpu.extensions,
+                           extra_args=[*parallel_flags(layout.parallel), *gpu.extra_args])
+    argv, launch_env = torchrun(layout, [gpu.entry, *flags], gpu.torchrun)
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", **launch_env}
     if experiment.training.deterministic:
-        env |= {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+        env |= determinism_env()
     return CommandTemplate(
         argv=tuple(argv),
         log_format="megatron",

@@ -5,17 +5,22 @@ make it one step of an alignment experiment: where to load and save, how many st
 determinism. Everything else — the model, the optimizer, the schedule — stays as the template says; preflight
 then compares those values with the Megatron flags instead of alignflow silently overwriting them.
 
-Alignment-critical overrides and why (MindFormers reference §4-§5, §8, §11):
+Alignment-critical overrides and why (docs/mindformers.md#checkpoint-layout, docs/mindformers.md#seeds-and-determinism,
+docs/mindformers.md#npu-side-checklist-per-pipeline-step):
 - `checkpoint.no_load_optim: True` — weights only; LR schedule and data restart at step 0, the equivalent of
   Megatron's `--finetune --no-load-optim --no-load-rng`;
 - `checkpoint.no_save_optim: True` for the base training — the bf16 conversion drops optimizer state anyway;
 - `train_dataset.dataloader.sizes[0] = steps * global_batch_size` — the GPTDataset shuffle index depends on
   `num_samples`; Megatron uses `train_iters * GBS`, so both sides get the same order only with the same number;
-- `train_dataset.dataloader.config.seed` and `training.seed` — Megatron's `--seed` seeds both (seed 001 §10.1);
+- `train_dataset.dataloader.config.seed` and `training.seed` — Megatron's `--seed` seeds both
+  (docs/seeds.md#data-order);
 - `train_dataset.dataloader.shuffle: False` — the order comes from the GPTDataset index, not a second shuffle;
+- `train_dataset.dataloader.config.path_to_cache` — the job's own directory: MindFormers' GPTDataset otherwise
+  writes its index cache into the data directory (`<prefix>/cache/GPTDataset_indices/`, seen with MindFormers
+  2.1.0), which changes the fingerprint of an input every other step verifies;
 - `training.deterministic` — the experiment's; with it on, the job also gets `HCCL_DETERMINISTIC=true` and
-  `LCCL_DETERMINISTIC=1` (deterministic collectives; MindFormers reference §8), which `npu.env` or the host's env
-  may still override — preflight reports the effective value.
+  `LCCL_DETERMINISTIC=1` (deterministic collectives; docs/mindformers.md#seeds-and-determinism), which `npu.env` or the
+  host's env may still override — preflight reports the effective value.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-import yaml
-
-from alignflow.backends import CommandTemplate, TrainSpec
+from alignflow.backends.launch import layout_for, mindformers_parallel, msrun
+from alignflow.backends.quoting import yaml_text
+from alignflow.backends.template import CommandTemplate, TrainSpec
 from alignflow.config.experiment import Experiment
 from alignflow.config.yamlsource import load_yaml
 from alignflow.errors import ConfigError
@@ -87,10 +92,15 @@ def render_config(experiment: Experiment, spec: TrainSpec) -> dict[str, Any]:
         "train_dataset.dataloader.shuffle": False,
         "train_dataset.dataloader.config.seed": training.seed,
         "train_dataset.dataloader.config.data_path": ["1", spec.data],
+        "train_dataset.dataloader.config.path_to_cache": "{out}/gpt_dataset_cache",
     }
     sizes = get_dotted(config, "train_dataset.dataloader.sizes")
     overrides["train_dataset.dataloader.sizes"] = [spec.steps * gbs, *(list(sizes[1:]) if isinstance(sizes, list)
                                                                      else [0, 0])]
+    layout = spec.layout or layout_for(experiment.parallel("npu"), None, side="npu")
+    overrides |= mindformers_parallel(layout.parallel)
+    if get_dotted(config, "parallelism.data_parallel_shard") not in (None, -1):  # -1: derived from the world size
+        overrides["parallelism.data_parallel_shard"] = layout.parallel.dp
     for key, value in {**overrides, **npu.overrides}.items():
         set_dotted(config, key, value)
     return config
@@ -100,14 +110,15 @@ def npu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
     npu = experiment.npu
     assert npu.entry is not None
     config = render_config(experiment, spec)
-    script = [npu.entry, "--config", "{out}/config.yaml", "--mode", "1"]
+    # `entry: -m <module>` runs a module instead of a script (the CPU lab's launcher, which stands in for the
+    # run_mindformer.py the MindFormers wheel does not ship)
+    entry = ["-m", npu.entry.removeprefix("-m ").strip()] if npu.entry.startswith("-m ") else [npu.entry]
+    script = [*entry, "--config", "{out}/config.yaml", "--mode", "1"]
     log = "stdout"
-    if npu.msrun is not None:
-        opts = {"worker_num": 1, "local_worker_num": 1, "master_port": 8118, "join": "True", **npu.msrun}
-        opts["log_dir"] = "{out}/msrun_log"
-        argv = ["msrun", *[a for k, v in opts.items() for a in (f"--{k}", str(v))], *script]
-        # PyNative prints real losses on the last pipeline stage only: parse the last rank's worker log.
-        log = f"msrun_log/worker_{int(opts['worker_num']) - 1}.log"
+    layout = spec.layout or layout_for(experiment.parallel("npu"), None, side="npu")
+    if npu.msrun is not None or layout.world > 1:
+        # PyNative prints real losses on the last pipeline stage only: the last rank's worker log is parsed
+        argv, log = msrun(layout, script, npu.msrun)
     else:
         argv = ["{python}", *script]
     env = {"LOCAL_DEFAULT_PATH": "{out}/output", "LOG_MF_PATH": "{out}/output/log"}
@@ -119,7 +130,7 @@ def npu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
         argv=tuple(argv),
         log_format="mindformers",
         code_version=f"entry {npu.entry}",
-        files={"config.yaml": yaml.safe_dump(config, sort_keys=False)},
+        files={"config.yaml": yaml_text(config)},
         env=env,
         log=log,
         checkpoint="checkpoint" if spec.save else None,

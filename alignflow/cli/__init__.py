@@ -14,6 +14,7 @@ import sys
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperOption
 
 from alignflow.errors import AlignflowError
 
@@ -22,17 +23,42 @@ app = typer.Typer(
     help="Training-precision alignment experiments: MindSpore/MindFormers on Ascend vs Megatron-LM on CUDA.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
 )
 
+_display_type_rich = TyperOption.display_type_rich
+
+
+def _flag_takes_no_value(self: TyperOption, ctx: typer.Context) -> str | None:
+    # typer 0.29 labels every option with its type, flags too (`--json <bool>`), which reads as if the flag took a
+    # value; a flag's help line shows just the flag.
+    return None if self.is_flag else _display_type_rich(self, ctx)
+
+
+TyperOption.display_type_rich = _flag_takes_no_value  # type: ignore[method-assign,assignment]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"alignflow {importlib.metadata.version('alignflow')}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
-    """Training-precision alignment experiments: MindSpore/MindFormers on Ascend vs Megatron-LM on CUDA."""
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print alignflow's version and exit."),
+) -> None:
+    """Training-precision alignment experiments: MindSpore/MindFormers on Ascend vs Megatron-LM on CUDA.
+
+    Exit codes: 0 pass, 1 a failed alignment (or run), 2 a usage or configuration error.
+    """
 
 
 # Command modules, in help order. A module that is not there yet is skipped.
 _COMMAND_MODULES = (
-    "validate", "preflight", "hosts", "convert", "compare", "reference", "hash", "db", "history", "show",
+    "validate", "preflight", "render", "hosts", "doctor", "convert", "compare", "data", "twin", "hash", "db",
+    "history", "show", "export", "diagnose", "cancel", "gc",
 )
 # Commands of other packages (`run`, `rerun`, `reproduce`, `serve`, defined in flows/cli.py): `register(app)`
 # named by entry points of this group, registered first (they are the product's main commands).

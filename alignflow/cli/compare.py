@@ -1,7 +1,9 @@
-"""`alignflow compare TEST_LOG REF_LOG` and `alignflow logs parse LOG`.
+"""`alignflow compare REF_LOG TEST_LOG [TEST_LOG...]` and `alignflow logs parse LOG`.
 
 Exit codes of `compare`: 0 the alignment passes, 1 it fails (a verdict, with its reasons), 2 bad input (a log
-that cannot be read or has no step lines, a malformed criteria file, conflicting options).
+that cannot be read or has no step lines, a malformed criteria file, conflicting options), always with the file,
+the line where known and the reason, never a traceback. `logs parse`: 0, or 1 under `--check` when the log has a
+fatal sentinel (or misses a `--require`d line), 2 bad input.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ if TYPE_CHECKING:
     from alignflow.logs import ParsedLog
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
+CSV_FLOAT_FORMAT = "%.15g"
 
 
 class LogFormatOption(StrEnum):
     auto = "auto"
     mindformers = "mindformers"
     megatron = "megatron"
+    nemo = "nemo"
 
 
 class FirstIntervalOption(StrEnum):
@@ -43,6 +47,22 @@ def _bad_input(message: str) -> typer.Exit:
     return typer.Exit(EXIT_BAD_INPUT)
 
 
+def _check_out_dir(out: Path) -> None:
+    """`--out` is a directory of report files: refuse, before any work, a path that cannot become one."""
+    if out.exists() and not out.is_dir():
+        raise _bad_input(f"--out {out}: exists and is not a directory; the report is a directory of files (HTML, "
+                         "CSV, PNG, JSON) - pass a new or existing directory")
+    import os
+
+    base = out
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise _bad_input(f"--out {out}: {base} is not a directory, so the report directory cannot be created there")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise _bad_input(f"--out {out}: {base} is not writable")
+
+
 def _parse(path: Path, fmt: LogFormatOption, rank: int | None, first_interval: FirstIntervalOption) -> ParsedLog:
     from alignflow.errors import LogParseError
     from alignflow.logs import parse_log_file
@@ -53,60 +73,87 @@ def _parse(path: Path, fmt: LogFormatOption, rank: int | None, first_interval: F
         raise _bad_input(str(exc)) from None
 
 
-def _print_sentinels(parsed: ParsedLog, label: str) -> None:
+_REQUIRE_HELP = ("What the run(s) must show, repeatable: checkpoint_loaded = a checkpoint was loaded (the pipeline's "
+                 "trainings set it; a run that started from random weights then fails). Other names: any marker "
+                 "(see alignflow.logs.known_requirements).")
+
+
+def _requirements(names: list[str] | None) -> tuple[str, ...]:
+    from alignflow.logs import known_requirements
+
+    known = known_requirements()
+    unknown = [n for n in names or [] if n not in known]
+    if unknown:
+        raise _bad_input(f"unknown --require {', '.join(unknown)}; known: {', '.join(known)}")
+    return tuple(names or ())
+
+
+def _print_sentinels(parsed: ParsedLog, label: str, require: tuple[str, ...] = ()) -> None:
     for s in parsed.sentinels:
-        tag = "FATAL" if s.fatal else "warning"
+        tag = "FATAL" if s.fatal_under(require) else "warning"
         typer.echo(f"{tag}: {label}: {s.describe(parsed.source)}", err=True)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("compare")
     def compare_cmd(
-        test_log: Path = typer.Argument(..., help="Log of the side under test (e.g. the NPU / MindFormers run)."),
-        ref_log: Path = typer.Argument(..., help="Log of the reference side (e.g. the GPU / Megatron run)."),
+        logs: list[Path] = typer.Argument(..., help="The reference log (e.g. the GPU / Megatron run), then one or "
+                                          "more test logs (e.g. NPU / MindFormers runs): error = test - reference."),
         criteria: Path | None = typer.Option(None, "--criteria", help="Criteria file (`criteria: [...]`); "
                                              "default: the seeds' criteria."),
         out: Path | None = typer.Option(None, "--out", help="Write the report (HTML, markdown, CSV, PNG, JSON) here."),
         as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout."),
         test_format: LogFormatOption = typer.Option(LogFormatOption.auto, "--test-format", help="Test log format."),
         ref_format: LogFormatOption = typer.Option(LogFormatOption.auto, "--ref-format", help="Reference log format."),
-        test_rank: int | None = typer.Option(None, "--test-rank", help="Rank of a multi-rank test log "
+        test_rank: int | None = typer.Option(None, "--test-rank", help="Rank of multi-rank test logs "
                                              "(default: the last pipeline stage)."),
         ref_rank: int | None = typer.Option(None, "--ref-rank", help="Rank of a multi-rank reference log."),
         first_interval: FirstIntervalOption = typer.Option(FirstIntervalOption.auto, "--first-interval",
                                                            help=_FIRST_INTERVAL_HELP),
         title: str = typer.Option("alignflow comparison", "--title", help="Report title."),
-        labels: str = typer.Option("test,reference", "--labels", help="Names of the two sides, comma-separated."),
-        plots: bool = typer.Option(True, "--plots/--no-plots", help="Draw PNG plots into the report."),
+        labels: str | None = typer.Option(None, "--labels", help="Names of the logs in argument order (reference "
+                                          "first), comma-separated; default reference,test (or the file names)."),
+        plots: bool = typer.Option(True, "--plots/--no-plots", help="Draw the curves (HTML) and PNG plots."),
         lr_tolerance: int = typer.Option(1, "--lr-tolerance", min=0, help="Steps the lr may lead or lag."),
         warmup_steps: int = typer.Option(10, "--warmup-steps", min=0, help="Steps left out of the speed figures."),
+        require: list[str] | None = typer.Option(None, "--require", help=_REQUIRE_HELP),
+        min_overlap: int | None = typer.Option(None, "--min-overlap", min=1, help="Fewest steps both logs must "
+                                               "share (default: 10, or all of the shorter log's)."),
     ) -> None:
-        """Compare two training logs by the acceptance criteria; exit 0 pass, 1 fail, 2 bad input."""
+        """Compare test logs with a reference log by the acceptance criteria: `compare REF TEST [TEST...]`;
+        exit 0 every test passes, 1 one fails, 2 bad input."""
         from alignflow.compare.comparison import compare
-        from alignflow.compare.criteria import Criterion, default_criteria
         from alignflow.config import load_criteria
+        from alignflow.config.criteria import Criterion, default_criteria
         from alignflow.errors import ConfigError
 
-        names = tuple(part.strip() for part in labels.split(","))
-        if len(names) != 2 or not all(names):
-            raise _bad_input(f"--labels needs two names separated by a comma, got {labels!r}")
+        if len(logs) < 2:
+            raise _bad_input("compare needs the reference log and at least one test log: compare REF TEST [TEST...]")
+        names = _labels(labels, logs)
+        required = _requirements(require)
         try:
             rules = [c for c in load_criteria(criteria) if isinstance(c, Criterion)] if criteria else default_criteria()
         except ConfigError as exc:
             raise _bad_input(str(exc)) from None
-        test = _parse(test_log, test_format, test_rank, first_interval)
-        reference = _parse(ref_log, ref_format, ref_rank, first_interval)
-        result = compare(test, reference, rules, lr_step_tolerance=lr_tolerance, perf_warmup_steps=warmup_steps)
+        if out is not None:
+            _check_out_dir(out)
+        reference = _parse(logs[0], ref_format, ref_rank, first_interval)
+        tests = [_parse(path, test_format, test_rank, first_interval) for path in logs[1:]]
+        results = [compare(t, reference, rules, lr_step_tolerance=lr_tolerance, perf_warmup_steps=warmup_steps,
+                           require=required, min_overlap=min_overlap) for t in tests]
+        ordered = (*names[1:], names[0])  # the report's order: tests, then the reference
         report_path: Path | None = None
         if out is not None:
             from alignflow.compare.report import write_report
 
-            report_path = write_report(result, out, title=title, labels=(names[0], names[1]), plots=plots).html
+            report_path = write_report(results, out, title=title, labels=ordered, plots=plots).html
         if as_json:
-            sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+            from alignflow.compare.report import report_json
+
+            sys.stdout.write(json.dumps(report_json(results, ordered), indent=2) + "\n")
         else:
-            _print_comparison(result, (names[0], names[1]), report_path)
-        raise typer.Exit(EXIT_PASS if result.passed else EXIT_FAIL)
+            _print_comparisons(results, ordered, report_path)
+        raise typer.Exit(EXIT_PASS if all(r.passed for r in results) else EXIT_FAIL)
 
     logs_app = typer.Typer(help="Training logs: parse MindFormers and Megatron step lines.", no_args_is_help=True)
 
@@ -121,23 +168,30 @@ def register(app: typer.Typer) -> None:
         check: bool = typer.Option(False, "--check", help="Exit 1 when a fatal sentinel line is found."),
         first_interval: FirstIntervalOption = typer.Option(FirstIntervalOption.auto, "--first-interval",
                                                            help=_FIRST_INTERVAL_HELP),
+        require: list[str] | None = typer.Option(None, "--require", help=_REQUIRE_HELP + " Used by --check."),
     ) -> None:
         """Print the parsed per-step table of a log; sentinel lines and the first-interval note go to stderr."""
         if as_json and as_csv:
             raise _bad_input("--json and --csv exclude each other")
+        required = _requirements(require)
         parsed = _parse(log, fmt, rank, first_interval)
         frame = parsed.frame
         if as_json:
             sys.stdout.write(json.dumps(_records(frame)) + "\n")
         elif as_csv:
-            sys.stdout.write(frame.to_csv())
+            # 15 significant digits: every printed decimal round-trips, the binary tails of computed cells
+            # (de-averaged first-interval values: 1.0242419999999999) do not show.
+            sys.stdout.write(frame.to_csv(float_format=CSV_FLOAT_FORMAT))
         else:
             typer.echo(parsed.summary())
             typer.echo(frame.to_string())
-        _print_sentinels(parsed, str(log))
+        _print_sentinels(parsed, str(log), required)
         if parsed.first_interval is not None and parsed.first_interval.intervals:
             typer.echo(f"note: {log}: {parsed.first_interval.describe()}", err=True)
-        raise typer.Exit(EXIT_FAIL if check and parsed.fatal_sentinels else EXIT_PASS)
+        for name in parsed.missing(required):
+            typer.echo(f"FATAL: {log}: required line not found: {name}", err=True)
+        invalid = bool(parsed.fatal_under(required) or parsed.missing(required))
+        raise typer.Exit(EXIT_FAIL if check and invalid else EXIT_PASS)
 
     app.add_typer(logs_app, name="logs")
 
@@ -154,46 +208,68 @@ def _records(frame: Any) -> list[dict[str, Any]]:
         for key, value in row.items():
             if pd.isna(value):
                 continue
-            item[key] = int(value) if key in INTEGER_COLUMNS and float(value).is_integer() else float(value)
+            number = float(value)
+            item[key] = int(number) if key in INTEGER_COLUMNS and number.is_integer() else float(f"{number:.15g}")
         out.append(item)
     return out
 
 
-def _print_comparison(result: Comparison, labels: tuple[str, str], report: Path | None) -> None:
+def _labels(given: str | None, logs: list[Path]) -> tuple[str, ...]:
+    """Names of the logs in argument order: `--labels`, else reference/test, else the files' names."""
+    if given is not None:
+        names = tuple(part.strip() for part in given.split(","))
+        if len(names) != len(logs) or not all(names) or len(set(names)) != len(names):
+            raise _bad_input(f"--labels needs {len(logs)} distinct names separated by commas (reference first), "
+                             f"got {given!r}")
+        return names
+    if len(logs) == 2:
+        return ("reference", "test")
+    stems = tuple(p.stem for p in logs)
+    return stems if len(set(stems)) == len(stems) else ("reference", *(f"test {i}" for i in range(1, len(logs))))
+
+
+def _print_comparisons(results: list[Comparison], labels: tuple[str, ...], report: Path | None) -> None:
+    """Verdict first, what failed with its driving steps, then the criteria and metric tables (fit the terminal)."""
     from rich.console import Console
     from rich.table import Table
 
-    from alignflow.compare.formatting import fmt_stat
-    from alignflow.compare.report import criteria_table, first_interval_lines
+    from alignflow.compare import tables
+    from alignflow.compare.report import numeric_columns, verdict_of
 
     console = Console(highlight=False)
-    style = "bold green" if result.passed else "bold red"
-    console.print(f"[{style}]verdict: {result.verdict.upper()}[/]  ({labels[0]} vs {labels[1]}; "
-                  f"{result.steps.compared} step(s) compared)")
-    for reason in result.reasons:
-        console.print(f"  - {reason}", markup=False)
-    header, rows = criteria_table(result)
-    table = Table(*header[:5])
-    for row in rows:
-        table.add_row(*row[:5])
-    console.print(table)
-    metrics = Table("metric", "n", "ME", "max |e|", "mean rel", "max rel")
-    for m, mc in result.metrics.items():
-        s, q, mag = mc.stats, mc.resolution, mc.magnitude
-        metrics.add_row(m, str(s.n), fmt_stat(s.me, "me", q, mag), fmt_stat(s.max_abs, "max_abs", q, mag),
-                        fmt_stat(s.mean_rel, "mean_rel", q, mag), fmt_stat(s.max_rel, "max_rel", q, mag))
-    console.print(metrics)
-    st = result.steps
-    lines: list[str] = []
-    if st.only_test:
-        lines.append(f"{len(st.only_test)} step(s) only in {labels[0]}")
-    if st.only_reference:
-        lines.append(f"{len(st.only_reference)} step(s) only in {labels[1]}")
-    for side, label in (("test", labels[0]), ("reference", labels[1])):
-        found = result.sentinels[side]
+    verdict = verdict_of(results)
+    style = "bold green" if verdict == "pass" else "bold red"
+    counts = ", ".join(f"{label}: {r.steps.compared} step(s)" for label, r in zip(labels, results, strict=False))
+    console.print(f"[{style}]verdict: {verdict.upper()}[/]  ({' / '.join(labels[:-1])} vs {labels[-1]}, error = "
+                  f"test - reference; {counts} compared)", highlight=False)
+    for line in tables.failed_lines(results, labels):
+        console.print(f"  - {line}", markup=False)
+    for line in tables.divergence_lines(results, labels):
+        console.print(f"  - {line}", markup=False, style="magenta")
+    for t, keep in ((tables.criteria_table(results, labels), 6 + (len(results) > 1)),
+                    (tables.metrics_table(results, labels), None)):
+        header, rows = t.header[:keep], [r[:keep] for r in t.rows]
+        if keep is None:  # the terminal table of metrics: the main statistics only
+            shown = ["log", "metric", "n", "ME", "max |e|", "at step", "mean rel", "max rel", "diverges at"]
+            if console.width < 100:  # a narrow terminal: the statistics without the steps they occur at
+                shown.remove("at step")
+            wanted = [i for i, h in enumerate(t.header) if h in shown]
+            header, rows = [t.header[i] for i in wanted], [[r[i] for i in wanted] for r in t.rows]
+        numeric = numeric_columns(tables.Table(header, rows))
+        table = Table(header_style="bold")
+        for i, (h, num) in enumerate(zip(header, numeric, strict=True)):
+            # A number keeps its width (min_width = its longest cell) and is never cut; headers and text fold.
+            widest = max((len(r[i]) for r in rows), default=0)
+            table.add_column(h, justify="right" if num else "left", overflow="fold", min_width=widest if num else None)
+        for row, cls in zip(rows, t.row_classes or [""] * len(rows), strict=True):
+            table.add_row(*row, style="red" if cls == "failed" else None)
+        console.print(table)
+    lines = [line for line in tables.coverage_lines(results, labels) if not line.endswith(": none")
+             and " compared " not in line]
+    for label, found in tables.sentinel_logs(results, labels):
         if found:
             lines.append(f"{label}: {len(found)} sentinel line(s), {sum(s.fatal for s in found)} fatal")
-    lines += first_interval_lines(result, labels)
+    lines += tables.first_interval_lines(results, labels)
     for line in lines:
         console.print(line, markup=False)
     if report is not None:

@@ -7,6 +7,8 @@ arguments (unknown spec, flavour the spec does not write, malformed version, mis
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
@@ -40,15 +42,28 @@ def _version(value: str) -> str:
 
 @contextmanager
 def _progress(label: str) -> Iterator[Callable[[int, int], None]]:
-    """A rich progress bar on stderr, drawn only for conversions of at least PROGRESS_MIN_BYTES."""
+    """A rich progress bar on stderr, drawn only for conversions of at least PROGRESS_MIN_BYTES.
+
+    It is also where Ctrl-C takes effect: a KeyboardInterrupt raised inside torch or safetensors while they read a
+    tensor comes out as an unrelated `ValueError` traceback (issue 16), so the first SIGINT is held until the
+    next tensor is done (a second one interrupts at once); the staged output is then removed as for any failure.
+    """
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                    TimeRemainingColumn(), console=Console(stderr=True), transient=True)
     state: dict[str, Any] = {}
+    interrupted: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        if interrupted:
+            raise KeyboardInterrupt
+        interrupted.append(signum)
 
     def update(done: int, total: int) -> None:
+        if interrupted:
+            raise KeyboardInterrupt
         if total < PROGRESS_MIN_BYTES:
             return
         if "task" not in state:
@@ -56,9 +71,15 @@ def _progress(label: str) -> Iterator[Callable[[int, int], None]]:
             state["task"] = bar.add_task(label, total=total)
         bar.update(state["task"], completed=done)
 
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, hold) if main else None
     try:
         yield update
+        if interrupted:
+            raise KeyboardInterrupt
     finally:
+        if main:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
         if "task" in state:
             bar.stop()
 
@@ -143,7 +164,7 @@ def register(app: typer.Typer) -> None:
         from alignflow.convert import convert_to_megatron
 
         with _progress("megatron") as progress:
-            _run(lambda: convert_to_megatron(src, dst, spec=spec, flavor=flavor.value,  # type: ignore[arg-type]
+            _run(lambda: convert_to_megatron(src, dst, spec=spec, flavor=flavor.value,
                                              model=_model(model), megatron_version=megatron_version,
                                              iteration=iteration, progress=progress, skeleton=skeleton), as_json)
 
@@ -161,7 +182,7 @@ def register(app: typer.Typer) -> None:
         from alignflow.convert import convert_to_mindformers
 
         with _progress("mindformers") as progress:
-            _run(lambda: convert_to_mindformers(src, dst, spec=spec, flavor=flavor.value,  # type: ignore[arg-type]
+            _run(lambda: convert_to_mindformers(src, dst, spec=spec, flavor=flavor.value,
                                                 model=_model(model), megatron_version=megatron_version,
                                                 iteration=iteration,
                                                 prefix=prefix, progress=progress), as_json)

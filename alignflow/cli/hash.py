@@ -27,6 +27,6 @@ def register(app: typer.Typer) -> None:
 
         text, errors = hash_report(paths, as_json=as_json, manifest=manifest, memo_path=memo, use_memo=not no_memo)
         for reason in errors:
-            typer.echo(reason, err=True)
+            typer.echo(f"error: {reason}", err=True)
         typer.echo(text, nl=False)
         raise typer.Exit(1 if errors else 0)

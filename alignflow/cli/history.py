@@ -1,4 +1,5 @@
-"""`alignflow history [RUN] [--experiment X] [--limit N] [--json]`: runs newest first, or one run in detail."""
+"""`alignflow history [RUN] [--experiment X] [--limit N] [--json] [--reconcile]`: runs newest first, or one run in
+detail."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from alignflow.compare.formatting import fmt_duration
+
 if TYPE_CHECKING:
     from alignflow.store import RunRecord, Store
 
@@ -16,31 +19,10 @@ def _when(value: datetime | None) -> str:
     return "" if value is None else value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
-
-
-def _size(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
 def _console() -> Any:
-    """A console for tables: the terminal's width, or wide enough not to cut ids and names when piped."""
-    from rich.console import Console
+    from alignflow.cli.show import console
 
-    console = Console()
-    return console if console.is_terminal else Console(width=240)
+    return console()
 
 
 def _runs_table(runs: list[RunRecord]) -> Any:
@@ -48,84 +30,75 @@ def _runs_table(runs: list[RunRecord]) -> Any:
 
     table = Table(title=None, show_lines=False, header_style="bold")
     for name in ("id", "experiment", "parent", "trigger", "status", "verdict", "started", "duration"):
-        table.add_column(name, no_wrap=name in ("id", "parent", "started"))
+        table.add_column(name, no_wrap=name in ("id", "parent", "status", "verdict", "started"),
+                         justify="right" if name == "duration" else "left", overflow="fold")
     for r in runs:
         table.add_row(r.id, r.experiment, r.parent_id or "", r.trigger, r.status.value, r.verdict or "",
-                      _when(r.started_at), _duration(r.duration_s))
+                      _when(r.started_at), fmt_duration(r.duration_s))
     return table
 
 
-def _show_run(store: Store, run_id: str, as_json: bool) -> None:
-    from rich.table import Table
+def _left_jobs(store: Store, runs: list[RunRecord]) -> list[str]:
+    """`run: job` lines for the jobs interrupted runs left behind (they may still be running on their hosts)."""
+    from alignflow.store import RunStatus
 
-    run = store.get_run(run_id)
-    steps = store.steps(run.id)
-    artifacts = store.run_artifacts(run.id)
-    comparison = store.comparison(run.id)
-    if as_json:
-        typer.echo(json.dumps({
-            "run": run.to_json(),
-            "steps": [s.to_json() for s in steps],
-            "artifacts": [a.to_json() for a in artifacts],
-            "snapshots": [s.to_json() for s in store.snapshots(run.id)],
-            "comparison": None if comparison is None else comparison.to_json(),
-        }, indent=2))
-        return
-    console = _console()
-    console.print(_runs_table([run]))
-    if run.error:
-        console.print(f"[bold red]error:[/] {run.error}", highlight=False)
-    if run.report:
-        console.print(f"report: {run.report}", highlight=False)
-    table = Table(title="steps", header_style="bold")
-    for name in ("step", "status", "host", "exit", "duration", "step run", "reused from"):
-        table.add_column(name, no_wrap=name in ("step run", "reused from"))
-    for s in steps:
-        table.add_row(s.step, s.status.value, s.host or "", "" if s.exit_code is None else str(s.exit_code),
-                      _duration(s.duration_s), s.id, s.reused_from or "")
-    console.print(table)
-    if artifacts:
-        by_step = {s.id: s.step for s in steps}
-        table = Table(title="artifacts", header_style="bold")
-        for name in ("step", "name", "host", "sha256", "size", "path"):
-            table.add_column(name, no_wrap=name == "sha256")
-        for a in artifacts:
-            table.add_row(by_step.get(a.step_run_id, a.step_run_id), a.name, a.host, a.sha256[:16],
-                          _size(a.size_bytes), a.path)
-        console.print(table)
-    if comparison is not None:
-        console.print(f"comparison: verdict [bold]{comparison.verdict}[/], {len(comparison.criteria)} criteria",
-                      highlight=False)
+    lines = []
+    for r in runs:
+        if r.status == RunStatus.INTERRUPTED:
+            lines += [f"{r.id}: {j.describe()}" for j in store.run_jobs(r.id) if j.interrupted]
+    return lines
+
+
+def run_summary(r: RunRecord) -> dict[str, Any]:
+    """One run of `history --json`: the run view's keys (alignflow.runview), without steps and criteria."""
+    from alignflow.runview import SCHEMA_VERSION
+
+    return {"schema_version": SCHEMA_VERSION, "run_id": r.id, "experiment": r.experiment, "status": r.status.value,
+            "verdict": r.verdict, "trigger": r.trigger, "parent_id": r.parent_id, "code_version": r.code_version,
+            "started": r.started_at.isoformat(), "finished": r.finished_at.isoformat() if r.finished_at else None,
+            "duration_s": r.duration_s, "error": r.error, "report": r.report}
 
 
 def register(app: typer.Typer) -> None:
     @app.command("history")
     def history_cmd(
-        run_id: str | None = typer.Argument(None, help="Show this run (id or unique prefix): steps, artifacts."),
+        run_id: str | None = typer.Argument(None, help="Show this run (id or unique prefix): the same as "
+                                            "`alignflow show RUN`."),
         experiment: str | None = typer.Option(None, "--experiment", "-e", help="Only runs of this experiment."),
         limit: int = typer.Option(50, "--limit", "-n", min=1, help="At most this many runs."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+        reconcile: bool = typer.Option(False, "--reconcile", help="Also say which running runs cannot be checked "
+                                       "from here (their controller is on another machine, or was not recorded)."),
     ) -> None:
-        """Runs recorded in the store, newest first; with a RUN id, that run's steps, artifacts and comparison."""
+        """Runs recorded in the store, newest first; `history RUN` is `show RUN`. Runs whose controller died are
+        marked interrupted first, and listed with the jobs they left."""
+        from alignflow.cli import runs as cli_runs
         from alignflow.state import database_url
-        from alignflow.store import Store, database
+        from alignflow.store import database
+        from alignflow.store.interruptions import reconcile as reconcile_runs
 
+        if run_id is not None:
+            from alignflow.cli.show import show_run
+
+            show_run(run_id, as_json=as_json)
+            return
         url = database_url()
         missing = database.missing_sqlite_file(url)
         if missing is not None:  # a read-only command does not create a store as a side effect
-            if run_id is not None:
-                typer.echo(f"no store at {missing}; nothing has been recorded yet", err=True)
-                raise typer.Exit(1)
             typer.echo("[]" if as_json else f"no runs recorded: no store at {missing} yet")
             return
-        with Store.open(url) as store:
-            if run_id is not None:
-                _show_run(store, run_id, as_json)
-                return
+        with cli_runs.open_store(reconciled=not reconcile) as store:
+            if reconcile:  # the same pass, saying also which running runs it could not judge
+                cli_runs.report(reconcile_runs(store), verbose=True)
             runs = store.list_runs(experiment=experiment, limit=limit)
             if as_json:
-                typer.echo(json.dumps([r.to_json() for r in runs], indent=2))
+                typer.echo(json.dumps([run_summary(r) for r in runs], indent=2))
             elif not runs:
                 typer.echo(f"no runs recorded in {store.url}" + (f" for {experiment}" if experiment else ""))
             else:
-                _console().print(_runs_table(runs))
+                console = _console()
+                console.print(_runs_table(runs))
+                for line in _left_jobs(store, runs):
+                    # one line each, whatever the width: a job's path is copied from here
+                    console.print(f"interrupted {line} (`alignflow cancel` kills it)", highlight=False,
+                                  soft_wrap=True)

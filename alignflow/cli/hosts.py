@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from alignflow.config.hosts import Host, load_hosts
+from alignflow.config.hosts import Host, Inventory, load_hosts
 
 hosts_app = typer.Typer(help="Check the hosts of an inventory; trust a host's SSH key.", no_args_is_help=True)
 _HOSTS_OPTION = typer.Option(Path("hosts.yaml"), "--hosts", help="The inventory (hosts.yaml).")
@@ -78,6 +78,16 @@ def check_cmd(
     raise typer.Exit(0 if all(r["reachable"] for r in results) else 1)
 
 
+def _trust_target(inventory: Inventory, name: str) -> Host:
+    """A host of the inventory, or `<host>-jump`: the jump host that `<host>`'s proxy_jump gives by address."""
+    base = name[: -len("-jump")] if name.endswith("-jump") else None
+    if name not in inventory.hosts and base in inventory.hosts:
+        jump = inventory.hosts[base].jump_host()
+        if jump is not None:
+            return jump
+    return inventory.get(name)
+
+
 @hosts_app.command("trust")
 def trust_cmd(
     name: str = typer.Argument(..., help="Host name in the inventory."),
@@ -85,10 +95,11 @@ def trust_cmd(
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask; trust the keys the host presents now."),
 ) -> None:
     """Fetch the keys the host presents, show their fingerprints, and add them to the host's known_hosts."""
-    from alignflow.transport.hostkeys import fetch_host_keys, trust, trusted_keys
+    from alignflow.transport.hostkeys import trust, trusted_keys
+    from alignflow.transport.keyscan import fetch_host_keys
     from alignflow.transport.openssh import known_host_name, known_hosts_path
 
-    host = load_hosts(hosts).get(name)
+    host = _trust_target(load_hosts(hosts), name)
     if host.transport != "ssh":
         typer.echo(f"{name}: uses the {host.transport} transport; there is no host key to trust", err=True)
         raise typer.Exit(1)

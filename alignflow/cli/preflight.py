@@ -1,6 +1,7 @@
 """`alignflow preflight EXPERIMENT [--hosts FILE] [--json] [--all]`: compare both sides' configurations.
 
-Exit status 0 when every alignment-critical setting agrees, 1 when any differs (or a file cannot be read).
+Exit status 0 when every alignment-critical setting agrees, 1 when any differs, 2 when a file cannot be read or
+is invalid (a configuration error).
 Nothing is run and no host is contacted: the MindFormers template is read on this machine and both training
 commands are rendered exactly as `alignflow run` would launch them.
 """
@@ -22,6 +23,9 @@ def register(app: typer.Typer) -> None:
         experiment: str = typer.Argument(..., help="Experiment file, or a name under experiments/."),
         hosts: Path | None = typer.Option(None, "--hosts", help="Inventory: checks host names and adds each "
                                           "training host's env (HCCL/NVTE determinism) to the comparison."),
+        check_hosts: bool = typer.Option(False, "--check-hosts", help="With --hosts: probe the GPU host for "
+                                         "Megatron-LM at gpu.entry (version, torch, declared extensions), as a run "
+                                         "does."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
         show_all: bool = typer.Option(False, "--all", help="List every checked setting, not only mismatches."),
     ) -> None:
@@ -33,7 +37,15 @@ def register(app: typer.Typer) -> None:
         path = resolve_experiment(experiment)
         inventory = load_hosts(hosts) if hosts is not None else None
         exp = load_experiment(path, inventory)
-        report = check_experiment(exp, inventory=inventory)
+        factory = None
+        if check_hosts:
+            from alignflow.errors import ConfigError
+            from alignflow.transport import open_transport
+
+            if inventory is None:
+                raise ConfigError("preflight: --check-hosts needs --hosts FILE")
+            factory = open_transport
+        report = check_experiment(exp, inventory=inventory, transport_factory=factory)
         if as_json:
             typer.echo(json.dumps({"experiment": exp.name, "path": str(path), **report.to_dict()}, indent=2))
             raise typer.Exit(0 if report.ok else 1)

@@ -1,4 +1,4 @@
-"""`alignflow show RUN` and what the run commands share: finding an experiment file, printing a run record.
+"""`alignflow show RUN` and what the run commands share: finding an experiment file, printing a run view.
 
 `run`, `rerun`, `reproduce` and `serve` drive the orchestrator, so they live with the flows (`flows/cli.py`) and
 join this command line through the `alignflow.commands` entry point group: the core never imports it.
@@ -7,14 +7,21 @@ join this command line through the `alignflow.commands` entry point group: the c
 from __future__ import annotations
 
 import json
+import os
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from alignflow.errors import ConfigError
+from alignflow.compare.formatting import fmt_duration, fmt_size
+from alignflow.errors import ConfigError, did_you_mean
+
+if TYPE_CHECKING:
+    from alignflow.runview import RunView
 
 _STATUS_STYLE = {"ran": "green", "cached": "cyan", "failed": "bold red", "skipped": "dim", "running": "yellow"}
 
@@ -29,50 +36,96 @@ def resolve_experiment(name_or_path: str) -> Path:
     candidate = Path("experiments") / f"{name_or_path}.yaml"
     if candidate.exists():
         return candidate
-    known = sorted(p.stem for p in Path("experiments").glob("*.yaml"))
-    raise ConfigError(f"unknown experiment '{name_or_path}'; experiments/ has: {', '.join(known) or 'nothing'}")
+    known = experiment_names()
+    raise ConfigError(f"unknown experiment '{name_or_path}'{did_you_mean(name_or_path, known)}; experiments/ has: "
+                      f"{', '.join(known) or 'nothing'}")
 
 
-def print_record(record: dict[str, Any], *, seconds: float | None = None) -> None:
-    console = Console()
-    console.print(f"run [bold]{record['run_id']}[/] of {record['experiment']}"
-                  + (f" (parent {record['parent']})" if record.get("parent") else ""))
-    table = Table(show_header=True, header_style="bold")
-    for col in ("step", "host", "status", "outputs"):
-        table.add_column(col)
-    for s in record["steps"]:
-        outs = ", ".join(f"{a['name']} {a['sha256'][:12]}" for a in s["artifacts"])
-        style = _STATUS_STYLE.get(s["status"], "")
-        table.add_row(s["step"], s["host"] or "", f"[{style}]{s['status']}[/]" if style else s["status"], outs)
-    console.print(table)
-    if record.get("error"):
-        console.print(f"[bold red]error:[/] {record['error']}", highlight=False)
-    verdict = record.get("verdict") or "none"
-    color = "green" if verdict == "pass" else "red"
-    console.print(f"verdict: [bold {color}]{verdict.upper()}[/]")
-    if record.get("report"):
-        console.print(f"report:  {record['report']}", highlight=False)
+def experiment_names(incomplete: str = "") -> list[str]:
+    """The experiments under ./experiments (also the shell completion of an experiment argument)."""
+    return sorted(p.stem for p in Path("experiments").glob("*.yaml") if p.stem.startswith(incomplete))
+
+
+def console() -> Console:
+    """A console for tables: the terminal's width (or $COLUMNS); 120 columns when piped without $COLUMNS."""
+    plain = Console()
+    if plain.is_terminal or os.environ.get("COLUMNS"):
+        return plain
+    return Console(width=120)
+
+
+def print_view(view: RunView, *, seconds: float | None = None) -> None:
+    """`alignflow show RUN`: status and verdict first, the error, the steps in pipeline order, criteria, report."""
+    out = console()
+    verdict = (view.verdict or "none").upper()
+    color = "green" if view.verdict == "pass" else "red" if view.verdict else "yellow"
+    status_color = {"completed": "green", "running": "yellow"}.get(view.status, "bold red")
+    out.print(f"run [bold]{view.run_id}[/] of {escape(view.experiment)}: [{status_color}]{view.status}[/], "
+              f"verdict [bold {color}]{verdict}[/]", highlight=False)
+    facts = [f"trigger {view.trigger}", f"started {_when(view.started)}"]
+    if view.duration_s is not None:
+        facts.append(f"took {fmt_duration(view.duration_s)}")
+    if view.parent_id:
+        facts.append(f"parent {view.parent_id}")
+    facts.append(view.code_version)
+    out.print("  " + " · ".join(facts), highlight=False, markup=False)
+    if view.error:
+        out.print(f"[bold red]error:[/] {escape(view.error)}", highlight=False)
+    table = Table(header_style="bold", title="steps", title_justify="left")
+    for col in ("step", "status", "host", "exit", "duration", "outputs (sha256)"):
+        table.add_column(col, no_wrap=col in ("step", "status"), justify="right" if col in ("exit", "duration")
+                         else "left", overflow="fold")
+    for s in view.steps:
+        outs = ", ".join(f"{a.name} {a.sha256[:12]} ({fmt_size(a.size_bytes)})" for a in s.artifacts)
+        if s.reused_from:
+            outs += f" [reused from {s.reused_from}]"
+        style = _STATUS_STYLE.get(s.status, "")
+        table.add_row(s.step, f"[{style}]{s.status}[/]" if style else s.status, s.host or "",
+                      "" if s.exit_code is None else str(s.exit_code), fmt_duration(s.duration_s), escape(outs))
+    out.print(table)
+    failed = [s for s in view.steps if s.status == "failed" and s.error and s.error != view.error]
+    for s in failed:
+        out.print(f"[red]{s.step}:[/] {escape(s.error or '')}", highlight=False)
+    if view.criteria:
+        crit = Table(header_style="bold", title="criteria", title_justify="left")
+        for col in ("criterion", "value", "threshold", "result", "diverges at", "driving steps"):
+            num = col in ("value", "threshold", "diverges at")
+            crit.add_column(col, justify="right" if num else "left", no_wrap=num, overflow="fold")
+        for c in view.criteria:
+            crit.add_row(escape(c.label), c.value_text, c.threshold_text,
+                         "[green]PASS[/]" if c.passed else "[bold red]FAIL[/]",
+                         "" if c.first_outside is None else str(c.first_outside),
+                         ", ".join(map(str, c.driving_steps)))
+        out.print(crit)
+    if view.report:
+        out.print(f"report:  {view.report}", highlight=False, markup=False)
     if seconds is not None:
-        console.print(f"time:    {seconds:.1f} s")
+        out.print(f"time:    {seconds:.1f} s")
+
+
+def _when(value: datetime | None) -> str:
+    return "" if value is None else value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def show_run(run_id: str, *, as_json: bool) -> None:
+    """Print one recorded run (the body of `show RUN` and `history RUN`); exit 2 when there is no store yet (a
+    read-only command does not create one as a side effect). Runs whose controller died are reconciled first."""
+    from alignflow.cli.runs import open_store
+    from alignflow.runview import run_view
+
+    with open_store(existing=True) as store:
+        view = run_view(store, run_id)
+    if as_json:
+        typer.echo(json.dumps(view.to_json(), indent=2))
+    else:
+        print_view(view)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("show")
     def show_cmd(
         run_id: str = typer.Argument(..., help="Run id (a unique prefix is enough)."),
-        as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+        as_json: bool = typer.Option(False, "--json", help="Print the run view as JSON (with schema_version)."),
     ) -> None:
-        """Show a run: steps, hosts, statuses, artifacts with sha256, verdict, report."""
-        from alignflow.runner.run import show
-        from alignflow.runner.session import default_state_dir
-        from alignflow.store import Store
-
-        store = Store.open(state_dir=default_state_dir(), upgrade=True)
-        try:
-            record = show(store, store.get_run(run_id).id)
-        finally:
-            store.close()
-        if as_json:
-            typer.echo(json.dumps(record, indent=2))
-        else:
-            print_record(record)
+        """Show a run: status, verdict, error, trigger, parent, steps in pipeline order, artifacts, criteria."""
+        show_run(run_id, as_json=as_json)

@@ -14,15 +14,18 @@ listed; a criterion that cannot be evaluated fails with a note saying why.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 
-from alignflow.compare.criteria import RELATIVE_STATISTICS, Criterion
+from alignflow.compare.divergence import Divergence, Driver, criterion_first_outside, curve_level, drivers
+from alignflow.compare.evaluable import gaps_within, step_rel_steps, zero_reference
+from alignflow.compare.formatting import criterion_label, fmt_stat, fmt_threshold
 from alignflow.compare.performance import DEFAULT_WARMUP_STEPS, Performance, compare_performance
 from alignflow.compare.statistics import (
     REL_EPS,
@@ -37,11 +40,16 @@ from alignflow.compare.statistics import (
     relative_error,
     step_relative_errors,
 )
+from alignflow.config.criteria import RELATIVE_STATISTICS, Criterion
 from alignflow.logs.schema import BOOKKEEPING_COLUMNS, ParsedLog, Resolution, Sentinel, column_order, is_cross_entropy
 
 Verdict = Literal["pass", "fail"]
+# The fewest steps both logs must share (or all of the shorter log's, when it has fewer) for a verdict to pass.
+DEFAULT_MIN_OVERLAP = 10
 # Metrics whose printed value may lag or lead by a step (MindFormers prints the next step's lr).
 SHIFTABLE = frozenset({"lr"})
+# Below this share of an average, its largest terms do not "drive" it: the error is spread over the run.
+SPREAD_SHARE = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +61,15 @@ class CriterionResult:
     passed: bool
     note: str = ""
     below_resolution: bool = False
+    value_text: str = ""  # the value in the report's notation (formatting.fmt_stat), the same in every view
+    drivers: tuple[Driver, ...] = ()  # failed criteria: the steps that contribute most to the value
+    first_outside: int | None = None  # the first judged step whose error leaves this criterion's band
+    evaluated: bool = True  # False: the logs cannot answer it (step 1 printed by neither, a zero reference)
+    steps_used: tuple[int, ...] = ()  # the steps a step_rel criterion was evaluated at
+
+    @property
+    def status(self) -> Literal["pass", "fail", "not evaluated"]:
+        return "not evaluated" if not self.evaluated else "pass" if self.passed else "fail"
 
     @property
     def metric(self) -> str:
@@ -70,10 +87,33 @@ class CriterionResult:
         c = self.criterion
         return {
             "metric": c.metric, "statistic": c.statistic, "value": finite_or_none(self.value),
-            "threshold": c.threshold, "passed": self.passed, "label": c.label, "note": self.note,
-            "absolute": c.absolute, "inclusive": c.inclusive, "steps": c.steps, "exclude_steps": c.exclude_steps,
-            "source": c.source, "below_resolution": self.below_resolution,
+            "threshold": c.threshold, "passed": self.passed, "label": criterion_label(c), "note": self.note,
+            "absolute": c.absolute, "inclusive": c.inclusive,
+            "steps": list(self.steps_used) if self.steps_used else c.steps, "exclude_steps": c.exclude_steps,
+            "source": c.source, "below_resolution": self.below_resolution, "evaluated": self.evaluated,
+            "status": self.status,
+            "value_text": self.value_text or fmt_stat(self.value, c.statistic, None),
+            "threshold_text": fmt_threshold(c), "unit": "%" if c.statistic in RELATIVE_STATISTICS else c.metric,
+            "drivers": [d.to_json() for d in self.drivers], "first_outside": self.first_outside,
         }
+
+    def driver_text(self) -> str:
+        """`driven by steps 57, 58, 60 (41% of the value); first outside its band at step 41`, or ''."""
+        parts = []
+        if self.drivers:
+            steps = ", ".join(str(d.step) for d in self.drivers)
+            share = sum(d.contribution for d in self.drivers) / self.value if self.value else math.nan
+            averaged = self.statistic in ("me", "mean_abs", "mean_rel")
+            plural = "s" if len(self.drivers) > 1 else ""
+            if averaged and math.isfinite(share) and share < SPREAD_SHARE:
+                parts.append(f"spread over the run: the largest terms, step{plural} {steps}, make "
+                             f"{share * 100:.0f}% of the value")
+            else:
+                parts.append(f"driven by step{plural} {steps}"
+                             + (f" ({share * 100:.0f}% of the value)" if averaged and math.isfinite(share) else ""))
+        if self.first_outside is not None:
+            parts.append(f"first outside its band at step {self.first_outside}")
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +129,7 @@ class MetricComparison:
     resolution_text: str
     perplexity: Perplexity | None
     magnitude: float | None = None  # median |reference| over the compared steps
+    divergence: Divergence | None = None  # the first step where the error leaves its band (curve level)
 
     def to_json(self) -> dict[str, Any]:
         s = self.stats
@@ -101,6 +142,7 @@ class MetricComparison:
             "n": s.n, "not_compared": self.not_compared, "max_abs_step": s.max_abs_step,
             "max_rel_step": s.max_rel_step, "shift": self.shift, "resolution": finite_or_none(self.resolution),
             "resolution_text": self.resolution_text, "magnitude": finite_or_none(self.magnitude),
+            "divergence": self.divergence.to_json() if self.divergence else None,
         }
         if self.perplexity is not None:
             out["perplexity"] = self.perplexity.to_json()
@@ -116,10 +158,15 @@ class StepCoverage:
     only_reference: tuple[int, ...]
     first: int | None
     last: int | None
+    excluded: tuple[int, ...] = ()  # common steps a sentinel took out of the statistics (skipped steps)
+    gaps: dict[str, tuple[tuple[int, int], ...]] = field(default_factory=dict)  # per side, inside first..last
+    min_overlap: int = 0  # the fewest compared steps the verdict accepts
 
     def to_json(self) -> dict[str, Any]:
         return {"compared": self.compared, "only_test": list(self.only_test),
-                "only_reference": list(self.only_reference), "first": self.first, "last": self.last}
+                "only_reference": list(self.only_reference), "first": self.first, "last": self.last,
+                "excluded": list(self.excluded), "gaps": {k: [list(g) for g in v] for k, v in self.gaps.items()},
+                "min_overlap": self.min_overlap}
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -135,6 +182,7 @@ class Comparison:
     test: ParsedLog
     reference: ParsedLog
     reasons: tuple[str, ...] = field(default=())
+    require: tuple[str, ...] = ()  # what both runs had to show (`checkpoint_loaded`)
 
     @property
     def passed(self) -> bool:
@@ -164,6 +212,7 @@ class Comparison:
             "metrics_only_test": list(self.metrics_only_test),
             "metrics_only_reference": list(self.metrics_only_reference),
             "reasons": list(self.reasons),
+            "require": list(self.require),
             "inputs": {"test": _input_json(self.test), "reference": _input_json(self.reference)},
         }
 
@@ -185,20 +234,37 @@ def comparable_metrics(parsed: ParsedLog) -> list[str]:
 
 def compare(
     test: ParsedLog, reference: ParsedLog, criteria: Sequence[Criterion], *, lr_step_tolerance: int = 1,
-    perf_warmup_steps: int = DEFAULT_WARMUP_STEPS,
+    perf_warmup_steps: int = DEFAULT_WARMUP_STEPS, noise_floor: Mapping[str, float] | None = None,
+    require: Collection[str] = (), min_overlap: int | None = None,
 ) -> Comparison:
-    """Compare `test` against `reference` (error = test - reference) and judge it by `criteria`."""
+    """Compare `test` against `reference` (error = test - reference) and judge it by `criteria`.
+
+    `noise_floor` (metric -> absolute per-step self-noise of the reference side) widens each metric's band
+    (alignflow.compare.divergence); without it the band is the criteria's thresholds and the printed resolution.
+    `require` is what both runs must show (`"checkpoint_loaded"`: a loaded checkpoint; see `check_sentinels`).
+    `min_overlap` is the fewest steps both logs must have in common for any verdict but FAIL (default: 10, or
+    every step of the shorter log when it has fewer). Steps a sentinel excludes (a skipped step) are not compared.
+    """
     if lr_step_tolerance < 0 or perf_warmup_steps < 0:
         raise ValueError("lr_step_tolerance and perf_warmup_steps must be >= 0")
+    if min_overlap is not None and min_overlap < 1:
+        raise ValueError("min_overlap must be >= 1")
     tf, rf = test.frame, reference.frame
     t_metrics, r_metrics = comparable_metrics(test), comparable_metrics(reference)
     both = column_order([m for m in t_metrics if m in r_metrics])
+    excluded = sorted({*test.excluded_steps, *reference.excluded_steps})
+    skipped = pd.Index(excluded, dtype=tf.index.dtype)
     common = tf.index.intersection(rf.index)
+    excluded_common = tuple(int(s) for s in common.intersection(pd.Index(excluded, dtype=common.dtype)))
+    first, last = (int(common.min()), int(common.max())) if len(common) else (None, None)
     coverage = StepCoverage(
-        compared=len(common), only_test=tuple(int(s) for s in tf.index.difference(rf.index)),
-        only_reference=tuple(int(s) for s in rf.index.difference(tf.index)),
-        first=int(common.min()) if len(common) else None, last=int(common.max()) if len(common) else None,
+        compared=len(common) - len(excluded_common), only_test=tuple(int(s) for s in tf.index.difference(rf.index)),
+        only_reference=tuple(int(s) for s in rf.index.difference(tf.index)), first=first, last=last,
+        excluded=excluded_common, gaps=gaps_within({"test": test, "reference": reference}, first, last),
+        min_overlap=min_overlap if min_overlap is not None else min(
+            DEFAULT_MIN_OVERLAP, len(tf.index.difference(skipped)), len(rf.index.difference(skipped))),
     )
+    judged = common.difference(pd.Index(excluded_common, dtype=common.dtype))
     t_steps = tf.index.to_numpy(dtype=np.int64)
     r_steps = rf.index.to_numpy(dtype=np.int64)
     pairs: dict[str, Pairs] = {}
@@ -210,9 +276,10 @@ def compare(
             shift, pairs[m] = best_shift(t_steps, tv, r_steps, rv, lr_step_tolerance)
         else:
             shift, pairs[m] = 0, paired(t_steps, tv, r_steps, rv)
-        on_common = np.isfinite(tf[m].reindex(common).to_numpy(dtype=float, na_value=np.nan)) & np.isfinite(
-            rf[m].reindex(common).to_numpy(dtype=float, na_value=np.nan))
-        wanted = sorted({s for c in criteria if c.metric == m and c.statistic == "step_rel" for s in (c.steps or [1])}
+        pairs[m] = pairs[m].without(excluded)
+        on_common = np.isfinite(tf[m].reindex(judged).to_numpy(dtype=float, na_value=np.nan)) & np.isfinite(
+            rf[m].reindex(judged).to_numpy(dtype=float, na_value=np.nan))
+        wanted = sorted({s for c in criteria if c.metric == m and c.statistic == "step_rel" for s in (c.steps or [])}
                         | ({int(pairs[m].steps[0])} if len(pairs[m].steps) else set()))
         quantum, text, magnitude = _resolution(test.resolution.get(m), reference.resolution.get(m), pairs[m])
         text += "".join(f"; {x}" for x in _deaveraged(m, test, reference))
@@ -222,12 +289,16 @@ def compare(
             perplexity=perplexity(pairs[m]) if is_cross_entropy(m) else None, magnitude=magnitude,
         )
     results = tuple(_evaluate(c, pairs, metrics, test, reference, t_metrics, r_metrics) for c in criteria)
-    reasons = _reasons(results, {"test": test, "reference": reference}, coverage, criteria)
+    resolutions = {m: (test.resolution.get(m), reference.resolution.get(m)) for m in both}
+    found = curve_level(pairs, criteria, resolutions, noise_floor)
+    metrics = {m: dataclasses.replace(mc, divergence=found.get(m)) for m, mc in metrics.items()}
+    results = tuple(_with_curve_level(r, pairs, metrics, resolutions, noise_floor) for r in results)
+    reasons = _reasons(results, {"test": test, "reference": reference}, coverage, criteria, tuple(require))
     return Comparison(
         verdict="fail" if reasons else "pass", criteria=results, metrics=metrics, steps=coverage,
         performance=compare_performance(tf, rf, perf_warmup_steps),
         aligned=_aligned(tf, rf, both, metrics, _only_in(test, reference), _only_in(reference, test)), test=test,
-        reference=reference, reasons=tuple(reasons),
+        reference=reference, reasons=tuple(reasons), require=tuple(require),
     )
 
 
@@ -273,11 +344,15 @@ def _evaluate(
                                f"(metrics in both: {have})")
     p = pairs[c.metric].without(c.exclude_steps)
     notes: list[str] = []
+    used: tuple[int, ...] = ()
     if c.statistic == "step_rel":
-        steps = c.steps or [1]
+        steps, notes, skip = step_rel_steps(c, p, test, reference)
+        if skip:
+            return CriterionResult(c, math.nan, False, "; ".join(notes), evaluated=False)
         rels = step_relative_errors(p, steps)
         absent = [s for s, v in rels.items() if math.isnan(v)]
         value = math.nan if absent else max(rels.values())
+        used = tuple(steps)
         if absent:
             notes.append(f"step {', '.join(map(str, absent))} not compared (missing on a side or excluded)")
         ref_at = [abs(pair[1]) for s in steps if (pair := p.at(s)) is not None]
@@ -294,12 +369,31 @@ def _evaluate(
         value = stats.get(c.statistic)
         if stats.n == 0:
             notes.append("no step has the metric on both sides")
+    zero = zero_reference(c, test.resolution.get(c.metric), reference.resolution.get(c.metric), magnitude)
+    if zero:
+        return CriterionResult(c, value, False, "; ".join([*notes, zero]), evaluated=False, steps_used=used)
     check = abs(value) if c.absolute else value
     passed = math.isfinite(check) and (check <= c.threshold if c.inclusive else check < c.threshold)
     below = _below_resolution(c, test.resolution.get(c.metric), reference.resolution.get(c.metric), magnitude)
     if below:
         notes.append(below)
-    return CriterionResult(c, value, passed, "; ".join(notes), bool(below))
+    return CriterionResult(c, value, passed, "; ".join(notes), bool(below), steps_used=used)
+
+
+def _with_curve_level(
+    r: CriterionResult, pairs: Mapping[str, Pairs], metrics: Mapping[str, MetricComparison],
+    resolutions: Mapping[str, tuple[Resolution | None, Resolution | None]], noise_floor: Mapping[str, float] | None,
+) -> CriterionResult:
+    """The result with its display value and, when it failed, the steps that drive it and where it diverges."""
+    mc = metrics.get(r.metric)
+    text = fmt_stat(r.value, r.statistic, mc.resolution if mc else None, mc.magnitude if mc else None)
+    if r.passed or not r.evaluated or r.metric not in pairs:
+        return dataclasses.replace(r, value_text=text)
+    p = pairs[r.metric].without(r.criterion.exclude_steps)
+    t, ref = resolutions.get(r.metric, (None, None))
+    floor = (noise_floor or {}).get(r.metric)
+    return dataclasses.replace(r, value_text=text, drivers=drivers(r.criterion, p, r.value),
+                               first_outside=criterion_first_outside(r.criterion, p, t, ref, floor))
 
 
 def _below_resolution(c: Criterion, t: Resolution | None, r: Resolution | None, magnitude: float) -> str:
@@ -319,22 +413,31 @@ def _below_resolution(c: Criterion, t: Resolution | None, r: Resolution | None, 
 
 def _reasons(
     results: Sequence[CriterionResult], logs: dict[str, ParsedLog], coverage: StepCoverage,
-    criteria: Sequence[Criterion],
+    criteria: Sequence[Criterion], require: tuple[str, ...] = (),
 ) -> list[str]:
     reasons: list[str] = []
     if not criteria:
         reasons.append("no criteria given: nothing can pass")
+    elif not any(r.evaluated for r in results):
+        reasons.append("no criterion could be evaluated: "
+                       + "; ".join(f"{criterion_label(r.criterion)}: {r.note}" for r in results))
     if coverage.compared == 0:
-        reasons.append("no step is in both logs")
+        reasons.append("no step is in both logs" + (" (but excluded)" if coverage.excluded else ""))
+    elif coverage.compared < coverage.min_overlap:
+        reasons.append(f"only {coverage.compared} step(s) compared; at least {coverage.min_overlap} needed "
+                       "(min_overlap: 10 steps, or every step of the shorter log)")
     for r in results:
-        if not r.passed:
-            value = f"{r.value:.6g}" if math.isfinite(r.value) else "n/a"
-            reasons.append(f"{r.criterion.label} failed: value {value}" + (f" ({r.note})" if r.note else ""))
+        if r.evaluated and not r.passed:
+            why = "; ".join(x for x in (r.driver_text(), r.note) if x)
+            reasons.append(f"{criterion_label(r.criterion)} failed: value {r.value_text or 'n/a'}"
+                           + (f" ({why})" if why else ""))
     for side, parsed in logs.items():
-        fatal = parsed.fatal_sentinels
+        fatal = parsed.fatal_under(require)
         if fatal:
             kinds = sorted({s.kind for s in fatal})
             reasons.append(f"{len(fatal)} fatal sentinel line(s) in the {side} log: {', '.join(kinds)}")
+        for name in parsed.missing(require):
+            reasons.append(f"the {side} log never shows {name} (required)")
     return reasons
 
 

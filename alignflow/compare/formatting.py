@@ -1,9 +1,14 @@
-"""How report numbers are written: never with more digits than the logs resolve.
+"""How report numbers are written: one notation everywhere (CLI, HTML, markdown, JSON `*_text` fields), and
+never with more digits than the logs resolve.
 
-A per-step statistic (max error, one step's relative error) is shown to the last digit the coarser log prints;
-an average over n steps (ME, mean |e|, mean relative error) gets one digit more, since averaging n rounding
-errors of at most half a unit shrinks their spread by ~sqrt(n). Without a known resolution, 4 significant
-digits. JSON keeps the full float plus the resolution, for machines.
+- Relative statistics (`step_rel`, `mean_rel`, `max_rel`) and their thresholds are percentages, fixed-point:
+  `0.5%`, `0.00054%` (scientific only below 0.000001%).
+- Absolute values are fixed-point down to 0.001 and scientific below it: `0.0123`, `-2.48e-05`. A value whose
+  shown digits would all be zero is written in scientific notation too, so `-0.0000` never appears; zero is `0`.
+- Digits follow the printed resolution: a per-step statistic (max error, one step's relative error) is shown to
+  the last digit the coarser log prints; an average over n steps (ME, mean |e|, mean relative error) gets one
+  digit more, since averaging n rounding errors of at most half a unit shrinks their spread by ~sqrt(n).
+  Without a known resolution, 4 significant digits. JSON keeps the full float beside the text, for machines.
 """
 
 from __future__ import annotations
@@ -11,9 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
-from alignflow.compare.criteria import RELATIVE_STATISTICS
+from alignflow.config.criteria import RELATIVE_STATISTICS, Criterion
 
 AVERAGES = frozenset({"me", "mean_abs", "mean_rel"})
+SIGNED = frozenset({"me", "max_error", "min_error"})
+SCIENTIFIC_BELOW = 1e-3  # |value| below this is written as d.dde-XX
+MAX_DECIMALS = 6
+MAX_MANTISSA = 3
 
 
 def decimals_for(quantum: float | None) -> int | None:
@@ -28,38 +37,97 @@ def fmt_stat(value: float | None, statistic: str, quantum: float | None, magnitu
     if value is None or not math.isfinite(value):
         return "n/a"
     extra = 1 if statistic in AVERAGES else 0
-    signed = statistic in ("me", "max_error", "min_error")
     if statistic in RELATIVE_STATISTICS:
-        rel_q = quantum / magnitude if quantum and magnitude and magnitude > 0 else None
-        return _fixed(value * 100, rel_q * 100 if rel_q else None, extra, signed=False) + "%"
-    return _fixed(value, quantum, extra, signed=signed)
+        rel_q = quantum / magnitude * 100 if quantum and magnitude and magnitude > 0 else None
+        return fmt_percent_of(value, rel_q, extra=extra)
+    return fmt_value(value, quantum, extra=extra, signed=statistic in SIGNED)
 
 
-def _fixed(value: float, quantum: float | None, extra: int, *, signed: bool) -> str:
-    """`value` to the digit of `quantum` (+`extra`); scientific notation when that digit is far right of the point."""
-    sign = "+" if signed else ""
-    d = decimals_for(quantum)
-    if d is None:
-        return f"{value:{sign}.4g}"
-    if d + extra <= 6:
-        return f"{value:{sign}.{d + extra}f}"
-    assert quantum is not None
+def fmt_percent_of(fraction: float, quantum_percent: float | None = None, *, extra: int = 0) -> str:
+    """A relative value (a fraction) in percent, fixed-point to its resolution: `0.00054%`, `1.23%`, `0%`."""
+    if not math.isfinite(fraction):
+        return "n/a"
+    pct = abs(fraction) * 100
+    if pct == 0:
+        return "0%"
+    d = decimals_for(quantum_percent)
+    decimals = d + extra if d is not None else max(0, 2 - math.floor(math.log10(pct)))
+    if decimals > MAX_DECIMALS or pct < 10.0 ** -MAX_DECIMALS:
+        return f"{pct:.{MAX_MANTISSA - 1}e}%"
+    return f"{pct:.{decimals}f}%"
+
+
+def fmt_value(value: float | None, quantum: float | None = None, *, extra: int = 0, signed: bool = False) -> str:
+    """One number in the report's notation (see the module docstring); `quantum` = one printed unit, if known."""
+    if value is None or not math.isfinite(value):
+        return "n/a"
     if value == 0:
         return "0"
-    digits = math.floor(math.log10(abs(value))) - math.floor(math.log10(quantum) + 1e-9) + extra
-    return f"{value:{sign}.{min(max(digits, 0), 10)}e}"
+    sign = "+" if signed else ""
+    size = abs(value)
+    d = decimals_for(quantum)
+    decimals = min(d + extra, MAX_DECIMALS) if d is not None else max(0, 3 - math.floor(math.log10(size)))
+    if size >= SCIENTIFIC_BELOW and decimals <= MAX_DECIMALS:
+        text = f"{value:{sign}.{min(decimals, MAX_DECIMALS)}f}"
+        if any(c in "123456789" for c in text):
+            return text
+    if d is None:
+        mantissa = MAX_MANTISSA - 1
+    else:
+        assert quantum is not None
+        mantissa = math.floor(math.log10(size)) - math.floor(math.log10(quantum) + 1e-9) + extra
+    return f"{value:{sign}.{min(max(mantissa, 0), MAX_MANTISSA)}e}"
+
+
+def fmt_threshold(criterion: Criterion) -> str:
+    """A criterion's threshold in the unit its value is shown in (percent for relative statistics)."""
+    if criterion.statistic in RELATIVE_STATISTICS:
+        return f"{criterion.threshold * 100:g}%"
+    return f"{criterion.threshold:g}"
+
+
+def criterion_label(criterion: Criterion) -> str:
+    """`|me(lm_loss)| < 0.001`, `step_rel(lm_loss, step 1) < 0.5%`: the criterion with its threshold's unit."""
+    head = criterion.label.rsplit(" ", 1)[0]  # "... <" without the raw threshold
+    return f"{head} {fmt_threshold(criterion)}"
 
 
 def fmt_number(value: float | None, digits: int = 4) -> str:
+    """A plain figure (speed, perplexity) with `digits` significant digits; never `-0`."""
     if value is None or not math.isfinite(value):
         return "n/a"
-    return f"{value:.{digits}g}"
+    text = f"{value:.{digits}g}"
+    return text.lstrip("-") if float(text) == 0 else text
 
 
 def fmt_percent(value: float | None, digits: int = 3) -> str:
+    """A signed relative change in percent (`+170%`, `-3.2%`)."""
     if value is None or not math.isfinite(value):
         return "n/a"
     return f"{value * 100:+.{digits}g}%"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """`0.4 s`, `12.3 s`, `4 min 05 s`, `2 h 03 min`."""
+    if seconds is None or not math.isfinite(seconds):
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s"
+
+
+def fmt_size(n: int | None) -> str:
+    """Bytes in binary units (`512 B`, `1.5 MiB`)."""
+    if n is None:
+        return ""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
 
 
 def step_ranges(steps: Sequence[int] | Iterable[int], limit: int = 20) -> str:

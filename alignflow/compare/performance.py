@@ -1,7 +1,7 @@
 """Speed of each side from its own log: ms/iter mean, P95, P99 after a warm-up window, samples/s, change.
 
-Definitions (seed 004 §3.3, §3.1): samples/s = global_batch_size * 1000 / mean(ms/iter); throughput change =
-samples/s(test) / samples/s(reference) - 1. The first steps include compilation, allocator growth and data
+Definitions (docs/seeds.md#performance-statistics): samples/s = global_batch_size * 1000 / mean(ms/iter); throughput
+change = samples/s(test) / samples/s(reference) - 1. The first steps include compilation, allocator growth and data
 loader start-up, so they are left out (seed 004 measured steps 101-200 of 200 and 11-40 of 40).
 """
 
@@ -114,3 +114,28 @@ def compare_performance(
     if throughput is not None and not math.isfinite(throughput):
         throughput = None
     return Performance(t, r, throughput, time)
+
+
+def speed_summary(performance: Performance, labels: tuple[str, str]) -> str:
+    """Which side is faster and by how much, with units: `GPU is 2.70x faster than NPU (samples/s: ...)`.
+
+    Samples/s when both logs give the batch size (the seeds' throughput), else mean ms/iter; '' without figures.
+    """
+    t, r = performance.test, performance.reference
+    if t is None or r is None:
+        missing = [name for name, side in zip(labels, (t, r), strict=True) if side is None]
+        return f"no speed comparison: no step time in the {' and '.join(missing)} log" if missing else ""
+    if t.samples_per_s and r.samples_per_s:
+        a, b, unit, higher_is_faster = t.samples_per_s, r.samples_per_s, "samples/s", True
+    else:
+        a, b, unit, higher_is_faster = t.ms_per_iter_mean, r.ms_per_iter_mean, "ms/iter (mean)", False
+    if not (a > 0 and b > 0 and math.isfinite(a) and math.isfinite(b)):
+        return ""
+    figures = f"{unit}: {labels[0]} {a:.4g}, {labels[1]} {b:.4g}"
+    if a == b:
+        return f"{labels[0]} and {labels[1]} are equally fast ({figures})"
+    test_faster = (a > b) == higher_is_faster
+    ratio = max(a, b) / min(a, b)
+    fast, slow = (labels[0], labels[1]) if test_faster else (labels[1], labels[0])
+    return (f"{fast} is {ratio:.2f}x faster than {slow} ({figures}; after {t.warmup_steps}/{r.warmup_steps} "
+            "warm-up steps)")

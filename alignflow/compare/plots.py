@@ -1,4 +1,5 @@
-"""PNG plots of a comparison: both curves of a metric above, the signed error (test - reference) beneath.
+"""PNG plots of a comparison (for artifacts and papers; the HTML report draws interactive ones): every log's curve
+of a metric above, the signed error (test - reference) beneath with its band and first-divergence marker.
 
 matplotlib's object API on the Agg canvas (no pyplot state, no display), so plotting is safe in a worker thread
 and in CI. Long runs are drawn through a min/max envelope per horizontal bucket: a 100,000-step curve becomes
@@ -11,15 +12,21 @@ from __future__ import annotations
 import io
 import math
 import re
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from alignflow.compare.comparison import Comparison
-from alignflow.compare.statistics import FloatArray
+from alignflow.compare.divergence import band
+from alignflow.compare.formatting import fmt_stat
+from alignflow.compare.statistics import FloatArray, Pairs
 
 BUCKETS = 2000  # envelope buckets per curve: about the figure's width in pixels
-COLORS = ("#c0392b", "#1e8449")  # test red, reference green (the seeds' NPU-red / GPU-green convention)
+REFERENCE_COLOR = "#1e8449"  # the seeds' GPU green
+COLORS = ("#c0392b", "#2e86c1", "#8e44ad", "#d35400", "#17a589")  # test logs, NPU red first
 
 
 def envelope(x: FloatArray, y: FloatArray, buckets: int = BUCKETS) -> tuple[FloatArray, FloatArray]:
@@ -36,38 +43,68 @@ def envelope(x: FloatArray, y: FloatArray, buckets: int = BUCKETS) -> tuple[Floa
     return np.repeat(mid, 2), np.column_stack([lo, hi]).ravel()
 
 
-def metric_figure(comparison: Comparison, metric: str, *, labels: tuple[str, str]) -> Figure:
-    """The figure of one compared metric."""
-    aligned = comparison.aligned
-    steps = aligned.index.to_numpy(dtype=float)
-    stats = comparison.metrics[metric]
+def metric_figure(comparisons: Sequence[Comparison], metric: str, *, labels: Sequence[str]) -> Figure:
+    """The figure of one metric: every log's curve above (reference wide beneath), each test's error beneath with
+    the band of its first comparison shaded and the first step outside it marked."""
     fig = Figure(figsize=(11, 6.2), dpi=100)
     # Fixed margins: constrained layout would draw every figure twice (a third of the report's time at 100k steps).
-    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.6], "hspace": 0.06})
-    fig.subplots_adjust(left=0.09, right=0.985, top=0.92, bottom=0.08)
-    for column, label, color in ((f"{metric}_test", labels[0], COLORS[0]),
-                                 (f"{metric}_reference", labels[1], COLORS[1])):
-        x, y = envelope(steps, aligned[column].to_numpy(dtype=float))
-        top.plot(x, y, color=color, linewidth=1.0, label=label, alpha=0.85)
+    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.6], "hspace": 0.08})
+    fig.subplots_adjust(left=0.1, right=0.985, top=0.92, bottom=0.08)
+    ref = comparisons[0].reference.frame
+    x, y = envelope(ref.index.to_numpy(dtype=float), ref[metric].to_numpy(dtype=float, na_value=np.nan))
+    top.plot(x, y, color=REFERENCE_COLOR, linewidth=3.2, alpha=0.4, label=labels[-1])
+    heads = []
+    for i, c in enumerate(comparisons):
+        if metric not in c.metrics:
+            continue
+        color = COLORS[i % len(COLORS)]
+        steps = c.aligned.index.to_numpy(dtype=float)
+        x, y = envelope(steps, c.aligned[f"{metric}_test"].to_numpy(dtype=float))
+        top.plot(x, y, color=color, linewidth=1.0, label=labels[i])
+        mc = c.metrics[metric]
+        s = mc.stats
+        if i == 0:
+            _band(bottom, c, metric)
+        x, y = envelope(steps, c.aligned[f"{metric}_error"].to_numpy(dtype=float))
+        bottom.plot(x, y, color=color, linewidth=0.8, label=f"error {labels[i]}")
+        if math.isfinite(s.me):
+            bottom.axhline(s.me, color=color, linewidth=0.8, linestyle="--",
+                           label=f"ME {fmt_stat(s.me, 'me', mc.resolution, mc.magnitude)}")
+        div = mc.divergence
+        if div is not None and div.first_step is not None:
+            for ax in (top, bottom):
+                ax.axvline(div.first_step, color="#7d3c98", linewidth=0.9, linestyle=":")
+        heads.append(f"{labels[i]}: ME {fmt_stat(s.me, 'me', mc.resolution, mc.magnitude)}, max |e| "
+                     f"{fmt_stat(s.max_abs, 'max_abs', mc.resolution, mc.magnitude)} (step {s.max_abs_step}), "
+                     f"mean rel {fmt_stat(s.mean_rel, 'mean_rel', mc.resolution, mc.magnitude)}"
+                     + (f", first outside band: step {div.first_step}" if div and div.first_step is not None else ""))
     top.set_ylabel(metric)
     top.legend(loc="upper right", fontsize=9)
     top.grid(alpha=0.3)
-    s = stats.stats
-    max_abs = f"{s.max_abs:.3g}" if math.isfinite(s.max_abs) else "n/a"
-    head = f"{metric}: ME {_g(s.me)}, max |e| {max_abs} (step {s.max_abs_step}), mean rel {_pct(s.mean_rel)}"
-    if stats.shift:
-        head += f", reference shifted by {stats.shift:+d} step"
-    top.set_title(head, fontsize=10)
-    x, y = envelope(steps, aligned[f"{metric}_error"].to_numpy(dtype=float))
-    bottom.plot(x, y, color="#34495e", linewidth=0.8)
+    top.set_title(f"{metric} — " + "; ".join(heads), fontsize=9)
     bottom.axhline(0.0, color="black", linewidth=0.6)
-    if math.isfinite(s.me):
-        bottom.axhline(s.me, color="#e67e22", linewidth=0.8, linestyle="--", label=f"ME {_g(s.me)}")
-        bottom.legend(loc="upper right", fontsize=8)
-    bottom.set_ylabel(f"{labels[0]} - {labels[1]}", fontsize=9)
+    bottom.legend(loc="upper right", fontsize=7)
+    # Tick labels carry their own exponent: no offset text ("1e-6") above the axis, where it hit the upper panel.
+    bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _: "0" if v == 0 else f"{v:.2g}"))
+    bottom.set_ylabel(f"test − {labels[-1]}", fontsize=9)
     bottom.set_xlabel("step")
     bottom.grid(alpha=0.3)
     return fig
+
+
+def _band(ax: Any, c: Comparison, metric: str) -> None:
+    steps = c.aligned.index.to_numpy(dtype=np.int64)
+    test = c.aligned[f"{metric}_test"].to_numpy(dtype=float)
+    pairs = Pairs.from_arrays(steps, test, test - c.aligned[f"{metric}_error"].to_numpy(dtype=float))
+    if not len(pairs.steps):
+        return
+    mc = c.metrics[metric]
+    b = band(metric, pairs, [r.criterion for r in c.criteria], c.test.resolution.get(metric),
+             c.reference.resolution.get(metric), mc.divergence.noise_floor if mc.divergence else None)
+    ok = np.isfinite(b.width)
+    if ok.any():
+        x, w = envelope(pairs.steps[ok].astype(float), b.width[ok])
+        ax.fill_between(x, -w, w, color="#2e86c1", alpha=0.15, linewidth=0, label="band")
 
 
 def png_bytes(fig: Figure) -> bytes:
@@ -76,19 +113,46 @@ def png_bytes(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def metric_pngs(comparison: Comparison, *, labels: tuple[str, str]) -> dict[str, bytes]:
-    """PNG bytes of every compared metric, in the comparison's metric order."""
-    return {m: png_bytes(metric_figure(comparison, m, labels=labels)) for m in comparison.metrics}
+def metric_pngs(comparisons: Sequence[Comparison], *, labels: Sequence[str]) -> dict[str, bytes]:
+    """PNG bytes of every compared metric, in the comparisons' metric order."""
+    metrics: list[str] = []
+    for c in comparisons:
+        metrics += [m for m in c.metrics if m not in metrics]
+    return {m: png_bytes(metric_figure(comparisons, m, labels=labels)) for m in metrics}
 
 
 def png_name(metric: str) -> str:
     return "plot_" + re.sub(r"[^A-Za-z0-9_.-]", "_", metric) + ".png"
 
 
-def _g(value: float) -> str:
-    return f"{value:+.3g}" if math.isfinite(value) else "n/a"
+THUMBNAIL_METRICS = ("lm_loss", "grad_norm")
 
 
-def _pct(value: float) -> str:
-    return f"{value * 100:.3g}%" if math.isfinite(value) else "n/a"
+def thumbnail_figure(c: Comparison, metric: str, *, labels: Sequence[str]) -> Figure:
+    """A small picture of one metric (both curves, the error statistics in the title): what the Prefect run
+    summary shows without a click, about 380 x 180 pixels."""
+    fig = Figure(figsize=(4.8, 2.25), dpi=80)
+    ax = fig.subplots()
+    fig.subplots_adjust(left=0.14, right=0.98, top=0.86, bottom=0.15)
+    ref = c.reference.frame
+    x, y = envelope(ref.index.to_numpy(dtype=float), ref[metric].to_numpy(dtype=float, na_value=np.nan), 400)
+    ax.plot(x, y, color=REFERENCE_COLOR, linewidth=2.6, alpha=0.45, label=labels[-1])
+    x, y = envelope(c.aligned.index.to_numpy(dtype=float), c.aligned[f"{metric}_test"].to_numpy(dtype=float), 400)
+    ax.plot(x, y, color=COLORS[0], linewidth=1.0, label=labels[0])
+    mc = c.metrics[metric]
+    s = mc.stats
+    ax.set_title(f"{metric}: ME {fmt_stat(s.me, 'me', mc.resolution, mc.magnitude)}, max |e| "
+                 f"{fmt_stat(s.max_abs, 'max_abs', mc.resolution, mc.magnitude)}", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(loc="upper right", fontsize=7)
+    ax.grid(alpha=0.3)
+    return fig
 
+
+def thumbnail_pngs(c: Comparison, *, labels: Sequence[str]) -> dict[str, bytes]:
+    """PNG bytes of the loss and grad-norm thumbnails (those of `THUMBNAIL_METRICS` the comparison has)."""
+    return {m: png_bytes(thumbnail_figure(c, m, labels=labels)) for m in THUMBNAIL_METRICS if m in c.metrics}
+
+
+def thumbnail_name(metric: str) -> str:
+    return "thumb_" + re.sub(r"[^A-Za-z0-9_.-]", "_", metric) + ".png"

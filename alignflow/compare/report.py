@@ -1,41 +1,46 @@
 """`write_report`: a comparison as files — a self-contained HTML report, a markdown summary, CSV, PNGs, JSON.
 
-The only module of the comparison that writes files. The HTML embeds its plots (base64) and its style, so one
-file can be attached to a ticket or served as a Prefect artifact link; the markdown summary is what a Prefect
-markdown artifact shows; the CSV holds every step of either log (aligned, with errors) for anyone who wants to
-re-plot; `comparison.json` is the `alignflow compare --json` document. Each file is written to a temporary
-name and renamed, so a reader never sees half a report.
+The only module of the comparison that writes files. The HTML page reads top-down the way a person asks: the
+verdict and what failed (with the steps that drive it), the curves (interactive plotly figures whose plotly.js
+is inlined, so the file opens offline and can be attached to a ticket), then criteria, metrics, performance,
+inputs with every fingerprint, the run's steps and both sides' host snapshots side by side. The markdown
+summary is what a Prefect markdown artifact shows; the PNGs are for artifacts and papers; the CSV holds every
+step of either log (aligned, with errors); `comparison.json` is the `alignflow compare --json` document. Each
+file is written to a temporary name and renamed, so a reader never sees half a report.
+
+One reference log can be compared with several test logs (`alignflow compare REF A B ...`): pass the
+comparisons (same reference) and labels `(test_1, ..., test_n, reference)`; the figures draw one curve per log.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import logging
 import os
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from string import Template
 from typing import Any
 
 import pandas as pd
 
-from alignflow.compare.comparison import Comparison, CriterionResult
-from alignflow.compare.criteria import RELATIVE_STATISTICS
-from alignflow.compare.formatting import fmt_number, fmt_percent, fmt_stat, step_ranges
-from alignflow.logs.schema import ParsedLog, Sentinel
+from alignflow.compare import tables
+from alignflow.compare.comparison import Comparison
+from alignflow.compare.context import ReportContext
 
 log = logging.getLogger(__name__)
 
 HTML_NAME, MARKDOWN_NAME, CSV_NAME, JSON_NAME = "report.html", "summary.md", "aligned.csv", "comparison.json"
 MAX_SENTINEL_ROWS_HTML = 500
 MAX_SENTINEL_ROWS_MD = 10
-STAT_COLUMNS = ("me", "mean_abs", "max_error", "min_error", "max_abs", "mean_rel", "max_rel")
-Table = tuple[list[str], list[list[str]]]
+MAX_TOP_LINES = 6  # reasons shown above the curves; the rest are in the criteria table
+# A cell that is one number (with sign, exponent, %, unit-less step list) is right-aligned and never wrapped.
+NUMERIC_CELL = re.compile(r"^[+-]?(\d[\d,]*(\.\d+)?|\.\d+)(e[+-]?\d+)?%?( ?(s|ms|min|h|B|KiB|MiB|GiB|TiB|x))?$"
+                          r"|^n/a$|^(\d+ (h|min) )?\d+(\.\d+)? ?(s|min)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,38 +52,66 @@ class ReportFiles:
     csv: Path
     json: Path
     pngs: dict[str, Path] = field(default_factory=dict)
+    thumbnails: dict[str, Path] = field(default_factory=dict)  # small loss / grad-norm PNGs (Prefect summary)
 
 
 def write_report(
-    comparison: Comparison, out_dir: str | Path, *, title: str = "alignflow comparison",
-    labels: tuple[str, str] = ("test", "reference"), fingerprints: Mapping[str, Any] | None = None,
-    plots: bool = True,
+    comparison: Comparison | Sequence[Comparison], out_dir: str | Path, *, title: str = "alignflow comparison",
+    labels: Sequence[str] = ("test", "reference"), fingerprints: Mapping[str, Any] | None = None,
+    plots: bool = True, context: ReportContext | None = None,
 ) -> ReportFiles:
-    """Write the report files of `comparison` into `out_dir` (created if needed) and return their paths."""
+    """Write the report files into `out_dir` (created if needed) and return their paths.
+
+    `labels`: one name per test log, then the reference's. `context`: the run around the comparison (steps,
+    fingerprints, host snapshots), when there is one. `plots=False` leaves out the PNGs and the curves.
+    """
+    comparisons = [comparison] if isinstance(comparison, Comparison) else list(comparison)
+    names = tuple(labels)
+    if not comparisons or len(names) != len(comparisons) + 1:
+        raise ValueError(f"write_report: {len(comparisons)} comparison(s) need {len(comparisons) + 1} labels "
+                         f"(tests, then the reference), got {len(names)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    pngs: dict[str, bytes] = {}
-    if plots and comparison.metrics:
-        from alignflow.compare.plots import metric_pngs
-
-        pngs = metric_pngs(comparison, labels=labels)
     png_paths: dict[str, Path] = {}
-    for metric, data in pngs.items():
-        from alignflow.compare.plots import png_name
+    thumbs: dict[str, Path] = {}
+    if plots and any(c.metrics for c in comparisons):
+        from alignflow.compare.plots import metric_pngs, png_name, thumbnail_name, thumbnail_pngs
 
-        png_paths[metric] = _atomic_write(out / png_name(metric), data)
-    csv_path = _atomic_write(out / CSV_NAME, aligned_csv(comparison.aligned).encode())
-    json_doc = comparison.to_json()
-    if fingerprints:
-        json_doc["fingerprints"] = dict(fingerprints)
-    json_path = _atomic_write(out / JSON_NAME, json.dumps(json_doc, indent=2, default=str).encode())
+        for metric, data in metric_pngs(comparisons, labels=names).items():
+            png_paths[metric] = _atomic_write(out / png_name(metric), data)
+        for metric, data in thumbnail_pngs(comparisons[0], labels=(names[0], names[-1])).items():
+            thumbs[metric] = _atomic_write(out / thumbnail_name(metric), data)
+    csv_path = _atomic_write(out / CSV_NAME, aligned_csv(comparisons[0].aligned).encode())
+    for n, c in enumerate(comparisons[1:], start=2):
+        _atomic_write(out / f"aligned-{n}.csv", aligned_csv(c.aligned).encode())
+    json_path = _atomic_write(out / JSON_NAME, json.dumps(report_json(comparisons, names, fingerprints), indent=2,
+                                                          default=str).encode())
     md_path = _atomic_write(out / MARKDOWN_NAME, markdown_summary(
-        comparison, title=title, labels=labels, fingerprints=fingerprints,
+        comparisons, title=title, labels=names, fingerprints=fingerprints, context=context,
         png_names=[p.name for p in png_paths.values()]).encode())
     html_path = _atomic_write(out / HTML_NAME, html_report(
-        comparison, title=title, labels=labels, fingerprints=fingerprints, pngs=pngs).encode())
-    log.info("report written to %s (verdict %s)", out, comparison.verdict)
-    return ReportFiles(html=html_path, markdown=md_path, csv=csv_path, json=json_path, pngs=png_paths)
+        comparisons, title=title, labels=names, fingerprints=fingerprints, context=context, plots=plots).encode())
+    log.info("report written to %s (verdict %s)", out, verdict_of(comparisons))
+    return ReportFiles(html=html_path, markdown=md_path, csv=csv_path, json=json_path, pngs=png_paths,
+                       thumbnails=thumbs)
+
+
+def verdict_of(comparisons: Sequence[Comparison]) -> str:
+    """pass only when every test log passes."""
+    return "pass" if all(c.passed for c in comparisons) else "fail"
+
+
+def report_json(comparisons: Sequence[Comparison], labels: Sequence[str],
+                fingerprints: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`comparison.json`: one test log -> the `Comparison` document; several -> verdict + one document each."""
+    if len(comparisons) == 1:
+        doc = comparisons[0].to_json()
+    else:
+        doc = {"verdict": verdict_of(comparisons), "reference": labels[-1],
+               "comparisons": [{"label": label, **c.to_json()} for label, c in zip(labels, comparisons, strict=False)]}
+    if fingerprints:
+        doc["fingerprints"] = dict(fingerprints)
+    return doc
 
 
 def aligned_csv(aligned: pd.DataFrame) -> str:
@@ -109,180 +142,68 @@ def _atomic_write(path: Path, data: bytes) -> Path:
     return path
 
 
-# ---- the report's tables, shared by markdown and HTML ------------------------------------------------------
-
-def criteria_table(comparison: Comparison) -> Table:
-    rows = []
-    for r in comparison.criteria:
-        rows.append([r.criterion.label, _criterion_value(comparison, r), _threshold(r),
-                     "PASS" if r.passed else "FAIL", r.note, r.criterion.source or ""])
-    return ["criterion", "value", "threshold", "result", "note", "source"], rows
-
-
-def _criterion_value(comparison: Comparison, r: CriterionResult) -> str:
-    mc = comparison.metrics.get(r.metric)
-    return fmt_stat(r.value, r.statistic, mc.resolution if mc else None, mc.magnitude if mc else None)
-
-
-def _threshold(r: CriterionResult) -> str:
-    if r.statistic in RELATIVE_STATISTICS:
-        return f"{r.threshold * 100:g}%"
-    return f"{r.threshold:g}"
-
-
-def metrics_table(comparison: Comparison) -> Table:
-    header = ["metric", "n", "ME", "mean |e|", "max e", "min e", "max |e| (step)", "mean rel", "max rel (step)",
-              "step rel", "resolution"]
-    rows = []
-    for m, mc in comparison.metrics.items():
-        s, q, mag = mc.stats, mc.resolution, mc.magnitude
-        vals = {k: fmt_stat(s.get(k), k, q, mag) for k in STAT_COLUMNS}
-        step_rel = ", ".join(f"{k}: {fmt_stat(v, 'step_rel', q, mag)}" for k, v in mc.step_rel.items())
-        note = mc.resolution_text + (f"; reference shifted {mc.shift:+d} step" if mc.shift else "")
-        if mc.not_compared:
-            note += f"; {mc.not_compared} common step(s) without a finite value on a side"
-        rows.append([m, str(s.n), vals["me"], vals["mean_abs"], vals["max_error"], vals["min_error"],
-                     f"{vals['max_abs']} ({s.max_abs_step})", vals["mean_rel"], f"{vals['max_rel']} ({s.max_rel_step})",
-                     step_rel, note])
-    return header, rows
-
-
-def perplexity_table(comparison: Comparison, labels: tuple[str, str]) -> Table:
-    rows = [[m, fmt_number(mc.perplexity.test, 6), fmt_number(mc.perplexity.reference, 6),
-             fmt_percent(mc.perplexity.rel_error), fmt_number(mc.perplexity.test_final, 6),
-             fmt_number(mc.perplexity.reference_final, 6)]
-            for m, mc in comparison.metrics.items() if mc.perplexity is not None]
-    return ["metric", f"ppl {labels[0]} (mean loss)", f"ppl {labels[1]} (mean loss)", "change",
-            f"ppl {labels[0]} (last step)", f"ppl {labels[1]} (last step)"], rows
-
-
-def performance_table(comparison: Comparison, labels: tuple[str, str]) -> Table:
-    p = comparison.performance
-    rows = []
-    for label, side in ((labels[0], p.test), (labels[1], p.reference)):
-        if side is None:
-            rows.append([label, "no step time in the log", "", "", "", "", ""])
-            continue
-        rows.append([label, f"{side.steps} (after {side.warmup_steps} warm-up)", fmt_number(side.ms_per_iter_mean, 6),
-                     fmt_number(side.ms_per_iter_p95, 6), fmt_number(side.ms_per_iter_p99, 6),
-                     fmt_number(side.global_batch_size, 6), fmt_number(side.samples_per_s, 6)])
-    return ["side", "steps measured", "ms/iter mean", "P95", "P99", "global batch", "samples/s"], rows
-
-
-def inputs_table(comparison: Comparison, labels: tuple[str, str]) -> Table:
-    rows = []
-    for label, parsed in ((labels[0], comparison.test), (labels[1], comparison.reference)):
-        rows.append([label, parsed.source, f"{parsed.fmt} ({parsed.variant})",
-                     "" if parsed.rank is None else str(parsed.rank), _span(parsed),
-                     step_ranges(parsed.repeated_steps, 10) if parsed.repeated_steps else "none",
-                     "; ".join(f"line {r.line_no}: step {r.from_step} -> {r.to_step}" for r in parsed.restarts[:5])
-                     or "none", _deaveraged_steps(parsed)])
-    return ["side", "log", "format", "rank", "steps", "repeated steps (last kept)", "restarts",
-            "de-averaged steps"], rows
-
-
-def _deaveraged_steps(parsed: ParsedLog) -> str:
-    if parsed.first_interval is None:
-        return "n/a"
-    return step_ranges(parsed.first_interval.corrected_steps, 10) if parsed.first_interval.corrected_steps else "none"
-
-
-def first_interval_lines(comparison: Comparison, labels: tuple[str, str]) -> list[str]:
-    """What each Megatron side's parse did with the first printed interval (megatron-core >= 0.16 averaging)."""
-    return [f"{label}: {parsed.first_interval.describe()}"
-            for label, parsed in ((labels[0], comparison.test), (labels[1], comparison.reference))
-            if parsed.first_interval is not None and parsed.first_interval.intervals]
-
-
-def _span(parsed: ParsedLog) -> str:
-    if parsed.frame.empty:
-        return "none"
-    of = f" of {parsed.max_steps}" if parsed.max_steps else ""
-    return f"{len(parsed.frame)} ({parsed.frame.index.min()}-{parsed.frame.index.max()}{of})"
-
-
-def sentinel_table(found: Sequence[Sentinel], limit: int) -> Table:
-    rows = [[str(s.line_no), "" if s.rank is None else str(s.rank), s.kind, "FATAL" if s.fatal else "warn",
-             s.message, s.text] for s in found[:limit]]
-    if len(found) > limit:
-        rows.append(["...", "", "", "", f"{len(found) - limit} more (see comparison.json)", ""])
-    return ["line", "rank", "kind", "severity", "meaning", "text"], rows
-
-
-def fingerprint_table(fingerprints: Mapping[str, Any]) -> Table:
-    rows = [[key, str(value)] for key, value in _flatten(fingerprints)]
-    return ["input", "sha256 / fingerprint"], rows
-
-
-def _flatten(data: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            out += _flatten(value, name + ".")
-        else:
-            out.append((name, value))
-    return out
-
-
-def coverage_lines(comparison: Comparison, labels: tuple[str, str]) -> list[str]:
-    st = comparison.steps
-    lines = [f"compared: {st.compared} step(s)" + (f" ({st.first}-{st.last})" if st.compared else ""),
-             f"only in {labels[0]}: {step_ranges(st.only_test)}",
-             f"only in {labels[1]}: {step_ranges(st.only_reference)}"]
-    if comparison.metrics_only_test:
-        lines.append(f"metrics only in {labels[0]}: {', '.join(comparison.metrics_only_test)}")
-    if comparison.metrics_only_reference:
-        lines.append(f"metrics only in {labels[1]}: {', '.join(comparison.metrics_only_reference)}")
-    return lines
-
-
 # ---- markdown ---------------------------------------------------------------------------------------------
 
-def _md_table(table: Table) -> str:
-    header, rows = table
+def numeric_columns(table: tables.Table) -> list[bool]:
+    """Per column: every non-empty cell is a number (such columns are right-aligned)."""
+    return [any(r[i] for r in table.rows) and all(NUMERIC_CELL.match(r[i]) or not r[i] for r in table.rows)
+            for i in range(len(table.header))]
 
+
+def md_table(table: tables.Table) -> str:
     def cell(text: str) -> str:
         return text.replace("|", "\\|").replace("\n", " ")
 
-    out = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    numeric = numeric_columns(table)
+    out = ["| " + " | ".join(cell(h) for h in table.header) + " |",
+           "|" + "".join("---:|" if n else "---|" for n in numeric)]
+    out += ["| " + " | ".join(cell(c) for c in row) + " |" for row in table.rows]
     return "\n".join(out)
 
 
 def markdown_summary(
-    comparison: Comparison, *, title: str, labels: tuple[str, str] = ("test", "reference"),
-    fingerprints: Mapping[str, Any] | None = None, png_names: Sequence[str] = (),
+    comparison: Comparison | Sequence[Comparison], *, title: str, labels: Sequence[str] = ("test", "reference"),
+    fingerprints: Mapping[str, Any] | None = None, context: ReportContext | None = None,
+    png_names: Sequence[str] = (),
 ) -> str:
-    """The summary a Prefect markdown artifact shows: verdict, criteria, metrics, steps, sentinels, speed."""
-    parts = [f"# {title}", "", f"**Verdict: {comparison.verdict.upper()}** — {labels[0]} vs {labels[1]}", ""]
-    parts += [f"- {r}" for r in comparison.reasons] + ([""] if comparison.reasons else [])
-    parts += ["## Criteria", "", _md_table(criteria_table(comparison)), ""]
-    if comparison.metrics:
-        parts += ["## Metrics (error = " + f"{labels[0]} - {labels[1]})", "", _md_table(metrics_table(comparison)), ""]
-        ppl = perplexity_table(comparison, labels)
-        if ppl[1]:
-            parts += [_md_table(ppl), ""]
-    parts += ["## Steps", ""] + [f"- {line}" for line in coverage_lines(comparison, labels)] + [""]
+    """The summary a Prefect markdown artifact shows: verdict and what failed first, then the tables."""
+    cs = [comparison] if isinstance(comparison, Comparison) else list(comparison)
+    verdict = verdict_of(cs)
+    parts = [f"# {title}", "", f"**Verdict: {verdict.upper()}** — {' / '.join(labels[:-1])} vs {labels[-1]} "
+             f"(error = test - reference)", ""]
+    parts += [f"- {r}" for r in tables.failed_lines(cs, labels)]
+    parts += [f"- {line}" for line in tables.divergence_lines(cs, labels)] + [""]
+    parts += ["## Criteria", "", md_table(tables.criteria_table(cs, labels)), ""]
+    if any(c.metrics for c in cs):
+        metrics = tables.metrics_table(cs, labels)
+        parts += ["## Metrics", "", md_table(metrics), ""] + [f"- {n}" for n in metrics.notes] + [""]
+        ppl = tables.perplexity_table(cs, labels)
+        if ppl.rows:
+            parts += [md_table(ppl), ""]
+    perf = tables.performance_table(cs, labels)
+    parts += ["## Performance", "", md_table(perf), ""] + [f"- {n}" for n in perf.notes] + [""]
+    parts += ["## Steps compared", ""] + [f"- {line}" for line in tables.coverage_lines(cs, labels)] + [""]
     parts += ["## Sentinels", ""]
-    for label, side in ((labels[0], "test"), (labels[1], "reference")):
-        found = comparison.sentinels[side]
-        fatal = sum(s.fatal for s in found)
-        parts.append(f"**{label}**: {len(found)} line(s), {fatal} fatal")
+    for label, found in tables.sentinel_logs(cs, labels):
+        parts.append(f"**{label}**: {len(found)} line(s), {sum(s.fatal for s in found)} fatal")
         if found:
-            parts += ["", _md_table(sentinel_table(found, MAX_SENTINEL_ROWS_MD))]
+            parts += ["", md_table(tables.sentinel_table(found, MAX_SENTINEL_ROWS_MD))]
         parts.append("")
-    parts += ["## Performance", "", _md_table(performance_table(comparison, labels)), ""]
-    change = comparison.performance.throughput_change
-    if change is not None:
-        parts += [f"Throughput change ({labels[0]} vs {labels[1]}): {fmt_percent(change)}", ""]
-    parts += ["## Inputs", "", _md_table(inputs_table(comparison, labels)), ""]
-    first = first_interval_lines(comparison, labels)
+    inputs = tables.inputs_table(cs, labels)
+    parts += ["## Inputs", "", md_table(inputs), ""] + [f"- {n}" for n in inputs.notes] + [""]
+    first = tables.first_interval_lines(cs, labels)
     if first:
         parts += ["Megatron first interval (megatron-core >= 0.16 averages each run's first printed iteration into "
                   "its next line):", ""] + [f"- {line}" for line in first] + [""]
-    if fingerprints:
-        parts += [_md_table(fingerprint_table(fingerprints)), ""]
+    prints = tables.fingerprint_rows(fingerprints, context)
+    if prints:
+        parts += [md_table(tables.fingerprint_table(prints)), ""]
+    if context is not None and context.steps:
+        parts += ["## Run steps", "", md_table(tables.steps_table(context)), ""]
+    if context is not None and len(context.snapshots) > 1:
+        differ, _ = tables.environment_tables(context)
+        parts += ["## Environment differences", ""]
+        parts += [md_table(differ), ""] if differ.rows else ["none: both hosts' snapshots agree", ""]
     if png_names:
         parts += ["Plots: " + ", ".join(png_names), ""]
     return "\n".join(parts)
@@ -290,59 +211,47 @@ def markdown_summary(
 
 # ---- HTML -------------------------------------------------------------------------------------------------
 
-def _html_table(table: Table, *, result_column: str | None = None) -> str:
-    header, rows = table
-    col = header.index(result_column) if result_column in header else -1
-    out = ["<table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr></thead><tbody>"]
-    for row in rows:
-        cells = []
-        for i, c in enumerate(row):
-            cls = f' class="{c.lower()}"' if i == col and c in ("PASS", "FAIL", "FATAL", "warn") else ""
-            cells.append(f"<td{cls}>{html.escape(c)}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
-    out.append("</tbody></table>")
-    return "\n".join(out)
-
-
 def html_report(
-    comparison: Comparison, *, title: str, labels: tuple[str, str] = ("test", "reference"),
-    fingerprints: Mapping[str, Any] | None = None, pngs: Mapping[str, bytes] | None = None,
+    comparison: Comparison | Sequence[Comparison], *, title: str, labels: Sequence[str] = ("test", "reference"),
+    fingerprints: Mapping[str, Any] | None = None, context: ReportContext | None = None, plots: bool = True,
 ) -> str:
-    """One self-contained HTML page: style and plots inline, nothing fetched."""
-    e = html.escape
-    body = [f"<h1>{e(title)}</h1>",
-            f'<p class="verdict {comparison.verdict}">Verdict: {comparison.verdict.upper()}</p>',
-            f"<p>{e(labels[0])} vs {e(labels[1])}; error = {e(labels[0])} - {e(labels[1])}</p>"]
-    if comparison.reasons:
-        body.append("<ul>" + "".join(f"<li>{e(r)}</li>" for r in comparison.reasons) + "</ul>")
-    body += ["<h2>Criteria</h2>", _html_table(criteria_table(comparison), result_column="result")]
-    if comparison.metrics:
-        body += ["<h2>Metrics</h2>", _html_table(metrics_table(comparison))]
-        ppl = perplexity_table(comparison, labels)
-        if ppl[1]:
-            body.append(_html_table(ppl))
-    body += ["<h2>Steps</h2>", "<ul>" + "".join(f"<li>{e(x)}</li>" for x in coverage_lines(comparison, labels))
-             + "</ul>", "<h2>Sentinels</h2>"]
-    for label, side in ((labels[0], "test"), (labels[1], "reference")):
-        found = comparison.sentinels[side]
-        body.append(f"<h3>{e(label)}: {len(found)} line(s), {sum(s.fatal for s in found)} fatal</h3>")
-        if found:
-            body.append(_html_table(sentinel_table(found, MAX_SENTINEL_ROWS_HTML), result_column="severity"))
-    body += ["<h2>Performance</h2>", _html_table(performance_table(comparison, labels))]
-    if comparison.performance.throughput_change is not None:
-        body.append(f"<p>Throughput change: {e(fmt_percent(comparison.performance.throughput_change))}</p>")
-    body += ["<h2>Inputs</h2>", _html_table(inputs_table(comparison, labels))]
-    first = first_interval_lines(comparison, labels)
-    if first:
-        body.append("<p>Megatron first interval (megatron-core &gt;= 0.16 averages each run's first printed iteration "
-                    "into its next line):</p><ul>" + "".join(f"<li>{e(x)}</li>" for x in first) + "</ul>")
-    if fingerprints:
-        body.append(_html_table(fingerprint_table(fingerprints)))
-    if pngs:
-        body.append("<h2>Plots</h2>")
-        for metric, data in pngs.items():
-            encoded = base64.b64encode(data).decode("ascii")
-            body.append(f'<figure><img alt="{e(metric)}" src="data:image/png;base64,{encoded}">'
-                        f"<figcaption>{e(metric)}</figcaption></figure>")
-    template = Template(resources.files("alignflow.compare").joinpath("report.html").read_text(encoding="utf-8"))
-    return template.substitute(title=e(title), body="\n".join(body))
+    """One self-contained HTML page: style, plotly.js and the data inline, nothing fetched."""
+    import jinja2
+    from markupsafe import Markup
+
+    cs = [comparison] if isinstance(comparison, Comparison) else list(comparison)
+    figures: dict[str, str] = {}
+    plotly_js = ""
+    if plots and any(c.metrics for c in cs):
+        from alignflow.compare import interactive
+
+        figures = interactive.figure_divs(cs, labels)
+        plotly_js = interactive.plotly_js()
+    ctx = context or ReportContext()
+    differ, same = tables.environment_tables(ctx) if len(ctx.snapshots) > 1 else (None, None)
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
+                             lstrip_blocks=True)
+    env.filters["numeric"] = lambda text: bool(NUMERIC_CELL.match(str(text)))
+    env.globals["numeric_columns"] = numeric_columns
+    template = env.from_string(resources.files("alignflow.compare").joinpath("report.html").read_text("utf-8"))
+    reasons = tables.failed_lines(cs, labels)
+    return template.render(
+        title=title, verdict=verdict_of(cs), labels=labels, context=ctx,
+        generated=(ctx.generated_at or datetime.now(UTC)).strftime("%Y-%m-%d %H:%M:%S %Z"),
+        per_test=[(label, c.verdict, c.steps) for label, c in zip(labels, cs, strict=False)],
+        reasons=reasons[:MAX_TOP_LINES], more_reasons=max(0, len(reasons) - MAX_TOP_LINES),
+        divergence=tables.divergence_lines(cs, labels),
+        figures=[(m, Markup(div)) for m, div in figures.items()],
+        plotly_js=Markup(plotly_js.replace("</script", "<\\/script")),
+        criteria=tables.criteria_table(cs, labels),
+        metrics=tables.metrics_table(cs, labels) if any(c.metrics for c in cs) else None,
+        perplexity=tables.perplexity_table(cs, labels),
+        performance=tables.performance_table(cs, labels),
+        inputs=tables.inputs_table(cs, labels),
+        first_interval=tables.first_interval_lines(cs, labels),
+        fingerprints=tables.fingerprint_table(tables.fingerprint_rows(fingerprints, context)),
+        steps=tables.steps_table(ctx) if ctx.steps else None, env_differ=differ, env_same=same,
+        sentinels=[(label, found, tables.sentinel_table(found, MAX_SENTINEL_ROWS_HTML))
+                   for label, found in tables.sentinel_logs(cs, labels)],
+        coverage=tables.coverage_lines(cs, labels),
+    )

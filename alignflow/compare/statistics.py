@@ -1,6 +1,6 @@
 """Per-step error statistics of one metric: the seeds' definitions, computed with numpy on aligned arrays.
 
-Definitions (seed 000 §1, seed 004 §3.3): per-step error `e = test - reference`; `me` = mean(e) (signed);
+Definitions (docs/seeds.md#error-statistics): per-step error `e = test - reference`; `me` = mean(e) (signed);
 `mean_abs` = mean(|e|); `max_error` / `min_error` = the largest / smallest signed error; `max_abs` = max(|e|);
 relative error `|e| / (|reference| + 1e-8)` with `mean_rel` / `max_rel` over the steps and `step_rel` at chosen
 steps. Pairs where either side is missing or not finite are left out and counted (`not_compared`); NaN/inf
@@ -85,7 +85,7 @@ class Pairs:
 
 
 def relative_error(test: FloatArray, reference: FloatArray) -> FloatArray:
-    """`|test - reference| / (|reference| + 1e-8)` element-wise (seed 004 §3.3)."""
+    """`|test - reference| / (|reference| + 1e-8)` element-wise (docs/seeds.md#error-statistics)."""
     out: FloatArray = np.abs(test - reference) / (np.abs(reference) + REL_EPS)
     return out
 
@@ -154,7 +154,8 @@ def best_shift(test_steps: IntArray, test: FloatArray, ref_steps: IntArray, refe
     """The step shift k in [-tolerance, tolerance] that pairs test[s] with reference[s + k] best (least mean |e|).
 
     Why: MindFormers PyNative prints the learning rate of the *next* step (the scheduler is evaluated after the
-    step counter moved, MindFormers reference §2.2), Megatron the one it used. One shift for the whole run, not
+    step counter moved, docs/mindformers.md#step-numbering-and-the-printed-learning-rate), Megatron the one it used. One
+    shift for the whole run, not
     a per-step choice, so a real schedule difference is not explained away. Ties keep the smaller |k| (0 first).
     """
     best: tuple[float, int, Pairs] | None = None

@@ -14,7 +14,7 @@ from alignflow.config.model import ModelConfig, TrainingConfig
 from alignflow.config.yamlsource import YamlDocument, load_yaml, validate
 from alignflow.errors import ConfigError
 
-FileKind = Literal["hosts", "experiment", "criteria"]
+FileKind = Literal["hosts", "experiment", "criteria", "nightly"]
 
 __all__ = [
     "ConfigError",
@@ -47,8 +47,13 @@ def detect_kind(doc: YamlDocument) -> FileKind:
         return "criteria"
     if "model" in data or "name" in data:
         return "experiment"
+    from alignflow.config.catalog import NightlySettings
+
+    if data and set(data) <= set(NightlySettings.model_fields):
+        return "nightly"
     raise ConfigError([(str(doc.path), 1, "cannot tell what this file is: expected `hosts:` (an inventory), "
-                        "`name:` + `model:` (an experiment) or `criteria:` (acceptance criteria)")])
+                        "`name:` + `model:` (an experiment), `criteria:` (acceptance criteria) or `experiments:` / "
+                        "`cron:` (nightly settings)")])
 
 
 def validate_file(path: str | Path, inventory: Inventory | None = None) -> FileKind:
@@ -59,6 +64,10 @@ def validate_file(path: str | Path, inventory: Inventory | None = None) -> FileK
         load_hosts(path)
     elif kind == "experiment":
         load_experiment(path, inventory)
+    elif kind == "nightly":
+        from alignflow.config.catalog import load_nightly_settings
+
+        load_nightly_settings(path)
     else:
         load_criteria(path)
     return kind
@@ -68,7 +77,7 @@ def load_criteria(path: str | Path) -> list[object]:
     """Load a criteria file: `criteria: [{metric, statistic, threshold, ...}, ...]`."""
     from pydantic import BaseModel, ConfigDict, Field
 
-    from alignflow.compare.criteria import Criterion
+    from alignflow.config.criteria import Criterion
 
     class CriteriaFile(BaseModel):
         model_config = ConfigDict(extra="forbid")

@@ -13,11 +13,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from alignflow import pipeline
-from alignflow.compare.criteria import Criterion, default_criteria
-from alignflow.config.hosts import Inventory, Role
+from alignflow.config.criteria import Criterion, default_criteria
+from alignflow.config.hosts import CudaExtension, EnvName, Inventory, Role
 from alignflow.config.model import ModelConfig, TrainingConfig
+from alignflow.config.parallel import ParallelConfig
 from alignflow.config.yamlsource import load_yaml, validate
-from alignflow.errors import ConfigError
+from alignflow.errors import ConfigError, did_you_mean
+from alignflow.state import expand_state_dir
 
 _SHA256_HEX = frozenset("0123456789abcdef")
 
@@ -26,8 +28,13 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _twin_kind(value: Any) -> Any:
+    """`reference` was the twin backend's name before it was called `twin`; runs recorded then still reopen."""
+    return "twin" if value == "reference" else value
+
+
 class DataGenerate(_Strict):
-    """Synthetic token data made by `alignflow reference make-data` when the file is absent (twin only)."""
+    """Synthetic token data made by `alignflow twin make-data` when the file is absent (twin only)."""
 
     tokens: int = Field(ge=1, description="Number of tokens to generate.")
     seed: int = Field(0, ge=0, description="Generator seed.")
@@ -36,7 +43,8 @@ class DataGenerate(_Strict):
 class DataConfig(_Strict):
     """The one data file both trainings read."""
 
-    path: str = Field(description="Data file; relative paths are relative to the experiment file.")
+    path: str = Field(description="Data file; relative paths are relative to the experiment file, "
+                      "`{state_dir}/...` is under alignflow's state dir.")
     sha256: str | None = Field(None, description="Expected sha256 (hex); a file that hashes otherwise is refused.")
     generate: DataGenerate | None = Field(None, description="Make the file with the twin's generator if absent.")
     prefix: str | None = Field(
@@ -57,9 +65,10 @@ class DataConfig(_Strict):
 
 
 class NpuBackend(_Strict):
-    """How the NPU side runs: the reference twin (MindSpore) or MindFormers."""
+    """How the NPU side runs: the twin (MindSpore) or MindFormers."""
 
-    kind: Literal["reference", "mindformers"] = Field("reference", description="Backend of the NPU side.")
+    kind: Literal["twin", "mindformers"] = Field("twin", description="Backend of the NPU side.")
+    _legacy_kind = field_validator("kind", mode="before")(_twin_kind)
     template: str | None = Field(
         None, description="MindFormers YAML template (relative to the experiment file); alignflow overrides "
         "load/save paths, steps, seed and determinism in it."
@@ -67,19 +76,22 @@ class NpuBackend(_Strict):
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="Dotted-key overrides applied last to the rendered YAML."
     )
-    entry: str | None = Field(None, description="Path of run_mindformer.py on the host (mindformers only).")
+    entry: str | None = Field(None, description="Path of run_mindformer.py on the host, or `-m <module>` to run a "
+                               "module (the CPU lab: `-m alignflow.labs.mindformers_cpu.launcher`); mindformers only.")
     msrun: dict[str, Any] | None = Field(
         None, description="Run under msrun with these options (worker_num, local_worker_num, master_port, log_dir)."
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the NPU trainings.")
+    env: dict[EnvName, str] = Field(default_factory=dict, description="Extra environment for the NPU trainings.")
     repo: str = Field("mindformers", description="Name under the host's `repos:` whose git commit versions the NPU "
                       "side (part of each step's cache key).")
+    parallel: ParallelConfig | None = Field(None, description="The NPU trainings' layout; default: training.parallel.")
 
 
 class GpuBackend(_Strict):
-    """How the GPU side runs: the reference twin (PyTorch) or Megatron-LM."""
+    """How the GPU side runs: the twin (PyTorch) or Megatron-LM."""
 
-    kind: Literal["reference", "megatron"] = Field("reference", description="Backend of the GPU side.")
+    kind: Literal["twin", "megatron"] = Field("twin", description="Backend of the GPU side.")
+    _legacy_kind = field_validator("kind", mode="before")(_twin_kind)
     entry: str | None = Field(None, description="Path of pretrain_gpt.py on the host (megatron only).")
     torchrun: dict[str, Any] | None = Field(
         None, description="Run under torchrun with these options (nproc_per_node, master_port)."
@@ -87,11 +99,17 @@ class GpuBackend(_Strict):
     transformer_impl: Literal["local", "transformer_engine"] = Field(
         "local", description="`--transformer-impl`; also picks the converted checkpoint's flavour."
     )
-    megatron_version: str = Field("0.16", description="megatron-core version on the GPU host (names the MTP layer).")
+    megatron_version: str = Field("0.16", description="megatron-core version on the GPU host: the flags it accepts, "
+                                  "NullTokenizer's vocabulary and EOD id, the MTP layer's name.")
+    extensions: list[CudaExtension] | None = Field(
+        None, description="What the GPU host has besides PyTorch (transformer_engine, apex): picks Megatron's fused "
+        "kernels. Left out, it is filled in from hosts.yaml (`cuda_extensions` of the gpu_train host) when the "
+        "experiment is loaded with an inventory, and recorded with the run; without either, none.")
     extra_args: list[str] = Field(default_factory=list, description="Flags appended to the generated ones.")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the GPU training.")
+    env: dict[EnvName, str] = Field(default_factory=dict, description="Extra environment for the GPU training.")
     repo: str = Field("megatron-lm", description="Name under the host's `repos:` whose git commit versions the GPU "
                       "side (part of each step's cache key).")
+    parallel: ParallelConfig | None = Field(None, description="The GPU training's layout; default: training.parallel.")
 
 
 class ConversionConfig(_Strict):
@@ -108,13 +126,29 @@ class StepConfig(_Strict):
                              "step's role.")
     timeout_s: float | None = Field(None, gt=0, description="Wall-clock limit of the step's job.")
     command: list[str] | None = Field(
-        None, description="Command template (argv) replacing the backend's; `{placeholders}` are filled in."
+        None, description="Command template (argv) replacing the backend's; `{python}`, `{out}` and `{in:NAME}` are "
+        "filled in with host paths (in the script of `[bash, -c, SCRIPT]` each becomes one shell-quoted word: write "
+        "them bare, not in quotes)."
     )
     outputs: list[str] | None = Field(
         None, description="Declared outputs (artifact names) that the step must produce; each must be one of the "
         "step's outputs. Every output of a step is always required and fingerprinted."
     )
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for this step.")
+    env: dict[EnvName, str] = Field(default_factory=dict, description="Extra environment for this step.")
+    retry_on: list[Literal["timeout", "preempted"]] = Field(
+        default_factory=list, description="Ends of the step's job that the run retries with a new job: timeout "
+        "(a scheduler's time limit, Slurm TIMEOUT) and preempted (Slurm PREEMPTED). Without them both are "
+        "failures.")
+
+
+class DiagnoseConfig(_Strict):
+    """The `diagnose` step: one training step re-run on both sides with tensor dumps, compared module by module."""
+
+    step: int = Field(1, ge=1, description="The training step to re-run (its batch and learning rate).")
+    dump_budget_bytes: int = Field(2 * 10**9, ge=1, description="Largest dump per side; a larger one is refused "
+                                   "before anything is written.")
+    on_gate_failure: bool = Field(True, description="Diagnose automatically when the early gate fails (twin "
+                                  "backends; the real frameworks dump through msprobe: `alignflow diagnose-setup`).")
 
 
 class GateConfig(_Strict):
@@ -122,7 +156,7 @@ class GateConfig(_Strict):
 
     enabled: bool | None = Field(None, description="Run the gate; default: on for real backends, off for the twin.")
     steps: int = Field(2, ge=1, description="Steps of the gate trainings.")
-    rel_tol: float = Field(5e-5, gt=0, description="Step-1 relative tolerance (seed 001 §6.4: 0.005%).")
+    rel_tol: float = Field(5e-5, gt=0, description="Step-1 relative tolerance (docs/seeds.md#early-gate: 0.005%).")
     metrics: list[str] = Field(default_factory=lambda: ["lm_loss", "mtp_1_loss"], description="Metrics checked.")
 
 
@@ -142,8 +176,12 @@ class Experiment(_Strict):
     gpu: GpuBackend = Field(default_factory=GpuBackend, description="GPU side.")
     conversion: ConversionConfig = Field(description="bf16 -> Megatron conversion.")
     steps: dict[str, StepConfig] = Field(default_factory=dict, description="Per-step overrides by step name.")
-    criteria: list[Criterion] = Field(default_factory=default_criteria, description="Acceptance criteria.")
+    criteria: list[Criterion] = Field(default_factory=default_criteria, description="Acceptance criteria: a list, "
+                                      "or {noise_runs: N, rules: [...]} to measure the reference side's noise floor.")
+    noise_runs: int | None = Field(None, ge=2, description="Trainings of the reference side that measure its "
+                                   "self-noise (`criteria.noise_runs`; `alignflow noise`).")
     gate: GateConfig = Field(default_factory=GateConfig, description="Early gate after conversion.")
+    diagnose: DiagnoseConfig = Field(default_factory=DiagnoseConfig, description="Tensor-level diagnosis.")
     preflight: bool = Field(
         True, description="Compare both sides' settings before step 1 and refuse to run on a mismatch. Turn off "
         "only for experiments whose training commands preflight cannot read (replaced commands, benchmarks); "
@@ -151,16 +189,35 @@ class Experiment(_Strict):
     )
     source: str | None = Field(None, exclude=True, description="File the experiment was read from.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _criteria_section(cls, data: Any) -> Any:
+        """`criteria: {noise_runs: 3, rules: [...]}` is the list form plus the number of noise runs."""
+        if isinstance(data, dict) and isinstance(data.get("criteria"), dict):
+            section = dict(data["criteria"])
+            unknown = sorted(set(section) - {"noise_runs", "rules"})
+            if unknown:
+                raise ValueError(f"criteria: unknown key(s) {', '.join(unknown)}; a criteria mapping has noise_runs "
+                                 "and rules")
+            data = {**data, "noise_runs": section.get("noise_runs")}
+            if "rules" in section:
+                data["criteria"] = section["rules"]
+            else:
+                data.pop("criteria")
+        return data
+
     @field_validator("steps")
     @classmethod
     def _known_steps(cls, value: dict[str, StepConfig]) -> dict[str, StepConfig]:
         unknown = sorted(set(value) - set(pipeline.STEP_NAMES))
         if unknown:
-            raise ValueError(f"unknown step(s) {', '.join(unknown)}; steps are: {', '.join(pipeline.STEP_NAMES)}")
+            hints = "".join(did_you_mean(u, pipeline.STEP_NAMES) for u in unknown[:1])
+            raise ValueError(f"unknown step(s) {', '.join(unknown)}{hints}; steps are: "
+                             f"{', '.join(pipeline.STEP_NAMES)}")
         for name, config in value.items():
             # every output of a step is required (the runner fingerprints each one on its host and fails the step
             # when one is missing); a declared name the step never produces is a mistake, not a wish
-            produced = pipeline.step(name).outputs
+            produced = pipeline.step(name).output_names
             foreign = sorted(set(config.outputs or ()) - set(produced))
             if foreign:
                 raise ValueError(f"steps.{name}.outputs: {', '.join(foreign)} not produced by {name} (it produces "
@@ -173,15 +230,41 @@ class Experiment(_Strict):
             raise ValueError("npu: backend mindformers needs template and entry")
         if self.gpu.kind == "megatron" and not self.gpu.entry:
             raise ValueError("gpu: backend megatron needs entry (path of pretrain_gpt.py)")
+        if self.data.prefix is None:
+            raise ValueError(f"data: prefix missing: the data must be a Megatron indexed dataset "
+                             f"(<path>/<prefix>.bin + <prefix>.idx) — data.path {self.data.path!r} is its directory; "
+                             "make one with `alignflow data make DIR/PREFIX` (or --from-npy for a .npy token file)")
+        if self.data.path.endswith((".npy", ".tokens", ".bin", ".idx")):
+            raise ValueError(f"data.path {self.data.path!r} names a file: it is the directory holding "
+                             f"{self.data.prefix}.bin and {self.data.prefix}.idx (a Megatron indexed dataset)")
         return self
+
+    @model_validator(mode="after")
+    def _layouts(self) -> Experiment:
+        problems = []
+        sides: tuple[Literal["npu", "gpu"], ...] = ("npu", "gpu")
+        for side in sides:
+            layout = self.parallel(side)
+            problems += layout.problems(
+                micro_batch_size=self.training.micro_batch_size, global_batch_size=self.training.global_batch_size,
+                num_experts=self.model.moe.num_experts if self.model.moe else None, num_layers=self.model.num_layers,
+                num_attention_heads=self.model.num_attention_heads, where=f"{side} layout")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def parallel(self, side: Literal["npu", "gpu"]) -> ParallelConfig:
+        """The side's parallel layout: `npu.parallel` / `gpu.parallel`, else `training.parallel`."""
+        own = self.npu.parallel if side == "npu" else self.gpu.parallel
+        return own or self.training.parallel
 
     @property
     def base_dir(self) -> Path:
         return Path(self.source).parent if self.source else Path.cwd()
 
     def resolve_path(self, path: str) -> Path:
-        """A path of the experiment file, relative to that file."""
-        p = Path(path).expanduser()
+        """A path of the experiment file, relative to that file (`{state_dir}/...`: under the state dir)."""
+        p = Path(expand_state_dir(path)).expanduser()
         return p if p.is_absolute() else (self.base_dir / p).resolve()
 
 
@@ -191,7 +274,23 @@ def load_experiment(path: str | Path, inventory: Inventory | None = None) -> Exp
     experiment = validate(Experiment, doc).model_copy(update={"source": str(Path(path).resolve())})
     if inventory is not None:
         check_hosts(experiment, inventory, doc_lines=doc.lines)
+        experiment = with_gpu_host_extensions(experiment, inventory)
     return experiment
+
+
+def with_gpu_host_extensions(experiment: Experiment, inventory: Inventory) -> Experiment:
+    """`gpu.extensions` filled in from the gpu_train host's `cuda_extensions` (when the experiment leaves it out
+    and that host is known: `steps.gpu_train.host`, `hosts.cuda`, or the inventory's only cuda host)."""
+    if experiment.gpu.extensions is not None:
+        return experiment
+    override = experiment.steps.get("gpu_train")
+    name = override.host if override is not None and override.host else experiment.hosts.get("cuda")
+    cuda = [h for h in inventory.hosts.values() if h.role == "cuda"]
+    host = inventory.hosts.get(name) if name else (cuda[0] if len(cuda) == 1 else None)
+    if host is None:
+        return experiment
+    gpu = experiment.gpu.model_copy(update={"extensions": list(host.cuda_extensions)})
+    return experiment.model_copy(update={"gpu": gpu})
 
 
 def check_hosts(experiment: Experiment, inventory: Inventory, *, doc_lines: dict[Any, int] | None = None) -> None:
@@ -202,7 +301,8 @@ def check_hosts(experiment: Experiment, inventory: Inventory, *, doc_lines: dict
     known = ", ".join(sorted(inventory.hosts))
     for role, name in experiment.hosts.items():
         if name not in inventory.hosts:
-            problems.append((src, lines.get(("hosts", role)), f"hosts.{role}: unknown host '{name}'; "
+            problems.append((src, lines.get(("hosts", role)), f"hosts.{role}: unknown host '{name}'"
+                             f"{did_you_mean(name, inventory.hosts)}; "
                              f"{inventory.source or 'hosts.yaml'} defines: {known}"))
         elif inventory.hosts[name].role != role:
             problems.append((src, lines.get(("hosts", role)),
@@ -210,7 +310,8 @@ def check_hosts(experiment: Experiment, inventory: Inventory, *, doc_lines: dict
     for step, cfg in experiment.steps.items():
         if cfg.host is not None and cfg.host not in inventory.hosts:
             problems.append((src, lines.get(("steps", step, "host")),
-                             f"steps.{step}.host: unknown host '{cfg.host}'; "
+                             f"steps.{step}.host: unknown host '{cfg.host}'"
+                             f"{did_you_mean(cfg.host, inventory.hosts)}; "
                              f"{inventory.source or 'hosts.yaml'} defines: {known}"))
     if problems:
         raise ConfigError(problems)

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from alignflow.config.parallel import ParallelConfig
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -186,6 +188,8 @@ class TrainingConfig(_Strict):
     bf16: bool = Field(True, description="bf16 compute (the twin computes in fp32 on CPU regardless).")
     save_interval: int | None = Field(None, ge=1, description="Checkpoint interval of the base training; default: "
                                       "only at the end.")
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallel layout of both sides' "
+                                     "trainings (tp, pp, ep, dp); a side may differ with npu.parallel / gpu.parallel.")
 
     @model_validator(mode="after")
     def _checks(self) -> TrainingConfig:

@@ -5,10 +5,16 @@ start mark; we keep a map from each key path (`("hosts", "npu-a", "port")`) to i
 validation error on `hosts.npu-a.port` is reported at the line where that key is written. Duplicate keys,
 which `yaml.safe_load` silently collapses, are an error here (two hosts with the same name must not
 quietly become one).
+
+Hostile input fails closed with `file:line` (issue 16): a file that is not UTF-8 names the line of the first bad
+byte; aliases are followed, but an alias that contains itself (`&n [*n]`) is refused, and so is a document whose
+aliases expand past `MAX_NODES` nodes (a "billion laughs" bomb of 9 anchors of 9 aliases each would otherwise
+build 9^9 nodes); nesting too deep for the parser is refused rather than raising `RecursionError`.
 """
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,10 +24,14 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from alignflow.errors import ConfigError
+from alignflow.errors import ConfigError, did_you_mean
 
 KeyPath = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
+
+# Nodes a document may expand to, aliases included. Real configurations have a few hundred (a MindFormers
+# template about 300); the cap only stops alias bombs, long before they cost memory or time.
+MAX_NODES = 100_000
 
 
 @dataclass(frozen=True)
@@ -45,11 +55,17 @@ def load_yaml(path: str | Path) -> YamlDocument:
     """Parse `path`; raise `ConfigError` naming the file and line for a missing file or malformed YAML."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise ConfigError([(str(path), None, "file not found")]) from None
     except OSError as exc:
         raise ConfigError([(str(path), None, f"cannot read: {exc.strerror or exc}")]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise ConfigError([(str(path), line, f"not UTF-8 text: byte 0x{raw[exc.start]:02x} at offset {exc.start} "
+                            "(save the file as UTF-8)")]) from None
     return parse_yaml(text, path)
 
 
@@ -58,6 +74,8 @@ def parse_yaml(text: str, path: str | Path = "<string>") -> YamlDocument:
     path = Path(path)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise ConfigError([(str(path), None, "malformed YAML: nested too deeply")]) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
@@ -69,16 +87,49 @@ def parse_yaml(text: str, path: str | Path = "<string>") -> YamlDocument:
         return YamlDocument(path=path, data=None, lines={})
     lines: dict[KeyPath, int] = {}
     problems: list[tuple[str, int | None, str]] = []
-    data = _convert(node, (), lines, problems, str(path), yaml.SafeLoader(""))
+    try:
+        data = _convert(node, (), lines, problems, str(path), yaml.SafeLoader(""), _Expansion())
+    except RecursionError:
+        raise ConfigError([(str(path), None, "malformed YAML: nested too deeply")]) from None
     if problems:
         raise ConfigError(problems)
     return YamlDocument(path=path, data=data, lines=lines)
 
 
+class _Expansion:
+    """What `_convert` has expanded so far: a node count against `MAX_NODES`, and the collections it is inside."""
+
+    def __init__(self) -> None:
+        self.nodes = 0
+        self.open: set[int] = set()
+
+
 def _convert(
-    node: Node, loc: KeyPath, lines: dict[KeyPath, int], problems: list[Any], path: str, loader: yaml.SafeLoader
+    node: Node, loc: KeyPath, lines: dict[KeyPath, int], problems: list[Any], path: str, loader: yaml.SafeLoader,
+    seen: _Expansion,
 ) -> Any:
-    lines.setdefault(loc, node.start_mark.line + 1)
+    line = node.start_mark.line + 1
+    lines.setdefault(loc, line)
+    seen.nodes += 1
+    if seen.nodes > MAX_NODES:
+        raise ConfigError([(path, line, f"YAML aliases expand this document past {MAX_NODES} nodes (an alias "
+                            "bomb?); write the values out or use fewer aliases")])
+    if isinstance(node, MappingNode | SequenceNode):
+        if id(node) in seen.open:
+            raise ConfigError([(path, line, "recursive YAML alias: the node anchored here contains an alias of "
+                                "itself")])
+        seen.open.add(id(node))
+        try:
+            return _collection(node, loc, lines, problems, path, loader, seen)
+        finally:
+            seen.open.discard(id(node))
+    return _scalar(node, loader)
+
+
+def _collection(
+    node: MappingNode | SequenceNode, loc: KeyPath, lines: dict[KeyPath, int], problems: list[Any], path: str,
+    loader: yaml.SafeLoader, seen: _Expansion,
+) -> Any:
     if isinstance(node, MappingNode):
         out: dict[Any, Any] = {}
         for key_node, value_node in node.value:
@@ -95,17 +146,15 @@ def _convert(
                 )
                 continue
             lines[key_loc] = key_node.start_mark.line + 1
-            out[key] = _convert(value_node, key_loc, lines, problems, path, loader)
+            out[key] = _convert(value_node, key_loc, lines, problems, path, loader, seen)
             lines[key_loc] = key_node.start_mark.line + 1
         return out
-    if isinstance(node, SequenceNode):
-        return [_convert(item, (*loc, i), lines, problems, path, loader) for i, item in enumerate(node.value)]
-    return _scalar(node, loader)
+    return [_convert(item, (*loc, i), lines, problems, path, loader, seen) for i, item in enumerate(node.value)]
 
 
 def _scalar(node: Node, loader: yaml.SafeLoader) -> Any:
     if isinstance(node, ScalarNode):
-        return loader.construct_object(node, deep=True)  # type: ignore[no-untyped-call]
+        return loader.construct_object(node, deep=True)
     return None
 
 
@@ -114,18 +163,58 @@ def validate(model: type[M], doc: YamlDocument, *, context: dict[str, Any] | Non
     try:
         return model.model_validate(doc.data if doc.data is not None else {}, context=context)
     except ValidationError as exc:
-        raise ConfigError(problems_from_validation(exc, doc)) from None
+        raise ConfigError(problems_from_validation(exc, doc, model=model)) from None
 
 
-def problems_from_validation(exc: ValidationError, doc: YamlDocument) -> list[tuple[str, int | None, str]]:
-    """Translate a pydantic `ValidationError` into located problems, one per error."""
+def problems_from_validation(exc: ValidationError, doc: YamlDocument,
+                             model: type[BaseModel] | None = None) -> list[tuple[str, int | None, str]]:
+    """Translate a pydantic `ValidationError` into located problems, one per error (an unknown key of `model`
+    names the closest allowed one)."""
     problems: list[tuple[str, int | None, str]] = []
     for err in exc.errors(include_url=False):
         loc = tuple(p for p in err["loc"] if not _is_union_tag(p))
         dotted = ".".join(str(p) for p in loc) or "(top level)"
         message = _humanize(err)
+        if err["type"] == "extra_forbidden" and model is not None and loc:
+            hint = did_you_mean(str(loc[-1]), _allowed_keys(model, loc[:-1]))
+            message = f"unknown key{hint}" if hint else message
         problems.append((str(doc.path), doc.line_of(loc), f"{dotted}: {message}"))
     return problems
+
+
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the model found at `loc` inside `model` (empty when the path leaves the models)."""
+    node: Any = model
+    for part in loc:
+        node = _model_in(node)
+        if node is None:
+            return []
+        if isinstance(node, type) and issubclass(node, BaseModel):
+            field = node.model_fields.get(str(part))
+            if field is None:
+                return []
+            node = field.annotation
+        else:  # dict[str, X] (part is a key) or list[X] (part is an index)
+            args = typing.get_args(node)
+            node = args[-1] if args else None
+    found = _model_in(node)
+    if isinstance(found, type) and issubclass(found, BaseModel):
+        return list(found.model_fields)
+    return []
+
+
+def _model_in(annotation: Any) -> Any:
+    """A BaseModel class, a dict/list type, or None: Optional/Union unwrapped to the first of those."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (dict, list, tuple):
+        return annotation
+    for arg in typing.get_args(annotation) if origin is not None else ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _is_union_tag(part: Any) -> bool:

@@ -1,7 +1,8 @@
 """Step 2 of the pipeline: a MindFormers checkpoint -> the bf16 MindFormers checkpoint both trainings start from.
 
 Why a separate step: Megatron trains from bf16 weights, so the NPU reload must start from the *same* bf16
-values (MindFormers reference §7.1: "convert MindSpore Transformers weights to bf16 before loading"). The cast
+values (docs/mindformers.md#the-official-mindformers-to-megatron-loader: "convert MindSpore Transformers weights to bf16
+before loading"). The cast
 is torch's own `.to(torch.bfloat16)` (round-to-nearest-even, NaN -> canonical NaN), so the bits are exactly
 those the GPU side would produce from the same fp32 values. What is left out is a table, not code paths.
 """
@@ -23,7 +24,8 @@ from alignflow.errors import ConversionError
 
 log = logging.getLogger(__name__)
 
-# Never part of a model checkpoint (MindFormers reference §4.1, §11 step 2): optimizer state by prefix ...
+# Never part of a model checkpoint (docs/mindformers.md#checkpoint-layout,
+# docs/mindformers.md#npu-side-checklist-per-pipeline-step step 2): optimizer state by prefix ...
 OPTIMIZER_PREFIXES = ("main_param.", "adam_m.", "adam_v.", "max_exp_avg_sq.")
 OPTIMIZER_NAMES = ("global_step",)
 # ... and per-step counters by the last name component (MoE token counts, global aux-loss accumulators).
@@ -57,8 +59,9 @@ def convert_bf16(src: Path, dst: Path, *, progress: ProgressFn | None = None,
     `src`: a checkpoint directory with `latest_checkpointed_iteration.txt`, an `iteration_*` directory (multi-rank
     shards are merged through `metadata.json`), one `.safetensors` file, or a legacy `.ckpt` (needs MindSpore).
     `dst` gets `latest_checkpointed_iteration.txt`, `iteration_%08d/<prefix>-model-0000000-0000001.safetensors`
-    and the 7-key `common.json`, and no `metadata.json` (MindFormers then treats every tensor as whole, reference
-    §5). `prefix` defaults to the source's file prefix, else `checkpoint`. Nothing is written unless all succeeds.
+    and the 7-key `common.json`, and no `metadata.json` (MindFormers then treats every tensor as whole,
+    docs/mindformers.md#loading-a-checkpoint-for-training). `prefix` defaults to the source's file prefix, else
+    `checkpoint`. Nothing is written unless all succeeds.
     """
     start = time.perf_counter()
     src, dst = Path(src), Path(dst)

@@ -58,9 +58,14 @@ def steps_to_mindformers(plan: Plan) -> list[Step]:
 
 
 def check_source(steps: list[Step], tensors: Mapping[str, TensorMeta], *, side: str,
-                 dropped_on_purpose: Callable[[str], bool]) -> tuple[list[str], list[str]]:
+                 dropped_on_purpose: Callable[[str], bool],
+                 default_dtype: str | None = None) -> tuple[list[str], list[str]]:
     """Every problem of `tensors` against `steps` (missing, mis-shaped, wrong dtype, unused), and the keys
-    dropped on purpose. Nothing is read: headers only."""
+    dropped on purpose. Nothing is read: headers only.
+
+    `default_dtype`: the dtype every input must have where its rule names none (the bf16 checkpoint that
+    `convert_to_megatron` reads is bf16 throughout, except what a rule keeps in fp32): an fp16 or int32 tensor
+    there would otherwise pass straight into a mixed-dtype Megatron checkpoint (issue 16)."""
     problems: list[str] = []
     consumed: set[str] = set()
     for step in steps:
@@ -76,9 +81,10 @@ def check_source(steps: list[Step], tensors: Mapping[str, TensorMeta], *, side: 
             if meta.shape != shape:
                 problems.append(f"wrong shape {key!r}: the checkpoint has {list(meta.shape)}, the spec expects "
                                 f"{list(shape)} for this model (rule {step.rule})")
-            if step.dtype is not None and meta.dtype != DTYPES[step.dtype]:
-                problems.append(f"wrong dtype {key!r}: {_dtype(meta.dtype)}, the spec requires {step.dtype} "
-                                f"(rule {step.rule})")
+            required = step.dtype or default_dtype
+            if required is not None and meta.dtype != DTYPES[required]:
+                why = "the spec requires" if step.dtype else "a bf16 checkpoint has"
+                problems.append(f"wrong dtype {key!r}: {_dtype(meta.dtype)}, {why} {required} (rule {step.rule})")
         if len(dtypes) > 1:
             problems.append(f"mixed dtypes {sorted(_dtype(d) for d in dtypes)} in {_names(step.inputs)} "
                             f"(rule {step.rule}); concatenating them would silently promote")
@@ -150,8 +156,8 @@ def convert_to_megatron(src: Path, dst: Path, *, spec: str | Spec, model: ModelC
     `model` gives the shapes to expect (default: the spec's model); `flavor` picks local or Transformer-Engine
     names; `megatron_version` names the MTP inner layer. `skeleton`, a legacy checkpoint that Megatron itself
     saved for the target model, makes its key set, shapes, dtypes and `_extra_state` entries the contract
-    (Megatron reference §9.2) instead of the spec's own list. Raises `ConversionError` listing every problem;
-    then nothing is written.
+    (docs/megatron.md#target-key-set-from-megatron-itself) instead of the spec's own list. Raises `ConversionError`
+    listing every problem; then nothing is written.
     """
     start = time.perf_counter()
     src, dst = Path(src), Path(dst)
@@ -159,7 +165,8 @@ def convert_to_megatron(src: Path, dst: Path, *, spec: str | Spec, model: ModelC
     steps = steps_to_megatron(plan)
     header = f"conversion of {src} to Megatron with spec {spec_obj.name} ({flavor}) failed"
     with open_mindformers(src) as ckpt:
-        problems, dropped = check_source(steps, ckpt.tensors, side="MindFormers", dropped_on_purpose=_ignored(plan))
+        problems, dropped = check_source(steps, ckpt.tensors, side="MindFormers", dropped_on_purpose=_ignored(plan),
+                                         default_dtype="bfloat16")
         extra: dict[str, torch.Tensor | None] = dict.fromkeys(plan.extra_state)
         dtypes: dict[str, torch.dtype] = {}
         notes: list[str] = []

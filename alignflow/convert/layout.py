@@ -1,6 +1,6 @@
 """Checkpoint layouts and megatron-core versions as pure data: names, constants, parsers. Imports no torch.
 
-Shared by the converter (`megatron`, `mindformers`, `plan`) and the reference twins (the MindSpore twin runs
+Shared by the converter (`megatron`, `mindformers`, `plan`) and the twins (the MindSpore twin runs
 without torch), and by preflight: one parser of megatron-core versions, one set of file names per layout.
 """
 
@@ -15,13 +15,16 @@ from alignflow.errors import ConfigError
 
 TRACKER = "latest_checkpointed_iteration.txt"  # both layouts: names the iteration (or `release`, Megatron)
 
-# Megatron legacy (`--ckpt-format torch`, megatron reference §3).
-CHECKPOINT_VERSION = 3.0  # what megatron-core writes; a missing version triggers a legacy QKV "fix" (ref §3.3)
+# Megatron legacy (`--ckpt-format torch`, docs/megatron.md#legacy-checkpoint-layout).
+# what megatron-core writes; a missing version triggers a legacy QKV "fix"
+# (docs/megatron.md#what-the-loader-needs-under-finetune)
+CHECKPOINT_VERSION = 3.0
 MEGATRON_FILE_NAME = "model_optim_rng.pt"
 
-# MindFormers PyNative (mindformers reference §4).
+# MindFormers PyNative (docs/mindformers.md#checkpoint-layout).
 COMMON_JSON = "common.json"
-# The 7 keys of `CommonInfo`, in its field order; `load_common` raises TypeError on any other key (reference §4.3).
+# The 7 keys of `CommonInfo`, in its field order; `load_common` raises TypeError on any other key
+# (docs/mindformers.md#commonjson).
 COMMON_KEYS = ("epoch_num", "step_num", "global_step", "loss_scale", "global_batch_size", "consumed_samples",
                "ckpt_status")
 OPT_FILE = re.compile(r"^(?:.+-)?opt-\d+-\d+\.safetensors$")
@@ -45,7 +48,8 @@ def shard_file_name(prefix: str | None, kind: str, rank: int = 0, world: int = 1
 
 def model_file_name(prefix: str, rank: int = 0, world: int = 1) -> str:
     """`{prefix}-model-{rank:07d}-{world:07d}.safetensors`; never `model.safetensors`, which MindFormers would take
-    for a Hugging Face directory and load through its HF template path (reference §5)."""
+    for a Hugging Face directory and load through its HF template path
+    (docs/mindformers.md#loading-a-checkpoint-for-training)."""
     return shard_file_name(prefix, "model", rank, world)
 
 
@@ -62,7 +66,7 @@ class MegatronVersionError(ConfigError, ValueError):
     """A megatron-core version that is not `X.Y[.Z][suffix]`; a ConfigError and, for older callers, a ValueError."""
 
 
-# megatron-core renamed the MTP inner layer in core_v0.17.0 (Megatron reference §7.4): first version -> name.
+# megatron-core renamed the MTP inner layer in core_v0.17.0 (docs/megatron.md#mtp-layers): first version -> name.
 MTP_INNER_LAYER: tuple[tuple[tuple[int, int], str], ...] = (((0, 17), "mtp_model_layer"), ((0, 0), "transformer_layer"))
 # An optional `v`, `core_v` or `core_r` (git tags / release branches), X.Y, optional .Z, optional suffix (rc1, +sha).
 _VERSION = re.compile(r"^(?:core_[rv]|v)?(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?\w+)*$")

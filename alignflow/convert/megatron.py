@@ -1,7 +1,7 @@
 """Megatron legacy (`--ckpt-format torch`) checkpoints: write one, open one for reading.
 
-Layout (Megatron reference §3): `<dir>/latest_checkpointed_iteration.txt` holds N (or `release`), and
-`<dir>/iter_{N:07d}/mp_rank_00/model_optim_rng.pt` is `{'model': state_dict, 'checkpoint_version': 3.0,
+Layout (docs/megatron.md#legacy-checkpoint-layout): `<dir>/latest_checkpointed_iteration.txt` holds N (or `release`),
+and `<dir>/iter_{N:07d}/mp_rank_00/model_optim_rng.pt` is `{'model': state_dict, 'checkpoint_version': 3.0,
 'iteration': N}`: only tensors, None and Python primitives, so that `torch.load(weights_only=True)` (the torch
 >= 2.6 default that Megatron relies on) accepts it. Only TP = PP = EP = 1 (one `mp_rank_00` file) is handled:
 the alignment runs are single-card, and a sharded file holds module-local names that a spec cannot check.
@@ -127,7 +127,8 @@ def _resolve_file(src: Path, header: str) -> Path:
 
 def _load(file: Path) -> Any:
     """`torch.load(weights_only=True)`; Megatron's own files pickle `args` (an argparse Namespace with Megatron
-    enums), which only loads after `import megatron.core` registers its safe globals (reference §4)."""
+    enums), which only loads after `import megatron.core` registers its safe globals
+    (docs/megatron.md#weights_only-loading)."""
     try:
         return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
     except pickle.UnpicklingError:

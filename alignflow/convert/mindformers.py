@@ -1,8 +1,8 @@
 """MindFormers checkpoints: open one for streaming (PyNative layout, multi-rank shards, legacy `.ckpt`) and the
 names of the files a loadable MindFormers checkpoint must have.
 
-Layout (MindFormers reference §4): `<dir>/latest_checkpointed_iteration.txt` names `<dir>/iteration_%08d/`, which
-holds `{prefix}-model-{rank:07d}-{world:07d}.safetensors` (+ `-opt-` files), `common.json` and, for several
+Layout (docs/mindformers.md#checkpoint-layout): `<dir>/latest_checkpointed_iteration.txt` names `<dir>/iteration_%08d/`,
+which holds `{prefix}-model-{rank:07d}-{world:07d}.safetensors` (+ `-opt-` files), `common.json` and, for several
 ranks, `metadata.json`, whose chunks give each shard's `global_offset` in the full tensor. Opening a checkpoint
 reads only headers and JSON; `read(name)` assembles one full tensor at a time.
 """
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from alignflow.convert.layout import COMMON_JSON, COMMON_KEYS, OPT_FILE, TRACKER, iteration_dir_name
-from alignflow.convert.tensor_io import TensorMeta, read_layout, read_tensor
+from alignflow.convert.tensor_io import SafetensorsFileError, TensorMeta, read_layout, read_tensor
 from alignflow.errors import ConversionError
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,13 @@ class MindFormersCheckpoint:
         self._memory.clear()
 
     def read(self, name: str) -> torch.Tensor:
-        """The full tensor `name` (shards merged at their global offsets)."""
+        """The full tensor `name` (shards merged at their global offsets); `ConversionError` if it cannot be read."""
+        try:
+            return self._read(name)
+        except SafetensorsFileError as exc:
+            raise ConversionError([str(exc)], header=f"cannot read the MindFormers checkpoint {self.path}") from None
+
+    def _read(self, name: str) -> torch.Tensor:
         if name in self._memory:
             return self._memory[name]
         meta, chunks = self.tensors[name], self._chunks[name]
@@ -180,14 +186,17 @@ def _index_files(ckpt: MindFormersCheckpoint, files: list[Path], metadata: Path 
 def _layout(f: Path, problems: list[str]) -> dict[str, TensorMeta]:
     try:
         return read_layout(f)
-    except (OSError, ValueError, KeyError) as exc:
-        problems.append(f"{f}: unreadable safetensors header ({exc})")
-        return {}
+    except SafetensorsFileError as exc:
+        problems.append(str(exc))
+    except OSError as exc:
+        problems.append(f"{f}: cannot read: {exc.strerror or exc}")
+    return {}
 
 
 def _index_with_metadata(ckpt: MindFormersCheckpoint, layouts: dict[Path, dict[str, TensorMeta]], metadata: Path,
                          problems: list[str]) -> None:
-    """Build each tensor from the chunks of `metadata.json` (reference §4.2): shard id `str((name, offset))`."""
+    """Build each tensor from the chunks of `metadata.json` (docs/mindformers.md#metadatajson): shard id
+    `str((name, offset))`."""
     try:
         meta = json.loads(metadata.read_text(encoding="utf-8"))
         params: dict[str, Any] = meta["state_dict_metadata"]
@@ -260,7 +269,8 @@ def _tiling_problems(name: str, global_shape: tuple[int, ...], chunks: list[_Chu
 
 
 def _load_legacy_ckpt(ckpt: MindFormersCheckpoint, path: Path) -> None:
-    """A graph-mode `.ckpt` (reference §4.4) through MindSpore; it loads whole, so this path does not stream."""
+    """A graph-mode `.ckpt` (docs/mindformers.md#legacy-graph-checkpoint) through MindSpore; it loads whole, so this
+    path does not stream."""
     try:
         import mindspore
         import numpy as np

@@ -83,7 +83,8 @@ class Transpose:
 @dataclass(frozen=True, slots=True)
 class DeinterleaveRows:
     """`[g0, u0, g1, u1, ...]` -> `[g0, g1, ...; u0, u1, ...]` along `dim`: MindFormers PyNative SwiGLU `linear_fc1`
-    is row-interleaved, Megatron's is `[gate; up]` (seed 001 §6.2, seed 000 §3.4)."""
+    is row-interleaved, Megatron's is `[gate; up]` (docs/seeds.md#ffn-mapping-rules,
+    docs/seeds.md#glm-52-conversion-rules)."""
 
     dim: int = 0
 
@@ -215,7 +216,7 @@ class Unstack:
 
 @dataclass(frozen=True, slots=True)
 class Squeeze:
-    """Drop a size-1 dim (GDN `conv1d` `[C, 1, 1, K]` -> `[C, 1, K]`, seed 001 §6.1)."""
+    """Drop a size-1 dim (GDN `conv1d` `[C, 1, 1, K]` -> `[C, 1, K]`, docs/seeds.md#common-mapping-rules)."""
 
     dim: int
 

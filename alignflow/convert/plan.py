@@ -77,7 +77,7 @@ def _scopes(spec: Spec, model: ModelConfig, inner: str) -> Iterator[_Scope]:
         yield _Scope("layer_rules", f"decoder.layers.{i}.", f"decoder.layers.{i}.", i)
     for k in range(model.mtp.num_layers if model.mtp is not None else 0):
         yield _Scope("mtp_rules", f"mtp.layers.{k}.", f"mtp.layers.{k}.", None)
-        # Megatron builds the MTP inner layer from the last decoder layer's spec (Megatron reference §7.4).
+        # Megatron builds the MTP inner layer from the last decoder layer's spec (docs/megatron.md#mtp-layers).
         yield _Scope("layer_rules", f"mtp.layers.{k}.{spec.mindformers_mtp_layer}.", f"mtp.layers.{k}.{inner}.",
                      model.num_layers - 1)
 

@@ -17,6 +17,7 @@ than one handle, and faster than the pread backend, which copies every byte.
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from types import TracebackType
 from typing import Any, BinaryIO, Protocol
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 # torch dtype <-> safetensors dtype code (the codes of the format's specification).
 DTYPE_CODES: dict[torch.dtype, str] = {
@@ -160,31 +161,103 @@ class StreamingSafetensorsWriter:
         self.close()
 
 
+class SafetensorsFileError(ValueError):
+    """A safetensors file that cannot be read as one: which file, which tensor (if one is to blame), and why."""
+
+    def __init__(self, path: Path, reason: str, tensor: str | None = None) -> None:
+        self.path, self.reason, self.tensor = path, reason, tensor
+        where = f"{path}: tensor {tensor!r}" if tensor is not None else str(path)
+        super().__init__(f"{where}: {reason}")
+
+
 def read_tensor(path: Path, name: str) -> torch.Tensor:
-    """One tensor of a safetensors file, through a handle of its own (see the module docstring)."""
-    with safe_open(str(path), framework="pt") as handle:
-        tensor: torch.Tensor = handle.get_tensor(name)
+    """One tensor of a safetensors file, through a handle of its own (see the module docstring).
+
+    The safetensors library's own errors (a file truncated or rewritten since its header was checked) become
+    `SafetensorsFileError` naming the file and the tensor.
+    """
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            tensor: torch.Tensor = handle.get_tensor(name)
+    except (SafetensorError, OSError) as exc:
+        raise SafetensorsFileError(path, f"cannot be read ({exc})", name) from None
     return tensor
 
 
 def read_layout(path: Path) -> dict[str, TensorMeta]:
-    """Names, shapes and dtypes of a safetensors file, from its header only."""
+    """Names, shapes and dtypes of a safetensors file, from its header; the header is checked against the file.
+
+    What the safetensors library itself requires before it hands out a tensor (`Metadata::validate` in
+    https://github.com/huggingface/safetensors/blob/main/safetensors/src/tensor.rs): the header fits in the file,
+    every tensor's `data_offsets` span exactly its dtype x shape, and the tensors tile the byte buffer after the
+    header - no overlap, no hole, nothing missing at the end (a truncated file). Checked here, for every file,
+    before any tensor is read or anything written, so a damaged file is one `SafetensorsFileError` naming the
+    file, the tensor and the reason instead of a library traceback halfway through a conversion.
+    """
     with open(path, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
         head = fh.read(8)
         if len(head) != 8:
-            raise ValueError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+            raise SafetensorsFileError(path, f"not a safetensors file ({size} bytes, shorter than its 8-byte header "
+                                       "length)")
         (n,) = struct.unpack("<Q", head)
         if n > 100_000_000:
-            raise ValueError(f"{path}: not a safetensors file (header length {n})")
+            raise SafetensorsFileError(path, f"not a safetensors file (header length {n})")
+        if 8 + n > size:
+            raise SafetensorsFileError(path, f"truncated: the header is {n} bytes, the file has {size - 8} after "
+                                       "the header length")
         try:
             header = json.loads(fh.read(n))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path}: not a safetensors file ({exc})") from None
+            raise SafetensorsFileError(path, f"not a safetensors file ({exc})") from None
+    if not isinstance(header, dict):
+        raise SafetensorsFileError(path, "not a safetensors file (the header is not a JSON object)")
     out: dict[str, TensorMeta] = {}
+    spans: list[tuple[int, int, str]] = []
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        if entry["dtype"] not in CODE_DTYPES:
-            raise ValueError(f"{path}: tensor {name!r} has dtype {entry['dtype']}, which alignflow does not convert")
-        out[name] = TensorMeta(tuple(int(s) for s in entry["shape"]), CODE_DTYPES[entry["dtype"]])
+        meta, span = _entry(path, name, entry)
+        out[name] = meta
+        spans.append((*span, name))
+    _check_tiling(path, spans, size - 8 - n)
     return out
+
+
+def _entry(path: Path, name: str, entry: Any) -> tuple[TensorMeta, tuple[int, int]]:
+    """One header entry as (metadata, byte span), or `SafetensorsFileError` saying what is wrong with it."""
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= set(entry):
+        raise SafetensorsFileError(path, "header entry needs dtype, shape and data_offsets", name)
+    if entry["dtype"] not in CODE_DTYPES:
+        raise SafetensorsFileError(path, f"dtype {entry['dtype']}, which alignflow does not convert", name)
+    shape, offsets = entry["shape"], entry["data_offsets"]
+    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                              for s in shape):
+        raise SafetensorsFileError(path, f"shape {shape!r} is not a list of non-negative integers", name)
+    if not (isinstance(offsets, list) and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)):
+        raise SafetensorsFileError(path, f"data_offsets {offsets!r} is not [start, end]", name)
+    meta = TensorMeta(tuple(shape), CODE_DTYPES[entry["dtype"]])
+    start, end = offsets
+    if end - start != meta.nbytes:
+        raise SafetensorsFileError(path, f"data_offsets [{start}, {end}] span {end - start} bytes; {entry['dtype']} "
+                                   f"{shape} needs {meta.nbytes}", name)
+    return meta, (start, end)
+
+
+def _check_tiling(path: Path, spans: list[tuple[int, int, str]], buffer_bytes: int) -> None:
+    """The tensors' byte ranges must tile the buffer: in order, no overlap, no hole, ending at its end."""
+    for start, end, name in sorted(spans, key=lambda s: -s[1]):
+        if end > buffer_bytes:
+            raise SafetensorsFileError(path, f"data_offsets [{start}, {end}] run past the end of the file (the data "
+                                       f"after the header is {buffer_bytes} bytes: truncated?)", name)
+    at, previous = 0, None
+    for start, end, name in sorted(spans):
+        if start < at:
+            raise SafetensorsFileError(path, f"bytes [{start}, {min(end, at)}) are shared with tensor {previous!r} "
+                                       "(overlapping tensors)", name)
+        if start > at:
+            raise SafetensorsFileError(path, f"bytes [{at}, {start}) before it belong to no tensor", name)
+        at, previous = end, name
+    if at != buffer_bytes:
+        raise SafetensorsFileError(path, f"{buffer_bytes - at} bytes after the last tensor belong to no tensor")

@@ -12,6 +12,7 @@ other aux losses, `total_loss`, `grad_norm`, `lr`, `step_time_ms`, `consumed_sam
 (`first_interval="auto" | "deaverage" | "raw"`; `alignflow.logs.first_interval`).
 """
 
+from alignflow.logs.formats import FORMAT_NAMES, known_requirements
 from alignflow.logs.parse import FormatChoice, parse_log, parse_log_file
 from alignflow.logs.schema import (
     BOOKKEEPING_COLUMNS,
@@ -28,11 +29,13 @@ from alignflow.logs.schema import (
     is_cross_entropy,
     is_loss,
 )
-from alignflow.logs.sentinels import check_sentinels
+from alignflow.logs.sentinels import CHECKPOINT_LOADED, check_sentinels
 
 __all__ = [
     "BOOKKEEPING_COLUMNS",
+    "CHECKPOINT_LOADED",
     "FIRST_INTERVAL_CHOICES",
+    "FORMAT_NAMES",
     "FirstInterval",
     "FirstIntervalChoice",
     "FirstIntervalNote",
@@ -46,6 +49,7 @@ __all__ = [
     "column_order",
     "is_cross_entropy",
     "is_loss",
+    "known_requirements",
     "parse_log",
     "parse_log_file",
 ]

@@ -1,12 +1,14 @@
 """Megatron's first printed interval: recover per-iteration values from the line that averages it (core >= 0.16).
 
-Why (Megatron reference §2.1, "First iteration"): since megatron-core 0.16 `training_log` prints the first iteration
+Why (docs/megatron.md#first-iteration-and-interval-averaging, "First iteration"): since megatron-core 0.16
+`training_log` prints the first iteration
 of every process (`is_first_iteration`) but does not reset its accumulators after it (`should_reset = not
 is_first_iteration`). The process's next printed line, iteration k, therefore reports for every key of
 `total_loss_dict` (`lm loss`, each `mtp_k loss`, the MoE losses) the mean over its advanced iterations s..k, and its
 skipped / nan counters count iteration s again; `grad norm`, `learning rate` and `loss scale` are k's own. With
 `--log-interval 1` the iteration-2 line is the mean of iterations 1 and 2: compared as printed with the NPU's step 2
-it looks like a step-2 outlier (plausibly seed 001 §10.7) and moves ME(lm_loss) by ~3e-3 on the demo.
+it looks like a step-2 outlier (plausibly docs/seeds.md#step-2-outlier-after-the-first-adam-update) and moves
+ME(lm_loss) by ~3e-3 on the demo.
 megatron-core 0.8-0.15 printed iteration 1 only when `1 % log_interval == 0` and reset after every line;
 Megatron-Bridge's own loop prints on the interval only and resets.
 

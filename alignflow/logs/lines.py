@@ -12,6 +12,8 @@ from typing import Literal
 
 from alignflow.logs.schema import Resolution
 
+# The largest step number read (a frame index is int64; a longer number is a damaged line, not a step).
+MAX_STEP = 2**62
 # A printed number (fixed or scientific, nan/inf in any case), as both frameworks write them.
 NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf|NaN|Inf|NAN|INF)"
 

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Literal
 
 from alignflow.errors import LogParseError
-from alignflow.logs import megatron, mindformers
+from alignflow.logs.checks import near_misses
 from alignflow.logs.first_interval import ProcessStarts, deaverage
+from alignflow.logs.formats import BY_NAME, FORMAT_NAMES, FORMATS, all_markers, all_rules
 from alignflow.logs.lines import StepLine
 from alignflow.logs.schema import FIRST_INTERVAL_CHOICES, FirstIntervalChoice, LogFormat, ParsedLog, Sentinel
 from alignflow.logs.sentinels import SentinelScanner, clip_text
@@ -28,15 +29,14 @@ from alignflow.logs.steps import StepRecords
 
 log = logging.getLogger(__name__)
 
-FormatChoice = Literal["auto", "mindformers", "megatron"]
-_FORMATS: tuple[LogFormat, ...] = ("mindformers", "megatron")
-_OTHER: dict[str, LogFormat] = {"mindformers": "megatron", "megatron": "mindformers"}
-_PRECHECK = {"mindformers": mindformers.is_step_line, "megatron": megatron.is_step_line}
+FormatChoice = Literal["auto", "mindformers", "megatron", "nemo"]
 # The printed resolution of each column is read from the first RESOLUTION_SAMPLE step lines and every
 # RESOLUTION_SAMPLE-th after: formats are fixed per framework version, and this keeps a 100k-step parse fast
 # while still catching a run appended by another version.
 RESOLUTION_SAMPLE = 50
 _RANK = re.compile(r"^(?:\[[A-Za-z_]*(\d+)\]:|\s*(\d+): )")
+# ANSI colour / cursor sequences (coloured loggers, `tee` of a terminal session): removed before reading.
+_ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 
 
 class _Bad:
@@ -62,21 +62,21 @@ def parse_log(
     Raises `LogParseError` when the log has no step lines (for the chosen rank), when it mixes both frameworks'
     step lines under `fmt="auto"`, or when `rank` names a rank that printed no step lines.
     """
-    if fmt not in ("auto", "mindformers", "megatron"):
-        raise LogParseError(f"unknown log format {fmt!r}; use auto, mindformers or megatron", source=source)
+    if fmt != "auto" and fmt not in BY_NAME:
+        raise LogParseError(f"unknown log format {fmt!r}; use auto, {', '.join(FORMAT_NAMES)}", source=source)
     if first_interval not in FIRST_INTERVAL_CHOICES:
         raise LogParseError(f"unknown first_interval {first_interval!r}; use {', '.join(FIRST_INTERVAL_CHOICES)}",
                             source=source)
-    scanner = SentinelScanner(
-        (*mindformers.RULES, *megatron.RULES), (*mindformers.MARKERS, *megatron.MARKERS))
-    steps: dict[LogFormat, dict[int | None, StepRecords]] = {"mindformers": {}, "megatron": {}}
-    bad: dict[LogFormat, list[_Bad]] = {"mindformers": [], "megatron": []}
+    where = source or "log"
+    specs = FORMATS if fmt == "auto" else (BY_NAME[fmt],)
+    others = () if fmt == "auto" else tuple(spec for spec in FORMATS if spec.name != fmt)
+    scanner = SentinelScanner(all_rules(), all_markers())
+    steps: dict[LogFormat, dict[int | None, StepRecords]] = {spec.name: {} for spec in FORMATS}
+    bad: dict[LogFormat, list[_Bad]] = {spec.name: [] for spec in FORMATS}
     not_last_stage: dict[int | None, int] = {}
-    check_mf = fmt in ("auto", "mindformers")
-    check_mg = fmt in ("auto", "megatron")
     line_no = 0
     n_step_lines = 0
-    other_format_lines = 0  # step lines of the framework not asked for (only counted for the error message)
+    other_format_lines: dict[str, int] = {}  # step lines of formats not asked for (for the error message)
     newline_seen = False
     last_had_newline = True
     last_step_text = ""
@@ -84,23 +84,32 @@ def parse_log(
         last_had_newline = raw.endswith("\n")
         newline_seen = newline_seen or last_had_newline
         text = raw.rstrip("\r\n")
+        if "\x1b" in text:
+            text = _ANSI.sub("", text)
         prefix = _RANK.match(text)
         r: int | None = None
         if prefix is not None:
             r = int(prefix.group(1) or prefix.group(2))
             text = text[prefix.end():]
         with_resolution = n_step_lines < RESOLUTION_SAMPLE or n_step_lines % RESOLUTION_SAMPLE == 0
-        which: LogFormat
+        which: LogFormat = "megatron"
         rec: StepLine | str | None = None
-        if check_mf and mindformers.is_step_line(text):
-            which, rec = "mindformers", mindformers.parse_step(text, with_resolution=with_resolution)
-        elif check_mg and megatron.may_be_step_line(text):
-            which, rec = "megatron", megatron.parse_step(text, with_resolution=with_resolution)
-        if rec is None:
-            if fmt != "auto" and _PRECHECK[_OTHER[fmt]](text):
-                other_format_lines += 1
-            scanner.feed(line_no, text, r)
-            continue
+        try:
+            for spec in specs:
+                if spec.is_step_line(text):
+                    rec = spec.parse_step(text, with_resolution)
+                    if rec is not None:
+                        which = spec.name
+                        break
+            if rec is None:
+                for other in others:
+                    if other.is_step_line(text) and other.parse_step(text, False) is not None:
+                        other_format_lines[other.name] = other_format_lines.get(other.name, 0) + 1
+                scanner.feed(line_no, text, r)
+                continue
+        except Exception as exc:  # a defect of this parser, never the log's fault: still no traceback
+            raise LogParseError(f"internal parser error on this line ({type(exc).__name__}: {exc}); please report "
+                                "it with the line", source=where, line=line_no) from exc
         n_step_lines += 1
         if isinstance(rec, str):
             bad[which].append(_Bad(line_no, text, r, rec))
@@ -111,15 +120,15 @@ def parse_log(
         last_step_text = text
         group = steps[which].get(r)
         if group is None:
-            group = steps[which][r] = StepRecords()
+            group = steps[which][r] = StepRecords(BY_NAME[which].loss_columns)
         group.add(line_no, rec, text)
     scanner.finish()
-    where = source or "log"
     fatal = [x for x in scanner.sentinels if x.fatal]
     hint = ""
     if fatal:
         hint = "; fatal line(s) found: " + "; ".join(f"{x.line_no}: {x.text}" for x in fatal[:3])
     chosen = _choose_format(fmt, steps, bad, where, hint, bool(not_last_stage), other_format_lines)
+    spec = BY_NAME[chosen]
     by_rank = steps[chosen]
     rank_used = _choose_rank(by_rank, rank, not_last_stage, where, chosen, hint)
     records = by_rank[rank_used] if rank_used in by_rank else StepRecords()
@@ -128,7 +137,7 @@ def parse_log(
     # does not end like a whole line (`]` of global_norm, `T` of throughput) is left out.
     sentinels = list(scanner.sentinels)
     if (newline_seen and not last_had_newline and len(records) and records.line_nos[-1] == line_no
-            and not last_step_text.rstrip().endswith(("]", "T", "}", "|"))):
+            and chosen != "nemo" and not last_step_text.rstrip().endswith(("]", "T", "}", "|"))):
         sentinels.append(Sentinel(records.pop(), clip_text(last_step_text), "truncated_step_line", False,
                                   "the last line has no line end (log still being written?): ignored", rank_used))
     if not len(records):
@@ -140,8 +149,9 @@ def parse_log(
         starts = ProcessStarts.from_lines(scanner.occurrences,
                                           ((b.line_no, b.text) for b in bad[chosen] if b.rank == rank_used))
         outcome = deaverage(records, starts, mode=first_interval, rank=rank_used)
-    built = records.build(rank_used)
+    built = records.build(rank_used, spec)
     sentinels += built.sentinels
+    sentinels += near_misses(built.frame, built.line_numbers, spec, rank_used)
     if outcome is not None:
         outcome = outcome.kept(built.line_numbers.tolist())
         sentinels += outcome.warnings
@@ -157,7 +167,7 @@ def parse_log(
         sentinels=tuple(sentinels), repeated_steps=tuple(built.repeated_steps), restarts=tuple(built.restarts),
         line_numbers=built.line_numbers, source=source, rank=rank_used, ranks=tuple(ranks),
         max_steps=built.max_steps, markers=dict(scanner.markers), lines_read=line_no,
-        first_interval=outcome.note if outcome is not None else None,
+        first_interval=outcome.note if outcome is not None else None, gaps=built.gaps,
     )
     log.debug("%s", parsed.summary())
     return parsed
@@ -180,26 +190,31 @@ def parse_log_file(path: str | Path, **kwargs: object) -> ParsedLog:
 
 def _choose_format(
     fmt: FormatChoice, steps: dict[LogFormat, dict[int | None, StepRecords]],
-    bad: dict[LogFormat, list[_Bad]], where: str, fatal_hint: str, mf_not_last_stage: bool, other_lines: int,
+    bad: dict[LogFormat, list[_Bad]], where: str, fatal_hint: str, mf_not_last_stage: bool,
+    other_lines: dict[str, int],
 ) -> LogFormat:
     # Lines of a non-last MindFormers pipeline stage (`loss: N/A`) identify the format even though they are dropped.
-    found = [k for k in _FORMATS if steps[k] or (k == "mindformers" and mf_not_last_stage)]
+    found = [spec.name for spec in FORMATS if steps[spec.name] or (spec.name == "mindformers" and mf_not_last_stage)]
     if fmt != "auto":
         if fmt in found:
             return fmt
-        other = _OTHER[fmt]
-        hint = f"; it has {other_lines} {other} step line(s): use format auto or {other}" if other_lines else ""
-        raise LogParseError(f"no {fmt} step lines{_bad_hint(bad[fmt])}{hint}{fatal_hint}", source=where)
+        hint = "".join(f"; it has {n} {other} step line(s): use format auto or {other}"
+                       for other, n in other_lines.items())
+        first_bad = bad[fmt][0].line_no if bad[fmt] else None
+        raise LogParseError(f"no {fmt} step lines{_bad_hint(bad[fmt])}{hint}{fatal_hint}", source=where,
+                            line=first_bad)
     if not found:
-        anchors = bad["mindformers"] or bad["megatron"]
+        anchors = next((b for b in bad.values() if b), [])
         raise LogParseError(
-            f"no step lines (neither MindFormers `{{ step:[` / `{{ Epoch:[` nor Megatron `iteration N/M |`)"
-            f"{_bad_hint(anchors)}; is this the last pipeline stage's training log?{fatal_hint}", source=where)
-    if len(found) == 2:
+            f"no step lines (neither MindFormers `{{ step:[` / `{{ Epoch:[` / `Epoch:[..], loss:`, Megatron "
+            f"`iteration N/M |` nor NeMo 2 `Training epoch E, iteration N/M |`){_bad_hint(anchors)}; is this the "
+            f"last pipeline stage's training log?{fatal_hint}", source=where,
+            line=anchors[0].line_no if anchors else None)
+    if len(found) > 1:
         first = {k: min((group.line_nos[0] for group in steps[k].values()), default=0) for k in found}
-        raise LogParseError(
-            f"both MindFormers (first at line {first['mindformers']}) and Megatron (first at line "
-            f"{first['megatron']}) step lines; choose one with format mindformers or megatron", source=where)
+        each = [f"{BY_NAME[k].label} (first at line {first[k]})" for k in found]
+        which = f"both {each[0]} and {each[1]}" if len(each) == 2 else ", ".join(each[:-1]) + f" and {each[-1]}"
+        raise LogParseError(f"{which} step lines; choose one with format {' or '.join(found)}", source=where)
     return found[0]
 
 

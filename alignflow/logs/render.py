@@ -1,10 +1,10 @@
-"""The frameworks' own step-line format strings, for writers: the reference twin, tests and benchmarks.
+"""The frameworks' own step-line format strings, for writers: the twin, tests and benchmarks.
 
 Every line here is produced with the exact format strings of MindFormers 2.1.0 (`LossCallback._print_log`,
-`MFLossMonitor`, `tools/logger.py`) and Megatron-LM `training_log()` as recorded in the references (MindFormers
-§2.1-2.3, Megatron §2.1). So the twin's logs are byte-for-byte the shape production logs have, and the parsers
-are tested on the formats they meet, not on a paraphrase. Pure: the clock is an argument. MindFormers' legacy
-callback uses %-formatting; those strings are kept verbatim (hence the `noqa: UP031`).
+`MFLossMonitor`, `tools/logger.py`) and Megatron-LM `training_log()` as recorded in docs/mindformers.md#log-lines
+and docs/megatron.md#the-training_log-line. So the twin's logs are byte-for-byte the shape production logs have, and
+the parsers are tested on the formats they meet, not on a paraphrase. Pure: the clock is an argument. MindFormers'
+legacy callback uses %-formatting; those strings are kept verbatim (hence the `noqa: UP031`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import numpy as np
 
 MindFormersPrefix = Literal["stdout", "info", "none"]
 FIXED_TIME = datetime(2026, 8, 20, 10, 15, 2, 118000)
-# `%(name)s` of the MindFormers logger is "mindformers" + the absolute log directory (reference §2.1).
+# `%(name)s` of the MindFormers logger is "mindformers" + the absolute log directory
+# (docs/mindformers.md#logger-prefix).
 DEFAULT_LOGGER_NAME = "mindformers/data/run01/output/log"
 PYNATIVE_FILE = ("mindformers/pynative/callback/loss_callback.py", 337, "_print_log")
 LEGACY_FILE = ("mindformers/core/callback/callback.py", 747, "print_output_info")

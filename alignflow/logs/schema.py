@@ -3,20 +3,22 @@
 Both frameworks' parsers normalise to one schema so that everything downstream (comparison, report, store)
 speaks one language: `lm_loss` is the language-model cross entropy on both sides (MindFormers PyNative `loss`,
 legacy `lm_loss`, Megatron `lm loss`), `mtp_<k>_loss` the raw depth-k MTP loss, `grad_norm` the pre-clip
-global norm, `lr` the printed learning rate (MindFormers reference §3, Megatron reference §2.4).
+global norm, `lr` the printed learning rate (docs/mindformers.md#what-each-logged-number-means,
+docs/megatron.md#loss-semantics).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     import pandas as pd
 
-LogFormat = Literal["mindformers", "megatron"]
+LogFormat = Literal["mindformers", "megatron", "nemo"]
 # What to do with Megatron's first printed interval (alignflow.logs.first_interval): decide from the log's evidence,
 # always undo the averaging, or leave every value as printed.
 FirstIntervalChoice = Literal["auto", "deaverage", "raw"]
@@ -32,10 +34,14 @@ TRAILING_COLUMNS: tuple[str, ...] = (
 BOOKKEEPING_COLUMNS: frozenset[str] = frozenset({
     "step_time_ms", "throughput_tflops", "consumed_samples", "skipped_samples", "global_batch_size", "skipped",
     "nan_iterations", "overflow", "loss_scale", "num_zeros", "energy_j_per_iter", "power_w", "max_steps",
+    # Megatron-DeepSpeed, ms-swift and NeMo 2 speed / progress fields
+    "consumed_tokens", "actual_seqlen", "curriculum_seqlen", "random_ltd_reserved_length", "samples_per_second",
+    "tokens_per_gpu_per_second", "memory_gib", "global_step", "max_memory_reserved", "max_memory_allocated",
 })
 # Integer-valued columns (nullable Int64 in the frame, ints in JSON).
 INTEGER_COLUMNS: frozenset[str] = frozenset({
     "consumed_samples", "skipped_samples", "global_batch_size", "skipped", "nan_iterations", "num_zeros",
+    "consumed_tokens", "actual_seqlen", "curriculum_seqlen", "global_step",
 })
 # Cross-entropy losses: perplexity = exp(loss) is meaningful for these (aux losses are not log-likelihoods).
 _CE_LOSS = re.compile(r"^(?:lm_loss|mtp_\d+_loss)$")
@@ -47,8 +53,9 @@ def is_cross_entropy(column: str) -> bool:
 
 
 def is_loss(column: str) -> bool:
-    """True for every loss column (a NaN or inf in one of them invalidates the step)."""
-    return column.endswith("_loss") or column == "mtp_loss_scaled_sum"
+    """True for every loss column (a NaN or inf in one of them invalidates the step); `loss` is the plain loss
+    key some Megatron-based trainers print instead of `lm loss` (ms-swift's RLHF trainers)."""
+    return column.endswith("_loss") or column in ("loss", "mtp_loss_scaled_sum")
 
 
 def column_order(columns: list[str]) -> list[str]:
@@ -115,10 +122,20 @@ class Sentinel:
     fatal: bool
     message: str = ""
     rank: int | None = None
+    # Steps whose values this sentinel takes out of every statistic (a skipped step printing `loss: 0.000`).
+    exclude_steps: tuple[int, ...] = ()
+    # A requirement (`check_sentinels(require=...)`, `--require`) under which a non-fatal sentinel is fatal:
+    # "will not load any checkpoints" is how a from-scratch run starts, and fatal only when a checkpoint is required.
+    fatal_when: str | None = None
+
+    def fatal_under(self, require: Collection[str]) -> bool:
+        """Whether this sentinel invalidates the run when the caller requires `require`."""
+        return self.fatal or (self.fatal_when is not None and self.fatal_when in require)
 
     def to_json(self) -> dict[str, object]:
         return {"line": self.line_no, "kind": self.kind, "fatal": self.fatal, "message": self.message,
-                "text": self.text, "rank": self.rank}
+                "text": self.text, "rank": self.rank, "exclude_steps": list(self.exclude_steps),
+                "fatal_when": self.fatal_when}
 
     def describe(self, source: str = "") -> str:
         where = f"{source}:{self.line_no}" if source else f"line {self.line_no}"
@@ -231,6 +248,12 @@ class ParsedLog:
     markers: dict[str, int] = field(default_factory=dict)
     lines_read: int = 0
     first_interval: FirstIntervalNote | None = None
+    gaps: tuple[tuple[int, int], ...] = ()  # (first, last) of each run of steps missing inside the log
+
+    @property
+    def excluded_steps(self) -> dict[int, str]:
+        """Steps left out of every statistic, each with the sentinel kind that excluded it."""
+        return {step: s.kind for s in self.sentinels for step in s.exclude_steps}
 
     @property
     def steps(self) -> list[int]:
@@ -242,7 +265,16 @@ class ParsedLog:
 
     @property
     def fatal_sentinels(self) -> tuple[Sentinel, ...]:
+        """The sentinels that invalidate the run whatever the caller requires (see `fatal_under`)."""
         return tuple(s for s in self.sentinels if s.fatal)
+
+    def fatal_under(self, require: Collection[str] = ()) -> tuple[Sentinel, ...]:
+        """The sentinels that invalidate the run when the caller requires `require` (e.g. `checkpoint_loaded`)."""
+        return tuple(s for s in self.sentinels if s.fatal_under(require))
+
+    def missing(self, require: Collection[str] = ()) -> tuple[str, ...]:
+        """The required markers (expected lines) this log never printed."""
+        return tuple(name for name in require if name not in self.markers)
 
     def summary(self) -> str:
         """One line for logs and CLIs: format, steps, columns, sentinels."""
@@ -253,5 +285,8 @@ class ParsedLog:
         rank = f", rank {self.rank}" if self.rank is not None else ""
         fixed = self.first_interval.corrected_steps if self.first_interval else ()
         deaveraged = f"; de-averaged step(s): {', '.join(map(str, fixed))}" if fixed else ""
+        excluded = len(self.excluded_steps)
+        deaveraged += f"; {excluded} step(s) left out of the statistics" if excluded else ""
+        deaveraged += f"; {len(self.gaps)} gap(s) inside the log" if self.gaps else ""
         return (f"{self.source or '<lines>'}: {self.fmt} ({self.variant}{rank}), {n} step(s), {span}{of}; "
                 f"columns: {', '.join(self.columns)}; sentinels: {len(self.sentinels)} ({fatal} fatal){deaveraged}")

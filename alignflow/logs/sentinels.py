@@ -2,10 +2,15 @@
 
 Why this exists: both frameworks report several failed checkpoint loads as success. Megatron falls back to a
 non-strict load and prints only `load_return: None`; a missing tracker, an unreadable `.pt` or
-`--exit-on-missing-checkpoint` all exit with code 0 (Megatron reference §5-§6). MindFormers trains from random
-weights after `Skipping checkpoint loading` (MindFormers reference §5). The only evidence is in the log, so the
+`--exit-on-missing-checkpoint` all exit with code 0 (docs/megatron.md#log-sentinels). MindFormers trains from random
+weights after `Skipping checkpoint loading` (docs/mindformers.md#loading-a-checkpoint-for-training). The only evidence
+is in the log, so the
 rules below are data, one table per framework, scanned over every non-step line; values (NaN/inf losses, a
-nonzero `number of nan iterations`) are checked on the parsed steps.
+nonzero `number of nan iterations`, a loss left out of a line) are checked on the parsed steps.
+
+A rule may be fatal only under a requirement (`fatal_when`: a from-scratch run is fine unless the caller
+requires a loaded checkpoint), take the step it names out of the statistics (`step_group`: MindFormers'
+skipped-data steps), or report a running count only when it grows (`counter_group`: DeepSpeed's `skipped=N`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from alignflow.logs.schema import ParsedLog, Sentinel
 MAX_TEXT = 400
 # How many fatal lines a SentinelError message spells out before summarising the rest.
 MAX_LISTED = 200
+# The requirement a pipeline training sets: a checkpoint was loaded (its marker, and the rules it makes fatal).
+CHECKPOINT_LOADED = "checkpoint_loaded"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +42,9 @@ class LineRule:
     when: Callable[[re.Match[str]], bool] | None = None
     lists_names: bool = False  # the offending names follow on `  - <name>` lines
     benign_names: frozenset[str] = frozenset()  # listed names ending in one of these do not make it fatal
+    fatal_when: str | None = None  # a requirement (`checkpoint_loaded`) under which a non-fatal rule is fatal
+    step_group: int | None = None  # the pattern group holding the step this line takes out of the statistics
+    counter_group: int | None = None  # the pattern group holding a running count: reported only when it grows
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +73,7 @@ class SentinelScanner:
         self.markers: dict[str, int] = {}
         self.occurrences: dict[str, list[tuple[int, str]]] = {}
         self._listing: tuple[LineRule, int, str, int | None, list[str]] | None = None
+        self._counts: dict[tuple[str, int | None], int] = {}
 
     def feed(self, line_no: int, text: str, rank: int | None) -> None:
         if self._listing is not None:
@@ -74,6 +85,7 @@ class SentinelScanner:
         for rule in self._rules:
             if rule.needle not in text:
                 continue
+            m = None
             if rule.pattern is not None:
                 m = rule.pattern.search(text)
                 if m is None or (rule.when is not None and not rule.when(m)):
@@ -81,7 +93,18 @@ class SentinelScanner:
             if rule.lists_names:
                 self._listing = (rule, line_no, text, rank, [])
                 return
-            self.sentinels.append(Sentinel(line_no, clip_text(text), rule.kind, rule.fatal, rule.message, rank))
+            message = rule.message
+            steps: tuple[int, ...] = ()
+            if m is not None and rule.counter_group is not None:
+                count, key = int(m.group(rule.counter_group)), (rule.kind, rank)
+                if count <= self._counts.get(key, 0):
+                    return
+                message = f"{message}: {count} (was {self._counts.get(key, 0)})"
+                self._counts[key] = count
+            if m is not None and rule.step_group is not None:
+                steps = (int(m.group(rule.step_group)),)
+            self.sentinels.append(Sentinel(line_no, clip_text(text), rule.kind, rule.fatal, message, rank,
+                                           exclude_steps=steps, fatal_when=rule.fatal_when))
             return
         for marker in self._markers:
             if marker.every:
@@ -104,7 +127,8 @@ class SentinelScanner:
         message = rule.message + (f": {shown}" if names else "")
         if benign:
             message += " (only per-step counters: harmless)"
-        self.sentinels.append(Sentinel(line_no, clip_text(text), rule.kind, rule.fatal and not benign, message, rank))
+        self.sentinels.append(Sentinel(line_no, clip_text(text), rule.kind, rule.fatal and not benign, message, rank,
+                                       fatal_when=rule.fatal_when))
 
 
 def clip_text(text: str) -> str:
@@ -116,11 +140,15 @@ def clip_text(text: str) -> str:
 def check_sentinels(parsed: ParsedLog, *, require: Iterable[str] = ()) -> None:
     """Raise `SentinelError` listing each fatal sentinel line of `parsed` (and each required marker not seen).
 
-    `require` names markers that must be present, e.g. `("checkpoint_loaded",)` for a Megatron run started with
-    `--load`: a load that never reported success is as invalid as one that reported failure.
+    `require` names what the caller requires of the run, each a marker that must be present. `CHECKPOINT_LOADED`
+    (`require=(CHECKPOINT_LOADED,)`, what a pipeline training asks) also makes the "started from random weights"
+    lines fatal (Megatron's `will not load any checkpoints`, MindFormers' `Skipping checkpoint loading`): a load
+    that never reported success is as invalid as one that reported failure. Without it those lines are warnings,
+    since that is how a from-scratch run starts.
     """
-    fatal = list(parsed.fatal_sentinels)
-    missing = [name for name in require if name not in parsed.markers]
+    require = tuple(require)
+    fatal = list(parsed.fatal_under(require))
+    missing = list(parsed.missing(require))
     if not fatal and not missing:
         return
     where = parsed.source or "log"

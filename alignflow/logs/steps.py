@@ -10,6 +10,7 @@ so holding 100,000 steps costs no garbage-collection passes; de-duplication runs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -19,6 +20,9 @@ from alignflow.logs.lines import Stamp, StepLine
 from alignflow.logs.schema import INTEGER_COLUMNS, Resolution, Restart, Sentinel, column_order, is_loss
 from alignflow.logs.sentinels import clip_text
 
+if TYPE_CHECKING:
+    from alignflow.logs.formats import LogFormatSpec
+
 # Per-step counters that flag a step: (column, sentinel kind, fatal, message with the count).
 COUNTER_RULES: tuple[tuple[str, str, bool, str], ...] = (
     ("nan_iterations", "nan_iterations", True, "number of nan iterations: {}"),
@@ -26,6 +30,8 @@ COUNTER_RULES: tuple[tuple[str, str, bool, str], ...] = (
     ("overflow", "overflow", False, "overflow cond: True (loss-scale overflow, update skipped)"),
 )
 _COUNTER_COLUMNS = tuple(rule[0] for rule in COUNTER_RULES)
+# Gaps inside a log reported one by one before a summary.
+MAX_GAPS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,14 +55,17 @@ class BuiltSteps:
     restarts: list[Restart]
     variant: str
     max_steps: int | None
+    gaps: tuple[tuple[int, int], ...] = ()
 
 
 class StepRecords:
     """Step lines of one (format, rank) in file order."""
 
-    __slots__ = ("flags", "line_nos", "max_steps", "resolution", "rows", "stamps", "steps", "variants")
+    __slots__ = ("flags", "line_nos", "loss_columns", "max_steps", "resolution", "rows", "stamps", "steps",
+                 "variants")
 
-    def __init__(self) -> None:
+    def __init__(self, loss_columns: tuple[str, ...] = ()) -> None:
+        self.loss_columns = loss_columns  # a line printing none of these is kept aside (`missing_loss`)
         self.steps: list[int] = []
         self.line_nos: list[int] = []
         self.rows: list[dict[str, float]] = []
@@ -81,7 +90,9 @@ class StepRecords:
         if rec.resolutions:
             for column, res in rec.resolutions.items():
                 self.resolution[column] = res.coarser(self.resolution.get(column))
-        if rec.non_finite or rec.unreadable or _counted(rec.values):
+        values = rec.values
+        if rec.non_finite or rec.unreadable or _counted(values) or (
+                self.loss_columns and not any(c in values for c in self.loss_columns)):
             self.flags[index] = _Flag(text, tuple(rec.non_finite or ()), tuple(rec.unreadable or ()))
 
     def pop(self) -> int:
@@ -104,7 +115,7 @@ class StepRecords:
         return Sentinel(line_no, clip_text(text), "malformed_step_line", True,
                         f"unreadable step line in the middle of the run: {reason}", rank)
 
-    def build(self, rank: int | None) -> BuiltSteps:
+    def build(self, rank: int | None, spec: LogFormatSpec) -> BuiltSteps:
         steps = np.asarray(self.steps, dtype=np.int64)
         line_nos = np.asarray(self.line_nos, dtype=np.int64)
         unique, first_in_reversed, counts = np.unique(steps[::-1], return_index=True, return_counts=True)
@@ -113,30 +124,40 @@ class StepRecords:
         restarts = [Restart(int(line_nos[i]), int(steps[i - 1]), int(steps[i])) for i in back]
         rows = self.rows
         frame = pd.DataFrame.from_records([rows[i] for i in kept], index=pd.Index(unique, name="step"))
-        unreported = _grad_norm_not_reported(frame)
-        sentinels = self._sentinels(kept, rank, ignore={"grad_norm"} if unreported else set())
+        unreported = spec.nan_grad_norm_unreported and _grad_norm_not_reported(frame)
+        interval = log_interval(unique)
+        sentinels = self._sentinels(kept, rank, ignore={"grad_norm"} if unreported else set(), interval=interval,
+                                    skip_column=spec.skip_column)
         if unreported:
             frame.drop(columns="grad_norm", inplace=True)
             sentinels.append(Sentinel(int(line_nos[kept[0]]), "", "grad_norm_not_reported", False,
                                       "grad_norm is NaN on every step: the norm was not computed; column dropped"))
+        excluded = {step for s in sentinels for step in s.exclude_steps}
+        sentinels += self._missing_loss(kept, rank, spec.loss_columns, excluded)
+        gaps = find_gaps(unique, interval)
+        sentinels += gap_sentinels(gaps, unique, line_nos[kept], interval, rank)
         frame = frame[column_order(list(frame.columns))]
-        for col in INTEGER_COLUMNS & set(frame.columns):
-            values = frame[col]
-            if values.dropna().mod(1).eq(0).all():
-                frame[col] = values.astype("Int64")
+        for col in INTEGER_COLUMNS & set(frame.columns):  # numpy, not pandas ops: this runs on every parse
+            values = frame[col].to_numpy(dtype=float, na_value=np.nan)
+            missing = np.isnan(values)
+            known = values[~missing]
+            if np.all(np.abs(known) < 2.0**53) and np.all(known == np.floor(known)):  # (inf, nan fail the first)
+                frame[col] = pd.arrays.IntegerArray(np.where(missing, 0, values).astype(np.int64), missing)
         return BuiltSteps(
             frame=frame, line_numbers=pd.Series(line_nos[kept], index=frame.index, name="line"),
             resolution=dict(self.resolution), sentinels=sentinels,
             repeated_steps=[int(s) for s in unique[counts > 1]], restarts=restarts,
-            variant="+".join(sorted(self.variants)), max_steps=self.max_steps,
+            variant="+".join(sorted(self.variants)), max_steps=self.max_steps, gaps=gaps,
         )
 
-    def _sentinels(self, kept: npt.NDArray[np.int64], rank: int | None, *, ignore: set[str]) -> list[Sentinel]:
+    def _sentinels(self, kept: npt.NDArray[np.int64], rank: int | None, *, ignore: set[str], interval: int,
+                   skip_column: str | None) -> list[Sentinel]:
         """Value sentinels of the kept steps only (a NaN before a restart was recovered from); a column in
-        `ignore` is not a divergence when it is not finite."""
+        `ignore` is not a divergence when it is not finite. A step whose `skip_column` counts every iteration of
+        its interval as skipped printed no real loss (Megatron: `0` or none): it is left out of the statistics."""
         out: list[Sentinel] = []
-        keep = set(kept.tolist())
-        for index in sorted(i for i in self.flags if i in keep):
+        position = {int(i): n for n, i in enumerate(kept.tolist())}
+        for index in sorted(i for i in self.flags if i in position):
             flag, line_no, values = self.flags[index], self.line_nos[index], self.rows[index]
             text = clip_text(flag.text)
             bad = [c for c in flag.non_finite if (is_loss(c) or c == "grad_norm") and c not in ignore]
@@ -148,8 +169,87 @@ class StepRecords:
             for col, kind, fatal, message in COUNTER_RULES:
                 count = values.get(col, 0.0)
                 if count > 0:
-                    out.append(Sentinel(line_no, text, kind, fatal, message.format(int(count)), rank))
+                    text_of = message.format(int(count) if count < 2**53 else count)
+                    exclude: tuple[int, ...] = ()
+                    if col == skip_column:
+                        n = position[index]
+                        step = self.steps[index]
+                        span = step - self.steps[int(kept[n - 1])] if n > 0 else min(step, interval)
+                        if count >= span:
+                            exclude = (step,)
+                            text_of += "; every iteration of the interval skipped: no loss, left out of the statistics"
+                    out.append(Sentinel(line_no, text, kind, fatal, text_of, rank, exclude_steps=exclude))
         return out
+
+    def _missing_loss(self, kept: npt.NDArray[np.int64], rank: int | None, loss_columns: tuple[str, ...],
+                      excluded: set[int]) -> list[Sentinel]:
+        """A step line without the format's loss (Megatron leaves a NaN or non-positive loss out of its line, and
+        `number of nan iterations` can stay 0): fatal, naming the steps, unless the line says why (nan iterations
+        counted, or every iteration of its interval skipped)."""
+        if not loss_columns:
+            return []
+        rows = self.rows
+        kept_rows = [rows[i] for i in kept.tolist()]
+        column = next((c for c in loss_columns if any(c in row for row in kept_rows)), None)
+        missing = [int(i) for i, row in zip(kept.tolist(), kept_rows, strict=True)
+                   if (column is None or column not in row) and not row.get("nan_iterations", 0.0) > 0
+                   and self.steps[i] not in excluded]
+        if not missing:
+            return []
+        first = missing[0]
+        flag = self.flags.get(first)
+        name = " or ".join(loss_columns) if column is None else column
+        where = "any step line" if len(missing) == len(kept_rows) else f"{len(missing)} step line(s)"
+        return [Sentinel(self.line_nos[first], clip_text(flag.text if flag else ""), "missing_loss", True,
+                         f"no {name} on {where}: steps {step_ranges([self.steps[i] for i in missing])} (the "
+                         "framework leaves a NaN loss out of its line: a diverged run)", rank)]
+
+
+def log_interval(steps: npt.NDArray[np.int64]) -> int:
+    """The printing interval: the most common difference between consecutive printed steps (1 if unknown)."""
+    if len(steps) < 2:
+        return 1
+    diffs, counts = np.unique(np.diff(steps), return_counts=True)
+    return int(diffs[int(np.argmax(counts))])
+
+
+def find_gaps(steps: npt.NDArray[np.int64], interval: int) -> tuple[tuple[int, int], ...]:
+    """Runs of steps missing inside the log: wherever two printed steps are further apart than the interval.
+
+    A shorter step (megatron-core >= 0.16 prints iteration 1 before the interval's grid) is no gap."""
+    if len(steps) < 3:
+        return ()
+    at = np.flatnonzero(np.diff(steps) > interval)
+    return tuple((int(steps[i]) + 1, int(steps[i + 1]) - 1) for i in at)
+
+
+def gap_sentinels(gaps: tuple[tuple[int, int], ...], steps: npt.NDArray[np.int64], line_nos: npt.NDArray[np.int64],
+                  interval: int, rank: int | None) -> list[Sentinel]:
+    """One warning per gap (the first MAX_GAPS, then one summary), at the line after the gap."""
+    every = "every step" if interval == 1 else f"every {interval} steps"
+    out = []
+    for first, last in gaps[:MAX_GAPS]:
+        i = int(np.searchsorted(steps, last + 1))
+        expected = (last + 1 - first) // interval if interval > 1 else last + 1 - first
+        out.append(Sentinel(int(line_nos[i]), "", "step_gap", False,
+                            f"no step line for steps {first}-{last} inside the log (it prints {every}; "
+                            f"{expected} line(s) missing)", rank))
+    if len(gaps) > MAX_GAPS:
+        out.append(Sentinel(out[-1].line_no, "", "step_gap", False,
+                            f"and {len(gaps) - MAX_GAPS} more gap(s) inside the log", rank))
+    return out
+
+
+def step_ranges(steps: list[int], limit: int = 20) -> str:
+    """`1-3, 7, 9-10` for [1, 2, 3, 7, 9, 10] (the first `limit` runs, then a count)."""
+    runs: list[tuple[int, int]] = []
+    for s in sorted(set(steps)):
+        if runs and s == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], s)
+        else:
+            runs.append((s, s))
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:limit])
+    return text + (f" and {len(runs) - limit} more range(s)" if len(runs) > limit else "")
 
 
 def _counted(values: dict[str, float]) -> bool:

@@ -6,12 +6,12 @@ common flags and their defaults, and a small parser here adds the ones it does n
 DSA, zero-centred gamma, ...). Every value says whether a flag set it or a default did, because "Megatron used
 its default" is the usual way the two sides drift apart (dropout 0.1, Adam beta2 0.999, GELU without `--swiglu`).
 
-Derived settings follow Megatron's code, not its help text: the padded vocabulary (`NullTokenizer` adds the
-end-of-document id, then `vocab_size_with_padding` rounds up to `--make-vocab-size-divisible-by` x TP unless
-`--padded-vocab-size` states it; megatron §7.8, `core/tokenizers/utils/build_tokenizer.py` of core_v0.17.0),
+Derived settings follow Megatron's code, not its help text: the padded vocabulary and the end-of-document id
+(NullTokenizer per megatron-core version, `alignflow.frameworks.megatron_versions`, then `vocab_size_with_padding`
+rounds up to `--make-vocab-size-divisible-by` x TP unless `--padded-vocab-size` states it),
 top-k renormalisation (`topk_routing_with_score_function`: softmax top-k is always renormalised unless
-`--moe-router-pre-softmax`, sigmoid scores are when top-k > 1; seed 001 §10.4), the warm-up from
-`--lr-warmup-fraction` (a fraction of the decay steps).
+`--moe-router-pre-softmax`, sigmoid scores are when top-k > 1; docs/seeds.md#moe-router-renormalisation-norm_topk_prob),
+the warm-up from `--lr-warmup-fraction` (a fraction of the decay steps).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any
 from alignflow.errors import ConfigError
 from alignflow.preflight.npu import Binder, split_fractions
 from alignflow.preflight.values import MISSING, Value
-from alignflow.reference.megatron_flags import moe_layer_pattern, parse_megatron_args
+from alignflow.twin.megatron_flags import eod_id, moe_layer_pattern, padded_vocab_size, parse_megatron_args
+from alignflow.twin.render import TWIN_DATA_SHA256
 
 
 def _extra_parser() -> argparse.ArgumentParser:
@@ -74,8 +75,10 @@ class _Flags:
         return Value(bool(self.get(attr)), flag if flag in self.given else f"{flag} absent")
 
 
-def gpu_settings(argv: Sequence[str], *, env: Mapping[str, str], env_source: str, bind: Binder) -> dict[str, Value]:
-    """Every setting preflight compares, as `pretrain_gpt.py <argv>` will run it."""
+def gpu_settings(argv: Sequence[str], *, env: Mapping[str, str], env_source: str, bind: Binder,
+                 megatron_version: str = "0.16") -> dict[str, Value]:
+    """Every setting preflight compares, as `pretrain_gpt.py <argv>` of megatron-core `megatron_version` will run
+    it (the twin mimics that version)."""
     try:
         f = _Flags(argv)
     except ConfigError as exc:
@@ -110,11 +113,12 @@ def gpu_settings(argv: Sequence[str], *, env: Mapping[str, str], env_source: str
     s["data.samples"] = (Value(int(steps.value) * int(gbs.value), "--train-iters x --global-batch-size")
                          if not (steps.missing or gbs.missing) else Value(MISSING, "--train-iters unknown"))
     s["data.file"] = _data_file(f, bind)
-    if ns.twin_data_sha256 is not None:
-        sha = ns.twin_data_sha256
-        s["data.sha256"] = Value(sha or None, "--twin-data-sha256" if sha else
-                                 "--twin-data-sha256 empty: the runner fills in the data file's sha256")
-    s |= _model(f)
+    if TWIN_DATA_SHA256 in env:
+        sha = env[TWIN_DATA_SHA256]
+        s["data.sha256"] = Value(sha or None, f"{TWIN_DATA_SHA256} ({env_source})" if sha else
+                                 f"{TWIN_DATA_SHA256} empty: the runner fills in the data's sha256")
+    s["data.eod"] = _eod(f, megatron_version)
+    s |= _model(f, megatron_version)
     s |= _moe(f, s["model.num_layers"])
     nvte = env.get("NVTE_ALLOW_NONDETERMINISTIC_ALGO")
     s["det.nvte"] = Value(nvte == "0", f"NVTE_ALLOW_NONDETERMINISTIC_ALGO={nvte} ({env_source})" if nvte is not None
@@ -146,7 +150,16 @@ def _data_file(f: _Flags, bind: Binder) -> Value:
     return Value(bind(str(paths[-1]), "cuda"), "--data-path")
 
 
-def _model(f: _Flags) -> dict[str, Value]:
+def _eod(f: _Flags, version: str) -> Value:
+    if f.ns.tokenizer_type != "NullTokenizer":
+        return Value(MISSING, f"--tokenizer-type {f.ns.tokenizer_type}: the EOD id comes from the tokenizer files")
+    eod = eod_id(f.ns, version)
+    given = "--null-tokenizer-eod-id" if f.ns.null_tokenizer_eod_id is not None else (
+        f"--vocab-size {f.ns.vocab_size} (NullTokenizer of megatron-core {version})")
+    return Value(eod, given)
+
+
+def _model(f: _Flags, version: str = "0.16") -> dict[str, Value]:
     ns = f.ns
     hidden, heads = f.value("hidden_size", int), f.value("num_attention_heads", int)
     groups = (f.value("num_query_groups", int) if ns.group_query_attention else
@@ -166,7 +179,7 @@ def _model(f: _Flags) -> dict[str, Value]:
         "model.num_layers": f.value("num_layers", int), "model.hidden_size": hidden,
         "model.ffn_hidden_size": f.value("ffn_hidden_size", int), "model.num_attention_heads": heads,
         "model.num_query_groups": groups, "model.head_dim": kv, "model.seq_length": f.value("seq_length", int),
-        "model.vocab_size": _padded_vocab(f), "model.position_embedding": f.value("position_embedding_type"),
+        "model.vocab_size": _padded_vocab(f, version), "model.position_embedding": f.value("position_embedding_type"),
         "model.rotary_base": f.value("rotary_base", float), "model.rotary_percent": f.value("rotary_percent", float),
         "model.normalization": f.value("normalization"), "model.norm_epsilon": f.value("norm_epsilon", float),
         "model.zero_centered_gamma": f.switch("apply_layernorm_1p"), "model.activation": act,
@@ -200,7 +213,7 @@ def _model(f: _Flags) -> dict[str, Value]:
     return s
 
 
-def _padded_vocab(f: _Flags) -> Value:
+def _padded_vocab(f: _Flags, version: str) -> Value:
     ns = f.ns
     if ns.padded_vocab_size is not None:  # build_tokenizer pads only when this is unset
         return Value(int(ns.padded_vocab_size), "--padded-vocab-size")
@@ -210,10 +223,11 @@ def _padded_vocab(f: _Flags) -> Value:
                      "preflight cannot read; alignment data is pre-tokenized, use NullTokenizer with "
                      "--vocab-size (NPU vocab - 1)")
     divisor = int(ns.make_vocab_size_divisible_by) * int(ns.tensor_model_parallel_size)
-    orig = int(ns.vocab_size) + 1  # NullTokenizer: the end-of-document id is appended
-    padded = -(-orig // divisor) * divisor
-    return Value(padded, f"--vocab-size {ns.vocab_size} + 1 (NullTokenizer eod) padded to a multiple of "
-                 f"{divisor} (--make-vocab-size-divisible-by{' x TP' if ns.tensor_model_parallel_size != 1 else ''})")
+    orig, padded = padded_vocab_size(ns, version)
+    how = "+ 1 (NullTokenizer eod)" if orig != int(ns.vocab_size) else "(NullTokenizer, eod included)"
+    return Value(padded, f"--vocab-size {ns.vocab_size} {how} padded to a multiple of {divisor} "
+                 f"(--make-vocab-size-divisible-by{' x TP' if ns.tensor_model_parallel_size != 1 else ''}; "
+                 f"megatron-core {version})")
 
 
 def _moe(f: _Flags, layers: Value) -> dict[str, Value]:
@@ -226,7 +240,7 @@ def _moe(f: _Flags, layers: Value) -> dict[str, Value]:
     if score == "softmax":
         renorm = Value(not ns.moe_router_pre_softmax, "--moe-router-pre-softmax: softmax before top-k, no "
                        "renormalisation" if ns.moe_router_pre_softmax else "Megatron renormalises softmax top-k "
-                       "(no switch; seed 001 §10.4)")
+                       "(no switch; docs/seeds.md#moe-router-renormalisation-norm_topk_prob)")
     else:
         renorm = Value(topk > 1, f"Megatron normalises sigmoid top-{topk} scores when top-k > 1")
     pattern = Value(MISSING, "--num-layers unknown")

@@ -8,10 +8,11 @@ as the twin and the graph-mode `model.model_config` do): each setting lists ever
 writes two spellings with different values is reported rather than resolved by guessing.
 
 Defaults: only the ones MindFormers documents (TrainConfig sections) or that a seed established
-(`norm_topk_prob` is False unless set, seed 001 §10.4). A model key without a documented default must be
+(`norm_topk_prob` is False unless set, docs/seeds.md#moe-router-renormalisation-norm_topk_prob). A model key without a
+documented default must be
 written in the template: its default belongs to the model class, which preflight cannot see — and a silently
 different default (GELU, no renormalisation, a different epsilon) is exactly what preflight exists to catch.
-The twin's defaults are its own schema's (`alignflow.reference.mindformers_yaml`).
+The twin's defaults are its own schema's (`alignflow.twin.mindformers_yaml`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Literal
 
 from alignflow.preflight.values import MISSING, DataFile, Value
 
-NpuFlavour = Literal["mindformers", "reference"]
+NpuFlavour = Literal["mindformers", "twin"]
 Binder = Callable[[str, str], DataFile]  # (path as written, role) -> what it is bound to
 
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "swiglu": "silu", "fusedswiglu": "silu", "gelu": "gelu",
@@ -49,11 +50,11 @@ class Key:
 
 
 def _both(value: Any) -> dict[str, Any]:
-    return {"mindformers": value, "reference": value}
+    return {"mindformers": value, "twin": value}
 
 
 def _twin(value: Any) -> dict[str, Any]:
-    return {"reference": value}
+    return {"twin": value}
 
 
 def _not(value: Any) -> bool:
@@ -71,6 +72,7 @@ KEYS: tuple[Key, ...] = (
     Key("data.seed", ("train_dataset.dataloader.config.seed",), _twin(1234), int),
     Key("data.seq_length", ("train_dataset.dataloader.config.seq_length",), None, int),
     Key("data.shuffle", ("train_dataset.dataloader.shuffle",), _both(False), bool),
+    Key("data.eod", ("train_dataset.dataloader.config.eod",), None, int),
     Key("opt.type", ("optimizer.type",), _both("AdamW"), lambda v: str(v).lower()),
     Key("opt.weight_decay", ("optimizer.weight_decay",), _both(0.01), float),
     Key("opt.eps", ("optimizer.eps",), _both(1e-8), float),
@@ -120,8 +122,9 @@ KEYS: tuple[Key, ...] = (
     Key("moe.ffn_hidden_size", ("@moe_intermediate_size", "@moe_ffn_hidden_size"), None, int),
     Key("moe.shared_expert_gate", ("@moe_shared_expert_gate", "@shared_expert_gate"), _twin(False), bool),
     Key("moe.score_function", ("@scoring_func", "@moe_router_score_function"), _twin("softmax"), str),
-    # seed 001 §10.4: MindSpore does not renormalise unless norm_topk_prob is set; Megatron always does
-    Key("moe.renormalize", ("@norm_topk_prob",), {"mindformers": False, "reference": True}, bool),
+    # docs/seeds.md#moe-router-renormalisation-norm_topk_prob: MindSpore does not renormalise unless norm_topk_prob is
+    # set; Megatron always does
+    Key("moe.renormalize", ("@norm_topk_prob",), {"mindformers": False, "twin": True}, bool),
     Key("moe.topk_scaling", ("@routed_scaling_factor", "@moe_router_topk_scaling_factor"), _twin(None),
         lambda v: 1.0 if v is None else float(v)),
     Key("moe.load_balancing", ("@moe_router_load_balancing_type",), _twin("aux_loss"), str),
@@ -162,7 +165,7 @@ def npu_settings(config: Mapping[str, Any], flavour: NpuFlavour, *, env: Mapping
     s["data.split"] = _split(r)
     s["data.samples"] = _samples(r)
     s["data.file"] = _data_file(r, bind)
-    if flavour == "reference":
+    if flavour == "twin":
         sha = r.raw("twin.data_sha256")[1]
         s["data.sha256"] = Value(sha or None, "twin.data_sha256" if sha else
                                  "twin.data_sha256 empty: the runner fills in the data file's sha256")
@@ -214,7 +217,7 @@ class _Reader:
             except (TypeError, ValueError):
                 return Value(MISSING, f"{self.where(path)}: {value!r} is not a valid value")
         if defaults is not None and self.flavour in defaults:
-            label = _TWIN if self.flavour == "reference" else _MF
+            label = _TWIN if self.flavour == "twin" else _MF
             return Value(defaults[self.flavour], f"{' / '.join(self.where(p) for p in paths)} unset: {label}")
         if fallback is not None and not fallback.missing:
             return Value(fallback.value, f"{' / '.join(self.where(p) for p in paths)} unset: = {fallback.source}")
@@ -238,7 +241,7 @@ def _safe(convert: Callable[[Any], Any], value: Any) -> Any:
 def _betas(r: _Reader) -> tuple[Value, Value]:
     found, betas = r.raw("optimizer.betas")
     if not found:
-        label = _TWIN if r.flavour == "reference" else _MF
+        label = _TWIN if r.flavour == "twin" else _MF
         return Value(0.9, f"optimizer.betas unset: {label}"), Value(0.95, f"optimizer.betas unset: {label}")
     if not isinstance(betas, list | tuple) or len(betas) != 2:
         bad = Value(MISSING, f"optimizer.betas: {betas!r} is not [beta1, beta2]")
@@ -282,7 +285,7 @@ def _head_dim(r: _Reader, s: Mapping[str, Value]) -> Value:
 def _activation(r: _Reader) -> Value:
     found, act = r.raw("@hidden_act")
     if not found:
-        if r.flavour == "reference":
+        if r.flavour == "twin":
             return Value("silu", f"{r.where('@hidden_act')} unset: {_TWIN}")
         return Value(MISSING, f"{r.where('@hidden_act')} unset; no documented default — write it in the template")
     name = _ACTIVATIONS.get(str(act).lower())
@@ -290,7 +293,7 @@ def _activation(r: _Reader) -> Value:
 
 
 def _precision(r: _Reader, flavour: str) -> Value:
-    key = "@params_dtype" if flavour == "reference" else "@compute_dtype"
+    key = "@params_dtype" if flavour == "twin" else "@compute_dtype"
     found, dtype = r.raw(key)
     if not found:
         return Value(MISSING, f"{r.where(key)} unset")
@@ -324,7 +327,7 @@ def _moe_pattern(r: _Reader, s: Mapping[str, Value]) -> Value:
     found, k = r.raw("@first_k_dense_replace")
     if found:
         return Value(tuple([0] * int(k) + [1] * (n - int(k))), f"{r.where('@first_k_dense_replace')} {k}")
-    if r.flavour == "reference":
+    if r.flavour == "twin":
         return Value(tuple([1] * n), f"{r.where('@moe_layer_freq')} unset: {_TWIN} (every layer)")
     return Value(MISSING, f"{r.where('@moe_layer_freq')} / {r.where('@first_k_dense_replace')} unset; write which "
                  "layers are MoE in the template")

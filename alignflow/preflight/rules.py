@@ -28,6 +28,13 @@ def _both_have(name: str) -> Cond:
     return cond
 
 
+def _both_known(name: str) -> Cond:
+    def cond(npu: Settings, gpu: Settings) -> bool:
+        return all(not s.get(name, Value(MISSING, "")).missing for s in (npu, gpu))
+
+    return cond
+
+
 def _decays(npu: Settings, gpu: Settings) -> bool:
     return any(s.get("opt.decay_style", Value(None, "")).value not in ("constant", None, MISSING) for s in (npu, gpu))
 
@@ -67,28 +74,40 @@ MLA = _both_have("mla.enabled")
 DSA = _both_have("dsa.enabled")
 
 RULES: tuple[Rule, ...] = (
-    # data: same file, same order (seed 001 §10.1: Megatron --seed 42 vs MindSpore 1234 = different samples)
+    # data: same file, same order (docs/seeds.md#data-order: Megatron --seed 42 vs MindSpore 1234 = different samples)
     Rule("data.file", "data file", "data", why="both sides must read the same bytes"),
-    Rule("data.sha256", "data fingerprint (twin)", "data", when=lambda n, g: "data.sha256" in n or "data.sha256" in g),
-    Rule("data.seed", "data order seed", "data", why="GPTDataset shuffle index (seed 001 §10.1)"),
+    # a twin side checks the sha256 it is given; real Megatron-LM checks none (the runner verifies the staged copy)
+    Rule("data.sha256", "data fingerprint (twin)", "data", when=lambda n, g: "data.sha256" in n and "data.sha256" in g),
+    Rule("data.seed", "data order seed", "data", why="GPTDataset shuffle index (docs/seeds.md#data-order)"),
     Rule("data.samples", "samples in the dataset index", "data", why="the shuffle index depends on num_samples"),
     Rule("data.split", "train/valid/test split", "data"),
     Rule("data.seq_length", "dataset sequence length", "data"),
+    Rule("data.eod", "end-of-document id", "data", when=_both_known("data.eod"),
+         why="NullTokenizer's EOD moved in megatron-core 0.18; it decides --eod-mask-loss and --reset-*"),
     Rule("data.shuffle", "second shuffle of the NPU dataloader", "data", agree=False, required=False,
          sides=("npu",), why="the order must come from the GPTDataset index alone"),
     Rule("data.dataloader_type", "Megatron dataloader type", "data", agree=False, required="single", sides=("gpu",),
-         why="cyclic adds a randperm per epoch (seed 001 §10.1)"),
+         why="cyclic adds a randperm per epoch (docs/seeds.md#data-order)"),
     Rule("train.init_seed", "initialisation seed", "training"),
     # optimisation
     Rule("train.steps", "training steps", "training"),
     Rule("train.micro_batch_size", "micro batch size", "training"),
     Rule("train.global_batch_size", "global batch size", "training"),
     Rule("train.clip_grad", "gradient clipping (max norm)", "training"),
+    # parallel layout: the sides may differ, but each must consume the whole global batch per step
+    Rule("parallel.world", "processes of the training", "parallel", agree=False),
+    Rule("parallel.tp", "tensor parallel size", "parallel", agree=False),
+    Rule("parallel.pp", "pipeline stages", "parallel", agree=False),
+    Rule("parallel.ep", "expert parallel size", "parallel", agree=False),
+    Rule("parallel.dp", "data parallel size", "parallel", agree=False),
+    Rule("parallel.batch_fits", "global batch = micro batch x dp x accumulation", "parallel", agree=False,
+         required=True, why="each step must consume the same global batch, in the same order, on both sides"),
     Rule("load.weights_only", "weights-only load (schedule and data restart at step 0)", "training", agree=False,
          required=True, why="MindFormers no_load_optim = Megatron --finetune --no-load-optim"),
     Rule("opt.type", "optimizer", "optimizer", why="Megatron's adam is AdamW (decoupled weight decay)"),
     Rule("opt.lr", "learning rate", "optimizer"),
-    Rule("opt.warmup_steps", "warm-up steps", "optimizer", why="seed 001 §10.4: warmup_ratio 0.01 x 1000 = 10"),
+    Rule("opt.warmup_steps", "warm-up steps", "optimizer",
+         why="docs/seeds.md#moe-router-renormalisation-norm_topk_prob: warmup_ratio 0.01 x 1000 = 10"),
     Rule("opt.warmup_init", "warm-up initial learning rate", "optimizer"),
     Rule("opt.decay_style", "learning-rate decay style", "optimizer"),
     Rule("opt.min_lr", "minimum learning rate", "optimizer", when=_decays),
@@ -106,15 +125,18 @@ RULES: tuple[Rule, ...] = (
     Rule("model.head_dim", "head dim (kv channels)", "model", when=lambda n, g: not MLA(n, g)),
     Rule("model.seq_length", "sequence length", "model"),
     Rule("model.vocab_size", "vocabulary (NPU) vs Megatron's padded vocabulary", "model",
-         why="padded rows enter the softmax and change the loss (megatron §7.8)"),
+         why="padded rows enter the softmax and change the loss "
+             "(docs/megatron.md#vocabulary-padding-and-nulltokenizer)"),
     Rule("model.untie_embeddings", "separate output layer", "model"),
     Rule("model.position_embedding", "position embedding", "model"),
     Rule("model.rotary_base", "RoPE base", "model"),
     Rule("model.rotary_percent", "rotary percent (partial RoPE)", "model"),
     Rule("model.normalization", "norm type", "model"),
     Rule("model.norm_epsilon", "norm epsilon", "model"),
-    Rule("model.zero_centered_gamma", "zero-centred gamma", "model", why="seed 001 §6.1: standard gamma both sides"),
-    Rule("model.activation", "activation", "model", why="seed 000 §4.4: GELU on the GPU vs SiLU on the NPU"),
+    Rule("model.zero_centered_gamma", "zero-centred gamma", "model",
+         why="docs/seeds.md#common-mapping-rules: standard gamma both sides"),
+    Rule("model.activation", "activation", "model",
+         why="docs/seeds.md#gpu-activation-gelu-instead-of-silu: GELU on the GPU vs SiLU on the NPU"),
     Rule("model.gated_linear_unit", "gated linear unit (GLU)", "model"),
     Rule("model.add_bias_linear", "linear biases", "model"),
     Rule("model.qk_layernorm", "q/k layernorm", "model"),
@@ -122,7 +144,8 @@ RULES: tuple[Rule, ...] = (
     Rule("model.hidden_dropout", "hidden dropout", "model", required=0.0, why="dropout must be 0 on both sides"),
     Rule("model.attention_dropout", "attention dropout", "model", required=0.0, why="dropout must be 0 on both sides"),
     Rule("model.precision_bf16", "bf16 compute", "model"),
-    # MoE (seed 001 §7, §10.4; seed 000 §3.4)
+    # MoE (docs/seeds.md#gpu-training-flags, docs/seeds.md#moe-router-renormalisation-norm_topk_prob;
+    # docs/seeds.md#glm-52-problems-and-fixes)
     Rule("moe.num_experts", "routed experts", "moe"),
     Rule("moe.topk", "experts per token (top-k)", "moe", when=MOE),
     Rule("moe.ffn_hidden_size", "routed expert FFN size", "moe", when=MOE),
@@ -132,7 +155,7 @@ RULES: tuple[Rule, ...] = (
          why="MindSpore has shared_experts_gate: Megatron needs --moe-shared-expert-gate"),
     Rule("moe.score_function", "router score function", "moe", when=MOE),
     Rule("moe.renormalize", "top-k renormalisation", "moe", when=MOE,
-         why="seed 001 §10.4: norm_topk_prob False halves the expert weights"),
+         why="docs/seeds.md#moe-router-renormalisation-norm_topk_prob: norm_topk_prob False halves the expert weights"),
     Rule("moe.topk_scaling", "routed scaling factor", "moe", when=MOE),
     Rule("moe.load_balancing", "load-balancing loss type", "moe", when=MOE),
     Rule("moe.aux_loss_coeff", "aux-loss coefficient", "moe", when=MOE),
@@ -151,7 +174,8 @@ RULES: tuple[Rule, ...] = (
     Rule("dsa.enabled", "sparse attention indexer (DSA)", "attention"),
     *(Rule(f"dsa.{n}", f"DSA indexer {n.replace('_', ' ')}", "attention", when=DSA)
       for n in ("n_heads", "head_dim", "topk")),
-    # determinism (seed 000 §4.4; mindformers §8, megatron §9)
+    # determinism (docs/seeds.md#sparse-dsa-determinism; docs/mindformers.md#seeds-and-determinism,
+    # docs/megatron.md#determinism-and-flags)
     Rule("det.deterministic", "deterministic mode", "determinism", required=True,
          why="MindFormers training.deterministic, Megatron --deterministic-mode"),
     Rule("det.hccl", "HCCL_DETERMINISTIC=true on the NPU host", "determinism", agree=False, required=True,
@@ -162,6 +186,13 @@ RULES: tuple[Rule, ...] = (
     Rule("gpu.flags", "pretrain_gpt.py accepts every flag", "command line", agree=False,
          required=frozenset({"accepted", "not checked"}), sides=("gpu",), when=_kind("gpu", "megatron"),
          why="checked against Megatron-LM's parser for gpu.megatron_version"),
+    Rule("gpu.combination", "megatron-core accepts the combination (kernels, evaluation, determinism)",
+         "command line", agree=False, required=frozenset({"accepted", "not checked"}), sides=("gpu",),
+         when=_kind("gpu", "megatron"), why="what validate_args and the layers refuse for gpu.megatron_version on a "
+         "host with gpu.extensions"),
+    Rule("gpu.host", "Megatron-LM at gpu.entry on the GPU host", "command line", agree=False,
+         required=frozenset({"ok", "not checked"}), sides=("gpu",), when=_kind("gpu", "megatron"),
+         why="a host without it fails gpu_train after the NPU base training and both conversions"),
 )
 
 

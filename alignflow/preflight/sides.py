@@ -16,13 +16,16 @@ from typing import Any, Literal
 
 import yaml
 
+from alignflow.backends.commands import step_command
 from alignflow.config.experiment import Experiment
 from alignflow.config.hosts import Inventory
+from alignflow.config.placement import resolve_host
 from alignflow.errors import ConfigError
+from alignflow.preflight.layout import launcher_world
 from alignflow.preflight.values import DataFile
 
 DATA_PLACEHOLDER = "{in:data}"
-TWIN_GPU_MODULE = "alignflow.reference.torch_train"
+TWIN_GPU_MODULE = "alignflow.twin.torch_train"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,35 +49,39 @@ class DataBinding:
 class NpuSide:
     """The NPU training as rendered: its YAML (as a mapping) and its environment."""
 
-    kind: Literal["mindformers", "reference"]
+    kind: Literal["mindformers", "twin"]
     config: Mapping[str, Any]
     env: Mapping[str, str]
     env_source: str
     source: str
+    world: int = 1  # processes its launcher starts (msrun)
+    world_source: str = "no launcher: one process"
 
 
 @dataclass(frozen=True, slots=True)
 class GpuSide:
     """The GPU training as rendered: the `pretrain_gpt.py` flags (launcher stripped) and its environment."""
 
-    kind: Literal["megatron", "reference"]
+    kind: Literal["megatron", "twin"]
     argv: tuple[str, ...]
     env: Mapping[str, str]
     env_source: str
     source: str
     megatron_version: str = "0.16"  # picks the table of flags Megatron-LM's parser accepts (megatron only)
+    world: int = 1  # processes its launcher starts (torchrun)
+    world_source: str = "no launcher: one process"
+    extensions: tuple[str, ...] | None = None  # what the GPU host has (gpu.extensions)
 
 
 def render_sides(
     experiment: Experiment, *, inventory: Inventory | None = None, data_sha256: str | None = None,
 ) -> tuple[NpuSide, GpuSide, DataBinding]:
     """Render the NPU reload training and the GPU training of `experiment` (no host is contacted)."""
-    from alignflow.runner.commands import step_command
-    from alignflow.runner.session import resolve_host
-
     sha = data_sha256 or experiment.data.sha256
-    npu_cmd = step_command(experiment, "npu_reload_train", data_sha256=sha or "")
-    gpu_cmd = step_command(experiment, "gpu_train", data_sha256=sha or "")
+    hosts = {step: resolve_host(experiment, inventory, step, Path(".")) if inventory is not None else None
+             for step in ("npu_reload_train", "gpu_train")}
+    npu_cmd = step_command(experiment, "npu_reload_train", data_sha256=sha or "", host=hosts["npu_reload_train"])
+    gpu_cmd = step_command(experiment, "gpu_train", data_sha256=sha or "", host=hosts["gpu_train"])
     where = experiment.source or experiment.name
     text = npu_cmd.template.files.get("config.yaml")
     if text is None:
@@ -91,10 +98,12 @@ def render_sides(
         npu_env_src, gpu_env_src = f"host {npu_host.name} + command env", f"host {gpu_host.name} + command env"
     template = experiment.npu.template if experiment.npu.kind == "mindformers" else "the twin's renderer"
     npu = NpuSide(experiment.npu.kind, config, npu_env, npu_env_src,
-                  f"npu_reload_train config.yaml (from {template})")
+                  f"npu_reload_train config.yaml (from {template})", *launcher_world(npu_cmd.template.argv))
     flags = _megatron_flags(experiment, gpu_cmd.template.argv)
+    ext = experiment.gpu.extensions
     gpu = GpuSide(experiment.gpu.kind, flags, gpu_env, gpu_env_src, "gpu_train command line",
-                  experiment.gpu.megatron_version)
+                  experiment.gpu.megatron_version, *launcher_world(gpu_cmd.template.argv),
+                  extensions=tuple(ext) if ext is not None else None)
     return npu, gpu, DataBinding(sha, dict(experiment.data.host_paths))
 
 

@@ -1,7 +1,7 @@
-"""The `compare` step: parse both training logs on the controller, judge them, write the report.
+"""The `compare` executor: parse both training logs on the controller, judge them, write the report.
 
-The test side is the NPU and the reference the GPU (per-step error = NPU - GPU, as in seed 000). The step is
-cached like the others: same logs (by sha256), same criteria and same comparison code give the same verdict.
+The test side is the NPU and the reference the GPU (per-step error = NPU - GPU). The step is cached like the
+others: same logs (by sha256), same criteria and same comparison code give the same verdict.
 """
 
 from __future__ import annotations
@@ -10,78 +10,88 @@ import json
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from alignflow import pipeline
-from alignflow.runner.artifacts import ArtifactRef
+from alignflow.compare import compare, write_report
+from alignflow.diagnose.noise import latest_noise_floor, resolve_criteria
+from alignflow.fingerprint import Fingerprinter
+from alignflow.logs import parse_log
+from alignflow.runner.artifacts import ArtifactRef, declared_inputs
 from alignflow.runner.cache import cache_key
 from alignflow.runner.engine import StepRunner
-from alignflow.runner.session import CONTROLLER, StepOutcome, compare_code_version
+from alignflow.runner.recording import recording
+from alignflow.runner.session import StepOutcome, compare_code_version
+from alignflow.runview import report_context, run_view
+from alignflow.store.records import StepStatus
+
+LOGS = ("npu_log", "gpu_log")  # test, reference
 
 
-def run_compare(runner: StepRunner, inputs: Mapping[str, ArtifactRef],
-                fingerprints: Mapping[str, str] | None = None) -> StepOutcome:
-    """Compare `npu_log` (test) with `gpu_log` (reference); record the comparison and the report."""
-    from alignflow.compare import compare, write_report
-    from alignflow.logs import parse_log
+def run_compare(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping[str, ArtifactRef]) -> StepOutcome:
+    """Compare `npu_log` (test) with `gpu_log` (reference); record the comparison and the report.
 
+    The report lists the fingerprint of every artifact the run has produced or reused so far (`available`).
+    """
+    inputs = declared_inputs(spec, available)
     experiment = runner.experiment
-    criteria = [c.model_dump(mode="json") for c in experiment.criteria]
-    key = cache_key(step="compare", argv=("compare", "npu_log", "gpu_log"),
+    # a threshold written as "3x noise" is 3 times the reference side's measured self-noise (`alignflow noise`)
+    floor = latest_noise_floor(runner.store, experiment.name)
+    criteria_used = resolve_criteria(experiment.criteria, floor)
+    noise = {m: max(band.values()) for m, band in floor.band.items() if band} if floor is not None else None
+    criteria = [c.model_dump(mode="json") for c in criteria_used]
+    key = cache_key(step=spec.name, argv=("compare", *LOGS),
                     files={"criteria.json": json.dumps(criteria, sort_keys=True)}, env={},
-                    code_version=compare_code_version(),
-                    inputs={"gpu_log": inputs["gpu_log"].sha256, "npu_log": inputs["npu_log"].sha256})
-    host = runner.host("compare")
-    transport = runner.transport(host)
-    if "compare" not in runner.forced:
-        cached = runner.store.find_cached_step("compare", key)
-        previous = runner.store.comparison(cached.run_id) if cached is not None else None
-        if previous is not None:
-            outcome = runner._reuse("compare", key, cached)
-            if outcome is not None:
-                runner.store.add_comparison(runner.run_id, verdict=previous.verdict, criteria=previous.criteria,
-                                            summary=previous.summary)
-                return StepOutcome("compare", "cached", outcome.artifacts, outcome.step_run_id, key,
-                                   verdict=previous.verdict)
-
-    parsed: dict[str, Any] = {}
-    for name in ("npu_log", "gpu_log"):
+                    code_version=compare_code_version(), inputs={n: inputs[n].sha256 for n in LOGS},
+                    extra={"noise_floor": noise} if noise else None)
+    host = runner.host(spec.name)
+    if spec.name not in runner.forced:
+        reused = _reuse(runner, spec.name, key)
+        if reused is not None:
+            return reused
+    runner.require_executable(spec.name)
+    parsed = {}
+    for name in LOGS:
         ref = inputs[name]
-        local = _local_log(runner, ref)
-        parsed[name] = parse_log(local.read_text(encoding="utf-8", errors="replace").splitlines(),
-                                 source=f"{ref.host}:{ref.path}")
+        text = _local_log(runner, ref).read_text(encoding="utf-8", errors="replace")
+        parsed[name] = parse_log(text.splitlines(), source=f"{ref.host}:{ref.path}")
     report_dir = runner.state_dir / "reports" / f"{runner.run_id}-{uuid.uuid4().hex[:6]}"
-    step_run = runner.store.start_step(runner.run_id, "compare", host=host.name,
-                                       command=f"compare npu_log={inputs['npu_log'].short()} "
-                                               f"gpu_log={inputs['gpu_log'].short()}",
-                                       cache_key=key, inputs={n: inputs[n].to_dict() for n in ("npu_log", "gpu_log")})
-    try:
-        comparison = compare(parsed["npu_log"], parsed["gpu_log"], experiment.criteria)
+    command = f"compare npu_log={inputs['npu_log'].short()} gpu_log={inputs['gpu_log'].short()}"
+    with recording(runner.store, runner.run_id, spec.name, host=host.name, command=command, cache_key=key,
+                   inputs=inputs) as rec:
+        comparison = compare(parsed["npu_log"], parsed["gpu_log"], criteria_used, noise_floor=noise)
+        context = report_context(run_view(runner.store, runner.run_id), description=experiment.description)
         files = write_report(comparison, report_dir, title=f"{experiment.name} — run {runner.run_id}",
-                             labels=("NPU", "GPU"), fingerprints=dict(fingerprints or {}))
+                             labels=("NPU", "GPU"), fingerprints={n: ref.sha256 for n, ref in available.items()},
+                             context=context)
         result = comparison.to_json()
         runner.store.add_comparison(runner.run_id, verdict=result["verdict"], criteria=result["criteria"],
                                     summary=result)
-        fp = transport.sha256([str(report_dir)])[str(report_dir)]
-        ref = ArtifactRef("report", host.name if host.name else CONTROLLER, str(report_dir), fp.sha256, fp.size,
-                          "report", [[f.path, f.sha256, f.size] for f in fp.files])
-        runner.store.add_artifact(step_run.id, name="report", host=ref.host, path=ref.path, kind="report",
-                                  sha256=ref.sha256, size_bytes=ref.size, manifest=ref.manifest)
-        runner.store.finish_step(step_run.id, status="ran", exit_code=0, stdout_tail=str(files.html),
-                                 stderr_tail="")
-    except Exception as exc:
-        runner.store.finish_step(step_run.id, status="failed", exit_code=None, stdout_tail="", stderr_tail="",
-                                 error=str(exc))
-        raise
+        fp = runner.transport(host).sha256([str(report_dir)])[str(report_dir)]
+        ref = ArtifactRef.from_fingerprint("report", host.name, str(report_dir), fp, "report")
+        rec.add(ref)
+        rec.ran(exit_code=0, stdout_tail=str(files.html))
     runner.emit(f"compare: verdict {result['verdict']} — report {files.html}")
-    return StepOutcome("compare", "ran", {"report": ref}, step_run.id, key, verdict=result["verdict"])
+    return StepOutcome(spec.name, StepStatus.RAN, {"report": ref}, rec.id, key, verdict=result["verdict"])
+
+
+def _reuse(runner: StepRunner, step: str, key: str) -> StepOutcome | None:
+    """A cached comparison: the step run and its comparison record, both copied into this run."""
+    cached = runner.cached_step(step, key)
+    previous = runner.store.comparison(cached.run_id) if cached is not None else None
+    if cached is None or previous is None:
+        return None
+    outcome = runner.reuse(step, key, cached)
+    if outcome is None:
+        return None
+    runner.store.add_comparison(runner.run_id, verdict=previous.verdict, criteria=previous.criteria,
+                                summary=previous.summary)
+    return StepOutcome(step, StepStatus.CACHED, outcome.artifacts, outcome.step_run_id, key,
+                       verdict=previous.verdict, reused_from_run=outcome.reused_from_run)
 
 
 def _local_log(runner: StepRunner, ref: ArtifactRef) -> Path:
     """A controller copy of the training log `ref`: the one the engine fetched when it checked the log in this
     run (`runs/<id>/logs/<step>.log`) when its bytes are the artifact's, else a fresh download."""
-    from alignflow.fingerprint import Fingerprinter
-
     logs_dir = runner.state_dir / "runs" / runner.run_id / "logs"
     producer = pipeline.producer(ref.name)
     if producer is not None:

@@ -1,36 +1,32 @@
-"""Controlling the jobs of a run from outside the step that launched them (cancellation, re-attachment)."""
+"""Controlling the jobs of a run from outside the step that launched them (cancellation)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from alignflow.runner.run import reopen
+from alignflow.runner.engine import TransportFactory
+from alignflow.runner.session import open_run
+from alignflow.store import Store
+from alignflow.store.records import RunStatus, StepStatus
+from alignflow.transport import JobHandle
 
 log = logging.getLogger(__name__)
 
 
-def attach_jobs(store: Any, step_run_id: str, handles: Sequence[Any]) -> None:
-    """Record several jobs (on their own hosts) as one step run's job, e.g. the early gate's two sides, so that
-    cancelling the run finds and kills every one of them."""
-    store.attach_job(step_run_id, job_dir=" | ".join(h.job_dir for h in handles),
-                     handle={"jobs": [h.to_dict() for h in handles]})
-
-
-def recorded_jobs(doc: Mapping[str, Any]) -> list[Any]:
-    """The job handles of a step run's recorded job document (one job, or `attach_jobs`'s several)."""
-    from alignflow.transport import JobHandle
-
+def recorded_jobs(doc: Mapping[str, Any]) -> list[JobHandle]:
+    """The job handles of a step run's recorded job document (one job, or several as the early gate has)."""
     return [JobHandle.from_dict(d) for d in doc["jobs"]] if "jobs" in doc else [JobHandle.from_dict(doc)]
 
 
-def cancel_run_jobs(store: Any, run_id: str, *, transport_factory: Any) -> list[str]:
-    """Kill the process group of every job of `run_id` still recorded as running; returns the job dirs."""
-    _, inventory, _, _ = reopen(run_id, store=store)
+def cancel_run_jobs(store: Store, run_id: str, *, transport_factory: TransportFactory) -> list[str]:
+    """Kill the process group of every job of `run_id` still recorded as running, record those steps and the run
+    cancelled; returns the job dirs."""
+    inventory = open_run(store, run_id).inventory
     killed = []
     for sr in store.steps(run_id):
-        if sr.status != "running" or not sr.job_handle:
+        if sr.status != StepStatus.RUNNING or not sr.job_handle:
             continue
         for handle in recorded_jobs(sr.job_handle):
             transport = transport_factory(inventory.get(handle.host))
@@ -39,7 +35,7 @@ def cancel_run_jobs(store: Any, run_id: str, *, transport_factory: Any) -> list[
                 killed.append(handle.job_dir)
             finally:
                 transport.close()
-        store.finish_step(sr.id, status="failed", exit_code=None, stdout_tail="", stderr_tail="",
-                          error="cancelled: the flow run was cancelled; the remote job was killed")
-    store.finish_run(run_id, status="cancelled", verdict=None, report=None, error="cancelled")
+        store.finish_step(sr.id, status=StepStatus.CANCELLED, exit_code=None, stdout_tail="", stderr_tail="",
+                          error="cancelled: the run was cancelled; its remote job was killed")
+    store.finish_run(run_id, status=RunStatus.CANCELLED, verdict=None, report=None, error="cancelled")
     return killed

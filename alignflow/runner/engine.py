@@ -1,44 +1,61 @@
-"""Executing one pipeline step: stage inputs, render, check the cache, launch, poll, verify, record.
+"""`StepRunner`: what every executor of one run needs — hosts, transports, snapshots, staging of inputs, job
+launch and wait, log reading, output verification and the cache.
 
-Every step follows the same path, whatever backend or host it uses:
+The executors themselves (`jobstep`, `gate`, `compare_step`) decide what a step does; this class is the one
+place that knows how a step reaches a host:
 
 1. resolve the host and open its transport; take the host snapshot once per run;
-2. render the command template and compute the cache key (inputs' sha256, never outputs');
-3. a completed step run with the same key whose outputs still hash the same *on their host* is reused (`cached`);
-4. otherwise move the inputs to the host (sha256 verified on arrival), write config files, launch a detached
-   job, record its handle before polling, poll until it ends;
-5. fetch the log, check the framework's sentinels and the step count (a run that exited 0 can still be invalid),
-   fingerprint the outputs on their host, record artifacts and metrics.
+2. a completed step run with the same cache key whose outputs still hash the same *on their host* is reused;
+3. inputs move to the host through a verified copy (sha256 on arrival), config files are written, a detached
+   job is launched and its handle recorded before polling;
+4. a training log is fetched and checked (sentinels, required lines) on the controller.
 
-Only transport errors are retryable (they surface as `TransportError`); a failed command, a sentinel or a
-fingerprint mismatch ends the step as `failed` with the reason recorded.
+Only transport errors are retryable (they surface as `TransportError`).
 """
 
 from __future__ import annotations
 
 import logging
-import shlex
+import threading
 import time
-import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from alignflow import pipeline
+from alignflow.backends.template import CommandTemplate
+from alignflow.codeversion import repo_version
 from alignflow.config.experiment import Experiment
 from alignflow.config.hosts import Host, Inventory
-from alignflow.errors import AlignflowError, PathMissing, PipelineError, RemoteJobError, SentinelError
+from alignflow.config.placement import CONTROLLER, resolve_host
+from alignflow.errors import AlignflowError, FingerprintMismatch, PathMissing, PipelineError, SentinelError
+from alignflow.logs import CHECKPOINT_LOADED, FormatChoice, ParsedLog, check_sentinels, parse_log
 from alignflow.runner.artifacts import ArtifactRef
-from alignflow.runner.cache import cache_key, repo_version
-from alignflow.runner.commands import StepCommand, step_command, timeout_for
-from alignflow.runner.placeholders import fill, fill_all
-from alignflow.runner.session import CONTROLLER, Events, StepOutcome, resolve_host
+from alignflow.runner.placeholders import fill
+from alignflow.runner.progress import ProgressFn, ProgressTracker
+from alignflow.runner.session import Events, RunContext, StepOutcome
+from alignflow.store import Store
+from alignflow.store.records import StepRunRecord, StepStatus
+from alignflow.transport import JobHandle, JobSpec, JobState, Transport, controller_transport
 
 log = logging.getLogger(__name__)
 
 POLL_S = 2.0
 TAIL_BYTES = 8192
+PROGRESS_EVERY_S = 10.0
+PROGRESS_TAIL_BYTES = 16384  # enough for the last few step lines of any framework
+
+TransportFactory = Callable[[Host], Transport]
+
+_staging_guard = threading.Lock()
+_staging: dict[tuple[str, str], threading.Lock] = {}
+
+
+def _staging_lock(host: str, dest: str) -> threading.Lock:
+    """One lock per staged destination in this process: two steps of a run that need the same input on the same
+    host (the early gate and a training) copy it once, the second finds the first's verified copy."""
+    with _staging_guard:
+        return _staging.setdefault((host, dest), threading.Lock())
 
 
 class StepRunner:
@@ -46,27 +63,48 @@ class StepRunner:
 
     def __init__(
         self,
+        ctx: RunContext,
         *,
-        run_id: str,
-        experiment: Experiment,
-        inventory: Inventory,
-        store: Any,
+        store: Store,
         state_dir: Path,
-        forced: frozenset[str],
-        transport_factory: Any,
+        transport_factory: TransportFactory,
         events: Events | None = None,
         poll_s: float = POLL_S,
+        controller: TransportFactory | None = None,
+        progress: ProgressFn | None = None,
+        progress_every_s: float = PROGRESS_EVERY_S,
     ) -> None:
-        self.run_id = run_id
-        self.experiment = experiment
-        self.inventory = inventory
+        """`transport_factory` opens the transport of an inventory host; `controller` the controller's own (by
+        default: its real filesystem, unconfined, with the state dir's hash memo); `progress` receives where a
+        running job stands every `progress_every_s` (default: a line through `events`)."""
+        self.ctx = ctx
         self.store = store
         self.state_dir = state_dir
-        self.forced = forced
         self._factory = transport_factory
-        self._transports: dict[str, Any] = {}
+        self._controller = controller or (
+            lambda host: controller_transport(memo_path=str(self.state_dir / "hashmemo.sqlite")))
+        self._transports: dict[str, Transport] = {}
         self._events = events or (lambda msg: log.info("%s", msg))
+        self._progress: ProgressFn = progress or (lambda p: self.emit(p.line()))
+        self.progress_every_s = progress_every_s
         self.poll_s = poll_s
+        self._parent_steps: dict[str, StepRunRecord] | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.ctx.run_id
+
+    @property
+    def experiment(self) -> Experiment:
+        return self.ctx.experiment
+
+    @property
+    def inventory(self) -> Inventory:
+        return self.ctx.inventory
+
+    @property
+    def forced(self) -> frozenset[str]:
+        return self.ctx.plan.forced
 
     # ------------------------------------------------------------------ plumbing
     def emit(self, message: str) -> None:
@@ -75,22 +113,18 @@ class StepRunner:
     def host(self, step: str) -> Host:
         return resolve_host(self.experiment, self.inventory, step, self.state_dir)
 
-    def transport(self, host: Host) -> Any:
+    def transport(self, host: Host) -> Transport:
         t = self._transports.get(host.name)
         if t is None:
-            if host.name == CONTROLLER and host.role == "controller":
-                # The controller's own files (data, reports) are the user's: no workdir confinement there.
-                from alignflow.transport import controller_transport
-
-                t = controller_transport(memo_path=str(self.state_dir / "hashmemo.sqlite"))
-            else:
-                t = self._factory(host)
+            # the controller's own files (data, reports) are the user's: no workdir confinement there
+            controller = host.name == CONTROLLER and host.role == "controller"
+            t = self._controller(host) if controller else self._factory(host)
             self._transports[host.name] = t
         return t
 
-    def transport_by_name(self, name: str) -> Any:
+    def transport_by_name(self, name: str) -> Transport:
         if name == CONTROLLER:
-            return self.transport(resolve_host(self.experiment, self.inventory, "compare", self.state_dir))
+            return self.transport(self.host("compare"))
         return self.transport(self.inventory.get(name))
 
     def close(self) -> None:
@@ -101,7 +135,7 @@ class StepRunner:
                 log.debug("closing transport failed", exc_info=True)
         self._transports.clear()
 
-    def snapshot(self, host: Host) -> dict[str, Any]:
+    def snapshot(self, host: Host) -> dict[str, object]:
         """The host's snapshot, taken once per run and recorded."""
         existing = {s.host: s.data for s in self.store.snapshots(self.run_id)}
         if host.name in existing:
@@ -110,6 +144,17 @@ class StepRunner:
         self.store.add_snapshot(self.run_id, host.name, data)
         return dict(data)
 
+    def code_version(self, template: CommandTemplate, host: Host) -> str:
+        """A command's code version: the framework checkout's commit on `host` when the template names one."""
+        if template.code_repo:
+            return f"{template.code_repo}@{repo_version(self.snapshot(host), template.code_repo)}"
+        return template.code_version
+
+    def out_dir(self, transport: Transport, step: str, name: str) -> str:
+        """A fresh output directory of `step` on the transport's host (`artifacts/<step>/<name>`)."""
+        return transport.path(f"artifacts/{step}/{name}")
+
+    # ------------------------------------------------------------------ verification and the cache
     def verify(self, refs: Iterable[ArtifactRef]) -> list[str]:
         """What no longer holds of `refs` on their hosts (empty: every one still hashes as recorded).
 
@@ -130,110 +175,53 @@ class StepRunner:
                          f"{ref.sha256[:12]})" for ref in group if now[ref.path].sha256 != ref.sha256]
         return problems
 
-    def code_version(self, template: Any, host: Host) -> str:
-        """A command's code version: the framework checkout's commit on `host` when the template names one."""
-        if template.code_repo:
-            return f"{template.code_repo}@{repo_version(self.snapshot(host), template.code_repo)}"
-        return str(template.code_version)
+    def cached_step(self, step: str, key: str) -> StepRunRecord | None:
+        """The step run that `step` with cache key `key` may reuse, if any.
 
-    def launch(self, transport: Any, template: Any, values: Mapping[str, str], argv: list[str], *, out: str,
-               name: str) -> Any:
-        """Create `out`, write the template's config files there, launch the detached job; its handle.
-
-        The job holds one of the host's max_concurrent_jobs slots (on the host: shared by every controller) while
-        it runs, waiting there for one if all are taken.
+        A run that reuses its parent (`rerun`) takes the parent's step run when the step would run exactly as it
+        did there (same key: same command, code and inputs); a step whose key changed since — an edited
+        experiment, spec or code — is not the parent's any more and is looked up like any other. Otherwise: the
+        store's newest successful step run with that key.
         """
-        from alignflow.transport import JobSpec
+        parent = self._parent_step(step)
+        if parent is not None:
+            if parent.cache_key == key:
+                return parent if parent.status == StepStatus.RAN else self.store.get_step(str(parent.reused_from))
+            self.emit(f"{step}: not taken from parent run {parent.run_id}: its command, code or inputs changed since")
+        return self.store.find_cached_step(step, key)
 
-        transport.mkdir(out)
-        for rel, text in template.files.items():
-            transport.write_text(f"{out}/{rel}", fill(text, values))
-        env = {k: fill(v, values) for k, v in template.env.items()}
-        return transport.launch(JobSpec(argv=argv, name=name, env=env, cwd=out, take_slot=True))
+    def _parent_step(self, step: str) -> StepRunRecord | None:
+        parent = self.ctx.options.parent
+        if not (parent and self.ctx.options.reuse_parent):
+            return None
+        if self._parent_steps is None:
+            self._parent_steps = {s.step: s for s in self.store.steps(parent)
+                                  if s.status in (StepStatus.RAN, StepStatus.CACHED)}
+        return self._parent_steps.get(step)
 
-    def read_log(self, label: str, transport: Any, path: str, template: Any, local_name: str) -> Any:
-        """Fetch a training log to `runs/<id>/logs/<local_name>.log`, parse it, check its sentinels and the lines
-        a valid log contains; the parsed log."""
-        from alignflow.logs import check_sentinels, parse_log
+    def reused(self, step: str, key: str) -> StepOutcome | None:
+        """What a step of this run takes from earlier work instead of executing: nothing when it is forced; a
+        valid cached (or parent) result otherwise. A reuse-only step (upstream of `--only`) that has none fails
+        here, before anything is launched."""
+        if step in self.forced:
+            return None
+        outcome = self.reuse(step, key)
+        if outcome is None:
+            self.require_executable(step)
+        return outcome
 
-        local = self.state_dir / "runs" / self.run_id / "logs" / f"{local_name}.log"
-        local.parent.mkdir(parents=True, exist_ok=True)
-        transport.get(path, str(local), overwrite=True)
-        text = local.read_text(encoding="utf-8", errors="replace")
-        parsed = parse_log(text.splitlines(), fmt=template.log_format, source=f"{label}:{path}")
-        check_sentinels(parsed)
-        for required in template.required_lines:
-            if required not in text:
-                raise SentinelError(f"{label}: the log never says {required!r} ({path}); the run is not valid (the "
-                                    "weights were not loaded as expected?)", sentinels=[])
-        return parsed
+    def require_executable(self, step: str) -> None:
+        """Refuse to execute a reuse-only step (one the run only reads from)."""
+        plan = self.ctx.plan
+        if step in plan.reuse_only:
+            executes = ", ".join(s for s in plan.steps if s not in plan.reuse_only)
+            raise PipelineError(f"step {step}: no valid earlier result to reuse (the run executes only {executes}); "
+                                f"run {step} first, or leave --only out")
 
-    # ------------------------------------------------------------------ staging
-    def stage(self, artifact: ArtifactRef, host: Host) -> str:
-        """Path of `artifact` on `host`; copied there (and verified) when it lives elsewhere."""
-        if artifact.host == host.name:
-            return artifact.path
-        on_host = self.experiment.data.host_paths.get(host.role) if artifact.name == "data" else None
-        if on_host is not None:
-            return self._verify_on_host(artifact, host, on_host)
-        from alignflow.transport import copy_between
-
-        dst_t = self.transport(host)
-        dest = dst_t.path(f"inputs/{artifact.name}-{artifact.sha256[:16]}")
-        if dst_t.exists(dest):
-            have = dst_t.sha256([dest])[dest]
-            if have.sha256 == artifact.sha256:
-                return str(dest)
-            dst_t.remove(dest)
-        self.emit(f"moving {artifact.name} ({artifact.size / 1e6:.1f} MB) {artifact.host} -> {host.name}")
-        src_t = self.transport_by_name(artifact.host)
-        fp = copy_between(src_t, artifact.path, dst_t, dest)
-        if fp.sha256 != artifact.sha256:
-            from alignflow.errors import FingerprintMismatch
-
-            raise FingerprintMismatch(
-                f"{host.name}:{dest}: {artifact.name} arrived with sha256 {fp.sha256}, expected {artifact.sha256}",
-                expected=artifact.sha256, actual=fp.sha256)
-        return str(dest)
-
-    def _verify_on_host(self, artifact: ArtifactRef, host: Host, path: str) -> str:
-        """Data that already lives on the host (declared in `data.host_paths`): same sha256, or refuse."""
-        from alignflow.errors import FingerprintMismatch
-
-        t = self.transport(host)
-        have = t.sha256([path])[path].sha256
-        if have != artifact.sha256:
-            raise FingerprintMismatch(
-                f"{host.name}:{path}: data sha256 {have} differs from {artifact.sha256} ({artifact.host}:"
-                f"{artifact.path}); both sides must read the same bytes", expected=artifact.sha256, actual=have)
-        return path
-
-    # ------------------------------------------------------------------ the step
-    def execute(self, step: str, inputs: Mapping[str, ArtifactRef]) -> StepOutcome:
-        """Run (or reuse) one command step. Raises on failure after recording it."""
-        sdef = pipeline.step(step)
-        missing = [n for n in sdef.inputs if n not in inputs]
-        if missing:
-            raise PipelineError(f"step {step}: missing input artifact(s) {', '.join(missing)}")
-        host = self.host(step)
-        transport = self.transport(host)
-        self.snapshot(host)
-        data_sha = inputs["data"].sha256 if "data" in inputs else ""
-        command = step_command(self.experiment, step, data_sha256=data_sha)
-        template = command.template
-        key = cache_key(step=step, argv=template.argv, files=template.files, env=template.env,
-                        code_version=self.code_version(template, host),
-                        inputs={n: inputs[n].sha256 for n in sdef.inputs})
-        if step not in self.forced:
-            reused = self._reuse(step, key)
-            if reused is not None:
-                return reused
-        return self._run(step, key, host, transport, command, inputs)
-
-    def _reuse(self, step: str, key: str, cached: Any = None) -> StepOutcome | None:
-        """Reuse the step run `cached` (by default the store's newest successful one with `key`) when every
-        artifact of it still hashes the same on its host."""
-        cached = cached if cached is not None else self.store.find_cached_step(step, key)
+    def reuse(self, step: str, key: str, cached: StepRunRecord | None = None) -> StepOutcome | None:
+        """Reuse `cached` (default: `cached_step(step, key)`) when every artifact of it still hashes the same on
+        its host; None when there is nothing (valid) to reuse."""
+        cached = cached if cached is not None else self.cached_step(step, key)
         if cached is None:
             return None
         refs = {a.name: ArtifactRef.from_record(a) for a in self.store.artifacts(cached.id)}
@@ -245,83 +233,108 @@ class StepRunner:
         if problems:
             self.emit(f"{step}: cached " + "; ".join(problems) + "; re-running")
             return None
-        record = self.store.record_cached_step(self.run_id, step, host=cached.host, command=cached.command,
+        record = self.store.record_cached_step(self.run_id, step, host=cached.host or "", command=cached.command or "",
                                                cache_key=key, reused_from=cached.id, inputs=cached.inputs)
-        self.emit(f"{step}: cached (reusing step run {cached.id} of run {cached.run_id})")
-        return StepOutcome(step, "cached", refs, record.id, key)
+        where = "parent run" if cached.run_id == self.ctx.options.parent else "run"
+        self.emit(f"{step}: cached (step run {cached.id} of {where} {cached.run_id})")
+        return StepOutcome(step, StepStatus.CACHED, refs, record.id, key, reused_from_run=cached.run_id)
 
-    def _run(self, step: str, key: str, host: Host, transport: Any, command: StepCommand,
-             inputs: Mapping[str, ArtifactRef]) -> StepOutcome:
-        template = command.template
-        sdef = pipeline.step(step)
-        from alignflow.transport import JobHandle
-
-        state: Any = None
-        handle: Any = None
-        tails: tuple[str, str] | None = None
-        resumed = self._resumable(step, key)
-        if resumed is not None:
-            # An earlier attempt of this task launched the job and lost its connection: re-attach, never relaunch.
-            step_run, recorded = resumed
-            handle, out = JobHandle.from_dict(recorded), str(recorded["out"])
-            self.emit(f"{step}: re-attaching to job {handle.job_dir} launched by an earlier attempt")
-        else:
-            local_inputs = {n: self.stage(inputs[n], host) for n in sdef.inputs}
-            out = str(transport.path(f"artifacts/{step}/{key[:12]}-{uuid.uuid4().hex[:8]}"))
-            values = {"python": transport.python(), "out": out, **{f"in:{n}": p for n, p in local_inputs.items()}}
-            argv = fill_all(template.argv, values)
-            step_run = self.store.start_step(self.run_id, step, host=host.name, command=shlex.join(argv),
-                                             cache_key=key, inputs={n: inputs[n].to_dict() for n in sdef.inputs})
-        try:
-            if handle is None:
-                handle = self.launch(transport, template, values, argv, out=out, name=f"{self.run_id}-{step}")
-                self.store.attach_job(step_run.id, job_dir=handle.job_dir, handle={**handle.to_dict(), "out": out})
-                self.emit(f"{step}: launched on {host.name} (job {handle.job_dir})")
-            state = self._wait(step, transport, handle, timeout_for(self.experiment, step))
-            tails = stdout_tail, stderr_tail = self._tails(transport, handle, check=True)
-            if not state.ok:
-                raise RemoteJobError(
-                    f"{host.name}: step {step} {state}; job dir {handle.job_dir}\n"
-                    + "\n".join("    " + line for line in stderr_tail.rstrip().splitlines()[-15:]),
-                    handle=handle, state=state)
-            outputs = dict(command.outputs)
-            if template.log_format and command.log_source is not None:
-                log_rel = "train.log" if template.log == "stdout" else template.log
-                if template.log == "stdout":
-                    transport.run(["cp", f"{handle.job_dir}/stdout", f"{out}/train.log"])
-                outputs = {k: (log_rel if v == "train.log" else v) for k, v in outputs.items()}
-                self._check_log(step, transport, f"{out}/{log_rel}", command, step_run.id)
-            refs = self._fingerprint_outputs(step, host, transport, out, outputs)
-            for ref in refs.values():
-                self.store.add_artifact(step_run.id, name=ref.name, host=ref.host, path=ref.path, kind=ref.kind,
-                                        sha256=ref.sha256, size_bytes=ref.size, manifest=ref.manifest)
-            self.store.finish_step(step_run.id, status="ran", exit_code=state.exit_code, stdout_tail=stdout_tail,
-                                   stderr_tail=stderr_tail)
-            self.emit(f"{step}: ran on {host.name}")
-            return StepOutcome(step, "ran", refs, step_run.id, key)
-        except AlignflowError as exc:
-            if getattr(exc, "retryable", False):
-                # A transport failure: the job may still be running; the step run stays open so that the retry
-                # of this task re-attaches to it (`_resumable`).
-                raise
-            # The job's own exit code even when the step failed for another reason (a sentinel in a log of a
-            # process that exited 0 is exactly the case people must be able to see).
-            code = state.exit_code if state is not None else None
-            tails = tails or self._tails(transport, handle)  # already fetched when the job had ended
-            self.store.finish_step(step_run.id, status="failed", exit_code=code, stdout_tail=tails[0],
-                                   stderr_tail=tails[1], error=str(exc))
-            raise
-
-    def _resumable(self, step: str, key: str) -> tuple[Any, dict[str, Any]] | None:
-        """This run's open step run of `step` with the same key and a recorded job, if an attempt left one."""
+    def resumable(self, step: str, key: str) -> StepRunRecord | None:
+        """This run's open step run of `step` with the same key and one recorded job, if an attempt left one."""
         for sr in reversed(self.store.steps(self.run_id)):
-            if sr.step == step and sr.status == "running" and sr.cache_key == key and sr.job_handle \
-                    and "out" in sr.job_handle:
-                return sr, dict(sr.job_handle)
+            if sr.step == step and sr.status == StepStatus.RUNNING and sr.cache_key == key and sr.job_handle \
+                    and "out" in sr.job_handle and "jobs" not in sr.job_handle:
+                return sr
         return None
 
+    # ------------------------------------------------------------------ staging
+    def stage(self, artifact: ArtifactRef, host: Host) -> str:
+        """Path of `artifact` on `host`; copied there (and verified) when it lives elsewhere."""
+        if artifact.host == host.name:
+            return artifact.path
+        on_host = self.experiment.data.host_paths.get(host.role) if artifact.name == "data" else None
+        if on_host is not None:
+            return self._verify_on_host(artifact, host, on_host)
+        dst_t = self.transport(host)
+        dest = dst_t.path(f"inputs/{artifact.name}-{artifact.sha256[:16]}")
+        with _staging_lock(host.name, dest):
+            return self._copy_in(artifact, host, dst_t, dest)
+
+    def _copy_in(self, artifact: ArtifactRef, host: Host, dst_t: Transport, dest: str) -> str:
+        if dst_t.exists(dest):
+            have = dst_t.sha256([dest])[dest]
+            if have.sha256 == artifact.sha256:
+                return dest
+            # a staged copy that no longer hashes as it did (a flipped byte, a partial edit): replace it, or
+            # every later run would find the same bad copy
+            self.emit(f"{host.name}:{dest}: staged {artifact.name} changed (sha256 {have.sha256[:12]} != "
+                      f"{artifact.sha256[:12]}); replacing it with a verified copy")
+            dst_t.remove(dest, recursive=True)
+        self.emit(f"moving {artifact.name} ({artifact.size / 1e6:.1f} MB) {artifact.host} -> {host.name}")
+        src_t = self.transport_by_name(artifact.host)
+        fp = dst_t.receive(src_t, artifact.path, dest)
+        if fp.sha256 != artifact.sha256:
+            raise FingerprintMismatch(
+                f"{host.name}:{dest}: {artifact.name} arrived with sha256 {fp.sha256}, expected {artifact.sha256}",
+                expected=artifact.sha256, actual=fp.sha256)
+        return dest
+
+    def _verify_on_host(self, artifact: ArtifactRef, host: Host, path: str) -> str:
+        """Data that already lives on the host (declared in `data.host_paths`): same sha256, or refuse."""
+        have = self.transport(host).sha256([path])[path].sha256
+        if have != artifact.sha256:
+            raise FingerprintMismatch(
+                f"{host.name}:{path}: data sha256 {have} differs from {artifact.sha256} ({artifact.host}:"
+                f"{artifact.path}); both sides must read the same bytes", expected=artifact.sha256, actual=have)
+        return path
+
+    # ------------------------------------------------------------------ jobs
+    def launch(self, transport: Transport, template: CommandTemplate, values: Mapping[str, str], argv: list[str],
+               *, out: str, name: str, time_limit_s: float | None = None) -> JobHandle:
+        """Create `out`, write the template's config files there, launch the detached job; its handle.
+
+        The job holds one of the host's max_concurrent_jobs slots (on the host: shared by every controller) while
+        it runs, waiting there for one if all are taken; on a Slurm host it waits in Slurm's queue instead, and
+        `time_limit_s` (the step's) becomes its `--time`.
+        """
+        transport.mkdir(out)
+        for rel, text in template.files.items():
+            transport.write_text(f"{out}/{rel}", fill(text, values))
+        env = {k: fill(v, values) for k, v in template.env.items()}
+        return transport.launch(JobSpec(argv=argv, name=name, env=env, cwd=out, take_slot=True,
+                                        time_limit_s=time_limit_s))
+
+    def wait(self, label: str, transport: Transport, handle: JobHandle, timeout_s: float, *,
+             total: int | None = None, log_format: FormatChoice | None = None) -> JobState:
+        """Poll the job until it ends, saying every `progress_every_s` where it stands: the training step its
+        log has reached, of `total`, with its loss, rate and ETA (`StepProgress`)."""
+        tracker = ProgressTracker(label, handle.host, total=total, log_format=log_format)
+        last = [-self.progress_every_s]
+
+        def on_poll(state: JobState) -> None:
+            now = time.monotonic()
+            if now - last[0] < self.progress_every_s or state.finished:
+                return
+            last[0] = now
+            try:
+                tail = transport.tail(handle, PROGRESS_TAIL_BYTES)
+            except AlignflowError:
+                tail = ""
+            note = label = ""
+            if state.kind == "pending":  # in a scheduler's queue (Slurm PENDING): its reason says why
+                note, label = state.note, "pending"
+            elif not tail.strip():  # nothing printed yet: perhaps still waiting for a job slot on the host
+                slot = transport.slot_note(handle)
+                note, label = (slot, "waiting for a job slot") if slot.startswith("waiting") else ("", "")
+            progress = tracker.update(label or str(state), tail, note=note)
+            if progress.iteration is None and not note and tail.strip():
+                progress = replace(progress, note=tail.rstrip().splitlines()[-1].strip()[-160:])
+            self._progress(progress)
+
+        return transport.wait(handle, poll_s=self.poll_s, timeout_s=timeout_s, on_poll=on_poll)
+
     @staticmethod
-    def _tails(transport: Any, handle: Any, *, check: bool = False) -> tuple[str, str]:
+    def tails(transport: Transport, handle: JobHandle | None, *, check: bool = False) -> tuple[str, str]:
         """The job's stdout and stderr tails; with `check`, a transport error propagates (else: empty tails)."""
         if handle is None:
             return "", ""
@@ -333,53 +346,19 @@ class StepRunner:
                 raise
             return "", ""
 
-    def _wait(self, step: str, transport: Any, handle: Any, timeout_s: float) -> Any:
-        started = time.monotonic()
-        last = [0.0]
-
-        def on_poll(state: Any) -> None:
-            now = time.monotonic()
-            if now - last[0] >= 10.0:
-                last[0] = now
-                try:
-                    tail = transport.tail(handle, 600).rstrip().splitlines()
-                except AlignflowError:
-                    tail = []
-                if not tail:  # nothing printed yet: perhaps still waiting for a job slot on the host
-                    note = transport.slot_note(handle)
-                    tail = [note] if note.startswith("waiting") else []
-                line = f" | {tail[-1].strip()[-160:]}" if tail else ""
-                self.emit(f"{step}: {state} after {now - started:.0f}s{line}")
-
-        return transport.wait(handle, poll_s=self.poll_s, timeout_s=timeout_s, on_poll=on_poll)
-
-    def _check_log(self, step: str, transport: Any, path: str, command: StepCommand, step_run_id: str) -> None:
-        """Parse the training log on the controller: sentinels, required lines, every step present."""
-        parsed = self.read_log(step, transport, path, command.template, step)
-        if command.expect_steps is not None:
-            got = sorted(int(s) for s in parsed.frame.index)
-            want = list(range(1, command.expect_steps + 1))
-            if got != want:
-                missing = sorted(set(want) - set(got))
-                raise SentinelError(
-                    f"{step}: the log holds steps {got[:3]}...{got[-3:] if got else []} ({len(got)}), expected "
-                    f"1..{command.expect_steps}; missing {missing[:10]}", sentinels=[])
-        self.store.add_metrics(self.run_id, source=command.log_source, frame=parsed.frame, step_run_id=step_run_id)
-
-    def _fingerprint_outputs(self, step: str, host: Host, transport: Any, out: str,
-                             outputs: Mapping[str, str]) -> dict[str, ArtifactRef]:
-        paths = {name: f"{out}/{rel}" for name, rel in outputs.items()}
-        try:
-            fps = transport.sha256(list(paths.values()))
-        except PathMissing:
-            # the batch stops at the first missing path: name every declared output that is missing
-            missing = [f"{name} ({p})" for name, p in paths.items() if not transport.exists(p)]
-            raise PipelineError(f"{host.name}: step {step} exited 0 but did not produce declared output(s) "
-                                f"{', '.join(missing)}") from None
-        refs = {}
-        for name, p in paths.items():
-            fp = fps[p]
-            kind = pipeline.ARTIFACTS[name].kind
-            manifest = [[f.path, f.sha256, f.size] for f in fp.files] if fp.kind == "dir" else None
-            refs[name] = ArtifactRef(name, host.name, p, fp.sha256, fp.size, kind, manifest)
-        return refs
+    def read_log(self, label: str, transport: Transport, path: str, template: CommandTemplate,
+                 local_name: str) -> ParsedLog:
+        """Fetch a training log to `runs/<id>/logs/<local_name>.log`, parse it, check its sentinels and the lines
+        a valid log contains; the parsed log."""
+        local = self.state_dir / "runs" / self.run_id / "logs" / f"{local_name}.log"
+        local.parent.mkdir(parents=True, exist_ok=True)
+        transport.get(path, str(local), overwrite=True)
+        text = local.read_text(encoding="utf-8", errors="replace")
+        parsed = parse_log(text.splitlines(), fmt=template.log_format, source=f"{label}:{path}")
+        # a training that loads a checkpoint must say it loaded one (`required_lines` is set exactly for those)
+        check_sentinels(parsed, require=(CHECKPOINT_LOADED,) if template.required_lines else ())
+        for required in template.required_lines:
+            if required not in text:
+                raise SentinelError(f"{label}: the log never says {required!r} ({path}); the run is not valid (the "
+                                    "weights were not loaded as expected?)", sentinels=[])
+        return parsed

@@ -1,4 +1,4 @@
-"""Compare the fingerprints of a reproduction with those of the original run.
+"""Judge a reproduction against the original run: reproduced or diverged, with every difference and its cause.
 
 Checkpoints, data and configs are compared byte for byte (sha256). A training log's bytes always differ between
 two executions (timestamps, step times), so a differing log is also compared by what it *measured*: when every
@@ -10,36 +10,117 @@ divergence.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from alignflow.compare.context import VOLATILE_SNAPSHOT_KEYS
 from alignflow.logs.schema import BOOKKEEPING_COLUMNS
+
+Verdict = Literal["reproduced", "diverged"]
 
 
 @dataclass(frozen=True, slots=True)
 class FingerprintDiff:
-    """One recorded value that differs between the original and the reproduction."""
+    """One recorded value that differs between the original and the reproduction, and why."""
 
     what: str
     original: str | None
     reproduction: str | None
-    note: str = ""
+    note: str = ""  # the cause: what changed that explains the difference
     substantive: bool = True  # False when the bytes differ but nothing about the model does
+    step: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"what": self.what, "step": self.step, "original": self.original, "reproduction": self.reproduction,
+                "cause": self.note, "substantive": self.substantive}
+
+
+@dataclass(frozen=True, slots=True)
+class Reproduction:
+    """The judgement of a reproduction: reproduced when nothing substantive differs."""
+
+    original: str
+    reproduction: str
+    differences: tuple[FingerprintDiff, ...]
+
+    @property
+    def substantive(self) -> tuple[FingerprintDiff, ...]:
+        return tuple(d for d in self.differences if d.substantive)
+
+    @property
+    def verdict(self) -> Verdict:
+        return "diverged" if self.substantive else "reproduced"
+
+    @property
+    def headline(self) -> str:
+        """`REPRODUCED ...` or `DIVERGED ...: first at step X (cause)`: the line `alignflow reproduce` opens with."""
+        real = self.substantive
+        other = len(self.differences) - len(real)
+        if not real:
+            tail = f"; {other} difference(s) that change nothing (listed below)" if other else ""
+            return (f"REPRODUCED: run {self.reproduction} gives every checkpoint, input, logged metric and verdict "
+                    f"of run {self.original}{tail}")
+        first = real[0]
+        where = f"at step {first.step}" if first.step else f"in {first.what}"
+        return (f"DIVERGED: {len(real)} substantive difference(s) from run {self.original}; the first {where}: "
+                f"{first.what}" + (f" ({first.note})" if first.note else ""))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "reproduced": self.verdict == "reproduced", "original": self.original,
+                "reproduction": self.reproduction, "headline": self.headline,
+                "differences": [d.to_json() for d in self.differences]}
+
+
+def judge_reproduction(store: Any, original_id: str, reproduction_id: str) -> Reproduction:
+    """The verdict of a reproduction with every difference and its cause (see `diff_runs`)."""
+    return Reproduction(original_id, reproduction_id, tuple(diff_runs(store, original_id, reproduction_id)))
 
 
 def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[FingerprintDiff]:
-    """Every artifact sha256, input fingerprint, cache key and host snapshot field that differs."""
+    """Every artifact sha256, input fingerprint, cache key and host snapshot field that differs, in pipeline order,
+    each with its cause: a step whose inputs differ passes the difference on (the cause is upstream); a step with
+    the same inputs and cache key whose outputs differ is not deterministic; a cache key that differs with the
+    same inputs means the command, a config file or the code changed. Host snapshot differences are listed as
+    context (what may explain a divergence) and decide nothing by themselves.
+    """
+    from alignflow.pipeline import producer
+
     diffs: list[FingerprintDiff] = []
     a_steps = {s.step: s for s in store.steps(original_id)}
     b_steps = {s.step: s for s in store.steps(reproduction_id)}
     benign: set[str] = set()  # sha256 pairs of artifacts whose bytes differ without meaning (timing-only logs)
+    changed_outputs: dict[str, str] = {}  # artifact name -> the step whose output it is
     for step in _pipeline_order(set(a_steps) | set(b_steps)):
         sa, sb = a_steps.get(step), b_steps.get(step)
         if sa is None or sb is None:
-            diffs.append(FingerprintDiff(f"{step}: step", sa.status if sa else None, sb.status if sb else None))
+            diffs.append(FingerprintDiff(f"{step}: step", sa.status if sa else None, sb.status if sb else None,
+                                         "the step ran in one of the runs only", step=step))
             continue
-        step_outputs_differ = False
+        ins_a = {k: v.get("sha256") for k, v in (sa.inputs or {}).items()}
+        ins_b = {k: v.get("sha256") for k, v in (sb.inputs or {}).items()}
+        real_inputs: list[str] = []
+        input_diffs: list[FingerprintDiff] = []
+        for name in sorted(set(ins_a) | set(ins_b)):
+            if ins_a.get(name) == ins_b.get(name):
+                continue
+            same = f"{ins_a.get(name)}:{ins_b.get(name)}" in benign
+            made_by = producer(name)
+            if same:
+                cause = "the upstream log differs in timings only"
+            elif name in changed_outputs:
+                cause = f"output of step {changed_outputs[name]}, which differs (above)"
+            elif made_by is not None:
+                cause = f"output of step {made_by.name}"
+            else:
+                cause = "a run input changed (not produced by a step)"
+            if not same:
+                real_inputs.append(name)
+            input_diffs.append(FingerprintDiff(f"{step}: input {name} sha256", ins_a.get(name), ins_b.get(name),
+                                               cause, not same, step))
+        recipe_changed = sa.cache_key != sb.cache_key and not real_inputs
         arts_a = {x.name: x for x in store.artifacts(sa.id)}
         arts_b = {x.name: x for x in store.artifacts(sb.id)}
+        output_diffs: list[FingerprintDiff] = []
+        outputs_differ = False
         for name in sorted(set(arts_a) | set(arts_b)):
             xa, xb = arts_a.get(name), arts_b.get(name)
             if xa is not None and xb is not None and xa.sha256 == xb.sha256:
@@ -51,38 +132,42 @@ def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[Finger
                 note, substantive = "the report names its run; the verdicts are compared below", False
             if not substantive and xa is not None and xb is not None:
                 benign.add(f"{xa.sha256}:{xb.sha256}")
-            step_outputs_differ = step_outputs_differ or substantive
-            diffs.append(FingerprintDiff(f"{step}: {name} sha256", xa.sha256 if xa else None,
-                                         xb.sha256 if xb else None, note, substantive))
-        inputs_differ = False
-        ins_a = {k: v.get("sha256") for k, v in (sa.inputs or {}).items()}
-        ins_b = {k: v.get("sha256") for k, v in (sb.inputs or {}).items()}
-        for name in sorted(set(ins_a) | set(ins_b)):
-            if ins_a.get(name) != ins_b.get(name):
-                same = f"{ins_a.get(name)}:{ins_b.get(name)}" in benign
-                inputs_differ = inputs_differ or not same
-                diffs.append(FingerprintDiff(f"{step}: input {name} sha256", ins_a.get(name), ins_b.get(name),
-                                             "the upstream log differs in timings only" if same else "", not same))
+            if substantive:
+                changed_outputs[name] = step
+                outputs_differ = True
+                why = (f"its inputs differ ({', '.join(real_inputs)})" if real_inputs
+                       else "the command, a config file or the code changed" if recipe_changed
+                       else "same inputs and recipe: the step is not deterministic")
+                note = f"{note}; {why}" if note else why
+            output_diffs.append(FingerprintDiff(f"{step}: {name} sha256", xa.sha256 if xa else None,
+                                                xb.sha256 if xb else None, note, substantive, step))
+        diffs += input_diffs + output_diffs
         if sa.cache_key != sb.cache_key:
-            # A different key means a different command, config file (a spec, a template) or code version. When
-            # the outputs are nonetheless identical the run is reproduced with a changed recipe: say so, do not
-            # count it as a divergence.
-            real = step_outputs_differ or inputs_differ
-            diffs.append(FingerprintDiff(
-                f"{step}: cache key (command, config or code version)", sa.cache_key, sb.cache_key,
-                "" if real else "the command, a config file or the code changed; the outputs did not", real))
+            if real_inputs:
+                cause, real = f"its inputs changed ({', '.join(real_inputs)})", False  # counted with the inputs
+            elif outputs_differ:
+                cause, real = "the command, a config file or the code changed", True
+            else:
+                cause, real = "the command, a config file or the code changed; the outputs did not", False
+            diffs.append(FingerprintDiff(f"{step}: cache key (command, config, code, inputs)", sa.cache_key,
+                                         sb.cache_key, cause, real, step))
     ca, cb = store.comparison(original_id), store.comparison(reproduction_id)
     if ca is not None and cb is not None and ca.verdict != cb.verdict:
-        diffs.append(FingerprintDiff("compare: verdict", ca.verdict, cb.verdict))
+        diffs.append(FingerprintDiff("compare: verdict", ca.verdict, cb.verdict,
+                                     "the compared logs differ (above)" if changed_outputs else "", True, "compare"))
     snaps_a = {s.host: s.data for s in store.snapshots(original_id)}
     snaps_b = {s.host: s.data for s in store.snapshots(reproduction_id)}
+    diverged = any(d.substantive for d in diffs)
     for host in sorted(set(snaps_a) | set(snaps_b)):
         flat_a, flat_b = _flatten(snaps_a.get(host, {})), _flatten(snaps_b.get(host, {}))
         for key in sorted(set(flat_a) | set(flat_b)):
-            if key.endswith(("taken_at", "latency_ms", "uptime", "duration_s", "load", "memory_free")):
+            if key.endswith(VOLATILE_SNAPSHOT_KEYS):
                 continue
             if flat_a.get(key) != flat_b.get(key):
-                diffs.append(FingerprintDiff(f"{host}: snapshot {key}", flat_a.get(key), flat_b.get(key)))
+                diffs.append(FingerprintDiff(
+                    f"{host}: snapshot {key}", flat_a.get(key), flat_b.get(key),
+                    "host environment changed: a candidate cause of the divergence" if diverged
+                    else "host environment changed; every output is the same", False))
     return diffs
 
 

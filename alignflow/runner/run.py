@@ -1,8 +1,8 @@
-"""Run-level operations: start a run (recording everything needed to reproduce it), reopen it by id, walk the
-pipeline, finish it, and describe it (`alignflow show`).
+"""Run-level operations: start a run (recording everything needed to reproduce it), preflight it, walk its
+pipeline without Prefect, finish it, and describe it (`alignflow show`).
 
-The Prefect flow composes these same functions with one task per step; `execute_pipeline` is the plain-Python
-walk used where Prefect is not wanted (benchmarks, the core's own tests).
+The Prefect flow composes these same functions with one task per step (`flows.alignment`); `execute_pipeline` is
+the plain-Python walk of the same DAG, through the same `walk` (benchmarks, the core's own tests).
 """
 
 from __future__ import annotations
@@ -14,22 +14,32 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from alignflow import pipeline
+from alignflow.codeversion import alignflow_version
 from alignflow.config.experiment import Experiment
-from alignflow.config.hosts import Inventory
-from alignflow.errors import AlignflowError, PipelineError, PreflightError
+from alignflow.errors import AlignflowError, ConfigError, PreflightError, RecordNotFound
 from alignflow.fingerprint import HashMemo
+from alignflow.preflight import PreflightReport, check_experiment
 from alignflow.runner.artifacts import ArtifactRef
-from alignflow.runner.cache import alignflow_version
-from alignflow.runner.engine import StepRunner
+from alignflow.runner.control import cancel_run_jobs
+from alignflow.runner.engine import StepRunner, TransportFactory
 from alignflow.runner.session import (
     Events,
+    RunContext,
     RunOptions,
     StepOutcome,
     load_run_inputs,
+    open_run,
     plan_for,
     prepare_data,
 )
+from alignflow.runner.steps import run_step
+from alignflow.runner.walk import ThreadScheduler, walk
+from alignflow.runview import RunView, run_view
+from alignflow.store import Store
+from alignflow.store.records import RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -38,25 +48,33 @@ def start_run(
     experiment_path: str | Path,
     hosts_path: str | Path,
     *,
-    store: Any,
+    store: Store,
     state_dir: Path,
     options: RunOptions | None = None,
+    experiment_update: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> str:
     """Validate the inputs, record the experiment and a new run, return the run id.
 
-    With `options.reproduce_of`, the experiment and inventory are the ones recorded by that run (not the files
-    as they are now) and every step is forced, so that the new run's fingerprints can be compared with the old.
+    With `options.recorded_from`, the experiment and inventory are the ones recorded by that run (not the files
+    as they are now); `options.reproduce_of` does the same and forces every step, so that the new run's
+    fingerprints can be compared with the old. `experiment_update` changes sections of the experiment for this run
+    (`{"diagnose": {"step": 5}}`), recorded as part of its experiment.
     """
     options = options or RunOptions()
     if options.reproduce_of is not None:
-        experiment, inventory, _, old = reopen(options.reproduce_of, store=store)
-        experiment_path, hosts_path = old["experiment_path"], old["hosts_path"]
         options = RunOptions(parent=options.reproduce_of, trigger=options.trigger, reproduce_of=options.reproduce_of,
+                             recorded_from=options.reproduce_of,
                              force=tuple(s.name for s in pipeline.STEPS if not s.optional))
+    if options.recorded_from is not None:
+        old = open_run(store, options.recorded_from)
+        experiment, inventory = old.experiment, old.inventory
+        experiment_path, hosts_path = old.experiment_path, old.hosts_path
     else:
-        experiment, inventory = load_run_inputs(experiment_path, hosts_path)
+        experiment, inventory = load_run_inputs(experiment_path, hosts_path, state_dir)
+    if experiment_update:
+        experiment = updated(experiment, experiment_update)
     if options.parent is not None:
-        store.get_run(options.parent)  # fail early on an unknown parent
+        check_parent(store, options.parent, experiment.name)
     plan = plan_for(experiment, options)
     config = experiment.model_dump(mode="json")
     config_sha = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
@@ -67,48 +85,67 @@ def start_run(
         "experiment": config,
         "inventory": inventory.model_dump(mode="json"),
         "options": options.to_dict(),
-        "plan": {"steps": list(plan.steps), "forced": sorted(plan.forced)},
+        "plan": {"steps": list(plan.steps), "forced": sorted(plan.forced), "reuse_only": sorted(plan.reuse_only)},
         "state_dir": str(state_dir),
     }
     run = store.create_run(experiment.name, parent_id=options.parent, trigger=options.trigger,
                            code_version=f"alignflow {alignflow_version()}", params=params)
-    return str(run.id)
+    return run.id
 
 
-def reopen(run_id: str, *, store: Any) -> tuple[Experiment, Inventory, pipeline.Plan, dict[str, Any]]:
-    """The experiment, inventory and plan exactly as recorded when the run started."""
-    run = store.get_run(run_id)
-    params = run.params
-    experiment = Experiment.model_validate(params["experiment"]).model_copy(
-        update={"source": params["experiment_path"]})
-    inventory = Inventory.model_validate(params["inventory"]).model_copy(update={"source": params["hosts_path"]})
-    plan = pipeline.Plan(steps=tuple(params["plan"]["steps"]), forced=frozenset(params["plan"]["forced"]))
-    return experiment, inventory, plan, params
+def updated(experiment: Experiment, update: Mapping[str, Mapping[str, Any]]) -> Experiment:
+    """`experiment` with some of its sections' fields replaced, validated again."""
+    doc = experiment.model_dump(mode="json")
+    for section, fields in update.items():
+        doc[section] = {**(doc.get(section) or {}), **fields}
+    try:
+        return Experiment.model_validate(doc).model_copy(update={"source": experiment.source})
+    except ValidationError as exc:
+        raise ConfigError(f"{experiment.source}: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
 
 
-def open_runner(
-    run_id: str, *, store: Any, state_dir: Path, transport_factory: Any, events: Events | None = None,
-) -> StepRunner:
-    experiment, inventory, plan, _ = reopen(run_id, store=store)
-    return StepRunner(run_id=run_id, experiment=experiment, inventory=inventory, store=store, state_dir=state_dir,
-                      forced=plan.forced, transport_factory=transport_factory, events=events)
+def check_parent(store: Store, parent: str, experiment: str) -> None:
+    """The parent a run names exists and is a run of the same experiment (a re-run reuses its artifacts): a
+    clear error naming the recent runs of `experiment` otherwise (the Prefect form takes the id as text)."""
+    try:
+        found = store.get_run(parent)
+    except RecordNotFound as exc:
+        raise ConfigError(f"parent run: {exc}; {recent_runs_text(store, experiment)}") from None
+    if found.experiment != experiment:
+        raise ConfigError(f"parent run {found.id} is a run of {found.experiment!r}, not of {experiment!r}; "
+                          f"{recent_runs_text(store, experiment)}")
 
 
-def preflight_run(run_id: str, *, store: Any, state_dir: Path, events: Events | None = None) -> Any:
+def recent_runs_text(store: Store, experiment: str, limit: int = 5) -> str:
+    """`recent runs of demo: 3f2a9c1b0d4e (pass, 2026-11-02 02:00), ...` or that there are none."""
+    try:
+        runs = store.list_runs(experiment=experiment, limit=limit)
+    except RecordNotFound:
+        runs = []
+    if not runs:
+        return f"{experiment!r} has no recorded run yet"
+    shown = ", ".join(f"{r.id} ({r.verdict or r.status}, {r.started_at:%Y-%m-%d %H:%M})" for r in runs)
+    return f"recent runs of {experiment!r}: {shown}"
+
+
+def preflight_run(ctx: RunContext, *, state_dir: Path, events: Events | None = None,
+                  transport_factory: TransportFactory | None = None) -> PreflightReport | None:
     """Preflight of a recorded run (its experiment and inventory as recorded), before any step: a mismatch raises
     `PreflightError` listing every difference, so the run fails with that list as its error and nothing runs.
 
-    The report is kept beside the run's logs (`runs/<id>/preflight.json`) whatever the outcome.
+    The report is kept beside the run's logs (`runs/<id>/preflight.json`) whatever the outcome. The run's Slurm
+    hosts are checked too (client tools, sacct, controller, partition): only those are contacted.
     """
-    from alignflow.preflight import check_experiment
-
-    experiment, inventory, _, _ = reopen(run_id, store=store)
+    check_slurm_hosts(ctx, events=events, transport_factory=transport_factory)
+    experiment = ctx.experiment
     if not experiment.preflight:
         (events or log.warning)(f"preflight: turned off by {experiment.source} (preflight: false); both sides' "
                                 "settings were NOT compared")
         return None
-    report = check_experiment(experiment, inventory=inventory)
-    out = state_dir / "runs" / run_id / "preflight.json"
+    from alignflow.transport import open_transport
+
+    report = check_experiment(experiment, inventory=ctx.inventory, transport_factory=open_transport)
+    out = state_dir / "runs" / ctx.run_id / "preflight.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report.to_dict(), indent=2), encoding="utf-8")
     if not report.ok:
@@ -118,76 +155,44 @@ def preflight_run(run_id: str, *, store: Any, state_dir: Path, events: Events | 
     return report
 
 
-def data_artifact(runner: StepRunner) -> ArtifactRef:
-    memo = HashMemo(runner.state_dir / "hashmemo.sqlite")
+def check_slurm_hosts(ctx: RunContext, *, events: Events | None = None,
+                      transport_factory: TransportFactory | None = None) -> None:
+    """`PreflightError` when a Slurm host of the run's plan cannot run its jobs (`alignflow.transport.slurm_check`)."""
+    from alignflow.config.placement import resolve_host
+    from alignflow.transport import open_transport
+    from alignflow.transport.shell import ShellTransport
+    from alignflow.transport.slurm_check import check_slurm_host
+
+    hosts = {h.name: h for step in ctx.plan.steps if pipeline.step(step).executor != "compare"
+             for h in [resolve_host(ctx.experiment, ctx.inventory, step, Path("."))] if h.scheduler == "slurm"}
+    errors: list[str] = []
+    for host in hosts.values():
+        t = (transport_factory or open_transport)(host)
+        try:
+            if isinstance(t, ShellTransport):
+                check = check_slurm_host(t)
+                errors += check.errors
+                for warning in check.warnings:
+                    (events or log.warning)(f"preflight: {warning}")
+        finally:
+            t.close()
+    if errors:
+        raise PreflightError("preflight: " + "\n".join(errors) + "\nnothing was run", report=None)
+
+
+def data_artifact(ctx: RunContext, *, state_dir: Path) -> ArtifactRef:
+    """The run's data file on the controller, fingerprinted (or generated, for the twin)."""
+    memo = HashMemo(state_dir / "hashmemo.sqlite")
     try:
-        return prepare_data(runner.experiment, memo=memo)
+        return prepare_data(ctx.experiment, memo=memo)
     finally:
         memo.close()
 
 
-def parent_outcomes(store: Any, parent_id: str) -> dict[str, dict[str, ArtifactRef]]:
-    """Artifacts of each step of a parent run that succeeded (ran or cached)."""
-    found: dict[str, dict[str, ArtifactRef]] = {}
-    for sr in store.steps(parent_id):
-        if sr.status in ("ran", "cached"):
-            found[sr.step] = {a.name: ArtifactRef.from_record(a) for a in store.artifacts(sr.id)}
-    return found
-
-
-def reusable_parent_steps(store: Any, run_id: str) -> dict[str, dict[str, ArtifactRef]]:
-    """The steps of `run_id` that its parent run supplies instead of executing them (with their artifacts):
-    empty unless the run was asked to reuse its parent; steps the run forces are never taken from the parent."""
-    _, _, plan, params = reopen(run_id, store=store)
-    parent_id = params["options"].get("parent")
-    if not parent_id or not params["options"].get("reuse_parent"):
-        return {}
-    return {step: refs for step, refs in parent_outcomes(store, parent_id).items()
-            if step in plan.steps and step not in plan.forced}
-
-
-def inputs_for(step: str, available: Mapping[str, ArtifactRef]) -> dict[str, ArtifactRef]:
-    sdef = pipeline.step(step)
-    missing = [n for n in sdef.inputs if n not in available]
-    if missing:
-        raise PipelineError(f"step {step} cannot run: no {', '.join(missing)} from an earlier step or the parent run")
-    return {n: available[n] for n in sdef.inputs}
-
-
-def run_step(runner: StepRunner, step: str, available: Mapping[str, ArtifactRef]) -> StepOutcome:
-    """Execute one step given every artifact produced so far."""
-    inputs = inputs_for(step, available)
-    if step == "compare":
-        from alignflow.runner.compare_step import run_compare
-
-        fps = {name: ref.sha256 for name, ref in available.items() if name in ("data", "bf16_ckpt", "megatron_ckpt")}
-        return run_compare(runner, inputs, fingerprints=fps)
-    if step == "early_gate":
-        from alignflow.runner.gate import run_gate
-
-        return run_gate(runner, inputs)
-    return runner.execute(step, inputs)
-
-
-def reuse_parent_step(runner: StepRunner, step: str, parent: Mapping[str, Mapping[str, ArtifactRef]]) -> StepOutcome:
-    """Record a step as reused from the parent run (its artifacts re-verified on their hosts)."""
-    refs = dict(parent[step])
-    problems = runner.verify(refs.values())
-    if problems:
-        raise PipelineError(f"{step}: the parent run's " + "; ".join(problems) + "; re-run that step instead")
-    prev = next(s for s in runner.store.steps(runner.store.get_run(runner.run_id).parent_id) if s.step == step
-                and s.status in ("ran", "cached"))
-    record = runner.store.record_cached_step(runner.run_id, step, host=prev.host, command=prev.command,
-                                             cache_key=prev.cache_key, reused_from=prev.reused_from or prev.id,
-                                             inputs=prev.inputs)
-    runner.emit(f"{step}: reused from parent run")
-    return StepOutcome(step, "cached", refs, record.id, prev.cache_key)
-
-
-def finish(store: Any, run_id: str, outcomes: Mapping[str, StepOutcome], *, error: str | None = None,
-           cancelled: bool = False) -> dict[str, Any]:
+def finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, error: str | None = None,
+           cancelled: bool = False) -> RunView:
     """Close the run: status, verdict, report; steps that never ran are recorded as skipped."""
-    _, _, plan, _ = reopen(run_id, store=store)
+    plan = open_run(store, run_id).plan
     recorded = {s.step for s in store.steps(run_id)}
     for name in pipeline.STEP_NAMES:
         if name not in recorded and (name in plan.steps or not pipeline.step(name).optional):
@@ -197,55 +202,45 @@ def finish(store: Any, run_id: str, outcomes: Mapping[str, StepOutcome], *, erro
     report = None
     if compare is not None and "report" in compare.artifacts:
         report = str(Path(compare.artifacts["report"].path) / "report.html")
-    status = "cancelled" if cancelled else ("failed" if error else "completed")
+    status = RunStatus.CANCELLED if cancelled else (RunStatus.FAILED if error else RunStatus.COMPLETED)
     store.finish_run(run_id, status=status, verdict=verdict if not error else (verdict or "fail"), report=report,
                      error=error)
     return show(store, run_id)
 
 
-def show(store: Any, run_id: str) -> dict[str, Any]:
-    """The `alignflow show --json` object."""
-    run = store.get_run(run_id)
-    steps = []
-    by_name = {s.step: s for s in store.steps(run.id)}
-    for name in pipeline.STEP_NAMES:
-        sr = by_name.get(name)
-        if sr is None:
-            continue
-        steps.append({
-            "step": sr.step, "host": sr.host, "status": sr.status, "cache_key": sr.cache_key,
-            "exit_code": sr.exit_code, "started": _iso(sr.started_at), "finished": _iso(sr.finished_at),
-            "error": sr.error,
-            "artifacts": [{"name": a.name, "host": a.host, "path": a.path, "sha256": a.sha256, "size": a.size_bytes}
-                          for a in store.artifacts(sr.id)],
-        })
-    return {"run_id": run.id, "experiment": run.experiment, "parent": run.parent_id, "status": run.status,
-            "verdict": run.verdict, "report": run.report, "started": _iso(run.started_at),
-            "finished": _iso(run.finished_at), "error": run.error, "steps": steps}
-
-
-def _iso(value: Any) -> str | None:
-    return value.isoformat() if value is not None else None
+def show(store: Store, run_id: str) -> RunView:
+    """The recorded run as `alignflow show` prints it (`RunView.to_json()` is `show --json`)."""
+    return run_view(store, run_id)
 
 
 def execute_pipeline(
-    run_id: str, *, store: Any, state_dir: Path, transport_factory: Any, events: Events | None = None,
-) -> dict[str, Any]:
-    """Walk the run's plan step by step without Prefect (the flow does the same with tasks)."""
-    runner = open_runner(run_id, store=store, state_dir=state_dir, transport_factory=transport_factory, events=events)
-    outcomes: dict[str, StepOutcome] = {}
+    run_id: str, *, store: Store, state_dir: Path, transport_factory: TransportFactory, events: Events | None = None,
+    workers: int = 4, controller: TransportFactory | None = None,
+) -> RunView:
+    """Walk the run's plan without Prefect, steps in threads (the flow does the same with tasks).
+
+    `controller`: the controller's own transport (default: its real filesystem; see `StepRunner`)."""
+    ctx = open_run(store, run_id)
     try:
-        preflight_run(run_id, store=store, state_dir=state_dir, events=events)
-        _, _, plan, _ = reopen(run_id, store=store)
-        parent = reusable_parent_steps(store, run_id)
-        available: dict[str, ArtifactRef] = {"data": data_artifact(runner)}
-        for name in plan.steps:
-            outcome = (reuse_parent_step(runner, name, parent) if name in parent
-                       else run_step(runner, name, available))
-            outcomes[name] = outcome
-            available.update(outcome.artifacts)
-        return finish(store, run_id, outcomes)
+        preflight_run(ctx, state_dir=state_dir, events=events, transport_factory=transport_factory)
+        data = data_artifact(ctx, state_dir=state_dir)
     except AlignflowError as exc:
-        return finish(store, run_id, outcomes, error=str(exc))
+        return finish(store, run_id, {}, error=str(exc))
+
+    def run_one(step: str, available: Mapping[str, ArtifactRef]) -> StepOutcome:
+        runner = StepRunner(ctx, store=store, state_dir=state_dir, transport_factory=transport_factory,
+                            events=events, controller=controller)
+        try:
+            return run_step(runner, step, available)
+        finally:
+            runner.close()
+
+    scheduler = ThreadScheduler(run_one, workers=workers)
+    try:
+        result = walk(ctx.plan, {"data": data}, scheduler)
+    except BaseException:  # interrupted: kill the jobs still running (their threads then end), record it cancelled
+        cancel_run_jobs(store, run_id, transport_factory=transport_factory)
+        raise
     finally:
-        runner.close()
+        scheduler.close()
+    return finish(store, run_id, result.outcomes, error=result.error)

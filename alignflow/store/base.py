@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
@@ -29,16 +29,25 @@ from alignflow.store.values import check_id_prefix, new_id
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
+# Who is creating a run (recorded with it so that a dead controller can be detected later); None records nothing.
+ControllerFn = Callable[[], dict[str, Any] | None]
 OPEN_STEPS = [s.value for s in OPEN_STEP_STATUSES]
+
+
+def _this_process() -> dict[str, Any]:
+    from alignflow.controller import current
+
+    return current().to_dict()
 
 
 class StoreBase:
     """Connection handling and the helpers every part of the store API shares."""
 
-    def __init__(self, engine: Engine, *, clock: Clock = utc_now) -> None:
+    def __init__(self, engine: Engine, *, clock: Clock = utc_now, controller: ControllerFn | None = None) -> None:
         self._engine = engine
         self._read_engine = engine.execution_options(**{database.READ_ONLY_OPTION: True})
         self._clock = clock
+        self._controller = controller or _this_process
 
     @classmethod
     def open(
@@ -48,6 +57,7 @@ class StoreBase:
         state_dir: Path | None = None,
         upgrade: bool = True,
         clock: Clock = utc_now,
+        controller: ControllerFn | None = None,
     ) -> Self:
         """Open the store at `url`, else `$ALIGNFLOW_DB_URL`, else SQLite in `state_dir` (default: the state dir).
 
@@ -60,7 +70,7 @@ class StoreBase:
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine, clock=clock)
+        return cls(engine, clock=clock, controller=controller)
 
     @property
     def url(self) -> str:

@@ -124,6 +124,7 @@ class Run(Base):
     params: Mapped[dict[str, Any]]
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]
+    controller: Mapped[dict[str, Any] | None]
 
     def to_record(self, experiment: str, config_sha256: str) -> RunRecord:
         return RunRecord(
@@ -131,6 +132,7 @@ class Run(Base):
             trigger=self.trigger, status=RunStatus(self.status), code_version=self.code_version,
             verdict=self.verdict, report=self.report, error=self.error, params=dict(self.params),
             started_at=_aware(self.started_at), finished_at=aware(self.finished_at),
+            controller=None if self.controller is None else dict(self.controller),
         )
 
 

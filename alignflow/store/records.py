@@ -16,13 +16,19 @@ def utc_now() -> datetime:
 
 
 class RunStatus(StrEnum):
-    """Life of a run. `completed` says the pipeline ran to its end; whether the two sides align is the verdict."""
+    """Life of a run. `completed` says the pipeline ran to its end; whether the two sides align is the verdict.
+
+    `interrupted`: the controller that drove the run died (kill -9, crash, reboot) and a later command noticed
+    (`alignflow.store.interruptions.reconcile`); its remote jobs may still be running. It is the one finished
+    status that may change once more, to `cancelled`, when `alignflow cancel` has killed those jobs.
+    """
 
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
     CRASHED = "crashed"
+    INTERRUPTED = "interrupted"
 
 
 class StepStatus(StrEnum):
@@ -33,11 +39,13 @@ class StepStatus(StrEnum):
     RAN = "ran"
     CACHED = "cached"
     FAILED = "failed"
+    CANCELLED = "cancelled"
     SKIPPED = "skipped"
 
 
 OPEN_STEP_STATUSES = (StepStatus.PENDING, StepStatus.RUNNING)
-FINISHED_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.CRASHED)
+FINISHED_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.CRASHED,
+                         RunStatus.INTERRUPTED)
 
 
 def _json_ready(record: Any) -> dict[str, Any]:
@@ -81,6 +89,9 @@ class RunRecord:
     params: dict[str, Any]
     started_at: datetime
     finished_at: datetime | None
+    # The process that drives the run (`alignflow.controller.ControllerIdentity.to_dict()`); None for runs
+    # recorded before it was kept (schema revision 0003).
+    controller: dict[str, Any] | None = None
 
     @property
     def duration_s(self) -> float | None:

@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from alignflow.errors import ImmutableRecord, RecordNotFound, StoreError
 from alignflow.store.base import OPEN_STEPS
+from alignflow.store.interruptions import Interruptions
 from alignflow.store.measurements import Measurements
 from alignflow.store.models import Artifact, Experiment, ExperimentConfig, Run, StepRun, experiment_record
 from alignflow.store.records import (
@@ -27,12 +28,13 @@ from alignflow.store.records import (
     StepRunRecord,
     StepStatus,
 )
+from alignflow.store.references import References
 from alignflow.store.values import check_name, check_sha256, json_document, log_tail
 
 log = logging.getLogger(__name__)
 
 
-class Store(Measurements):
+class Store(Measurements, References, Interruptions):
     """The alignflow store: experiments, runs, step runs, artifacts, host snapshots, metrics, comparisons."""
 
     # --- experiments --------------------------------------------------------------------------------------------
@@ -97,7 +99,10 @@ class Store(Measurements):
         params: dict[str, Any],
         config_sha256: str | None = None,
     ) -> RunRecord:
-        """Start a run of an experiment (status `running`), under its latest config unless `config_sha256` says."""
+        """Start a run of an experiment (status `running`), under its latest config unless `config_sha256` says.
+
+        The store's `controller` function names the process driving the run (default: this one), so that a run
+        whose controller died can be told from a live one (`alignflow.store.interruptions.reconcile`)."""
         check_name(trigger, "create_run: trigger", max_length=100)
         check_name(code_version, "create_run: code_version", max_length=200)
         doc = json_document(params, "create_run: params")
@@ -112,9 +117,11 @@ class Store(Measurements):
                 raise RecordNotFound(f"experiment {experiment_name!r}: no configuration {config_sha256}; "
                                      "record it with ensure_experiment first")
             parent = None if parent_id is None else self._resolve(s, Run, parent_id, "parent run")
+            controller = self._controller()
             row = Run(id=self._fresh_id(s, Run), experiment_id=exp.id, config_id=cfg.id, parent_id=parent,
                       trigger=trigger, status=RunStatus.RUNNING.value, code_version=code_version, params=doc,
-                      started_at=self._clock())
+                      started_at=self._clock(),
+                      controller=None if controller is None else json_document(controller, "controller"))
             s.add(row)
             s.flush()
             record = row.to_record(exp.name, cfg.sha256)
@@ -130,8 +137,9 @@ class Store(Measurements):
         report: str | None = None,
         error: str | None = None,
     ) -> RunRecord:
-        """Finish a running run, once. Steps still open are closed as `failed` unless the run `completed`,
-        which is refused while any step is open (a completed run has every step accounted for)."""
+        """Finish a running run, once. Steps still open are closed as `failed` (as `cancelled` when the run is
+        cancelled), unless the run `completed`, which is refused while any step is open (a completed run has every
+        step accounted for)."""
         final = RunStatus(status)
         if final not in FINISHED_RUN_STATUSES:
             raise ValueError(f"finish_run: status must be one of {[s.value for s in FINISHED_RUN_STATUSES]}")
@@ -147,9 +155,10 @@ class Store(Measurements):
                 listing = ", ".join(f"{st.step} ({st.status})" for st in open_steps)
                 raise StoreError(f"run {row.id}: cannot be completed while steps are open: {listing}; "
                                  "finish or skip them first")
+            closed = StepStatus.CANCELLED if final == RunStatus.CANCELLED else StepStatus.FAILED
             for st in open_steps:
                 s.execute(update(StepRun).where(StepRun.id == st.id, StepRun.status.in_(OPEN_STEPS)).values(
-                    status=StepStatus.FAILED.value, finished_at=now,
+                    status=closed.value, finished_at=now,
                     error=f"run {row.id} ended ({final.value}) while this step was {st.status}"))
             done = s.execute(
                 update(Run).where(Run.id == row.id, Run.status == RunStatus.RUNNING.value).values(
@@ -273,10 +282,10 @@ class Store(Measurements):
         stderr_tail: str | None,
         error: str | None = None,
     ) -> StepRunRecord:
-        """Finish an open step run (`ran`, `failed` or `skipped`), once. Tails keep their last 64 KiB."""
+        """Finish an open step run (`ran`, `failed`, `cancelled` or `skipped`), once. Tails keep their last 64 KiB."""
         final = StepStatus(status)
-        if final not in (StepStatus.RAN, StepStatus.FAILED, StepStatus.SKIPPED):
-            raise ValueError("finish_step: status must be ran, failed or skipped")
+        if final not in (StepStatus.RAN, StepStatus.FAILED, StepStatus.CANCELLED, StepStatus.SKIPPED):
+            raise ValueError("finish_step: status must be ran, failed, cancelled or skipped")
         with self._write(f"finish step run {step_run_id}") as s:
             row = self._step_row(s, step_run_id)
             self._require_open_step(row, "finish")

@@ -94,17 +94,27 @@ OPS: dict[str, str] = {
     ),
     # $1: path; content on stdin -> written to a temporary name and renamed (readers never see half a file)
     "write": (
-        'af_confine "$W" "$1"; d=$(dirname -- "$1"); mkdir -p -m 700 -- "$d" || exit 1\n'
+        'af_confine "$W" "$1"; d=${1%/*}; d=${d:-/}; mkdir -p -m 700 -- "$d" || exit 1\n'
         't=$(mktemp -- "$d/.af-write.XXXXXX") || exit 1\n'
         'cat > "$t" && chmod 600 -- "$t" && mv -f -- "$t" "$1" || { rm -f -- "$t"; exit 1; }'
     ),
     # $1: path, $2: "1" for recursive; never the workdir itself
     "remove": (
-        'af_confine "$W" "$1"; r=$(realpath -m -- "$1")\n'
-        '[ "$r" != "$W" ] || { echo "refusing to remove the workdir" >&2; exit 5; }\n'
+        'af_confine "$W" "$1"; af_real "$1"\n'
+        '[ "$AF_REAL" != "$W" ] || { echo "refusing to remove the workdir" >&2; exit 5; }\n'
         '[ -e "$1" ] || [ -L "$1" ] || exit 0\n'
         'if [ "$2" = 1 ]; then rm -rf -- "$1"; elif [ -d "$1" ] && [ ! -L "$1" ]; then rmdir -- "$1"; '
         'else rm -f -- "$1"; fi'
+    ),
+    # $1: a copy's final path, $2: the staging stem of copies to it (transfer._staging_stem) -> every
+    # "<dir of $1>/<stem>-*" removed, their names printed NUL-separated. Run under the destination's lock only.
+    "clean_staging": (
+        'af_confine "$W" "$1"; d=${1%/*}; d=${d:-/}; rc=0\n'
+        'for p in "$d/$2"-*; do\n'
+        '  [ -e "$p" ] || [ -L "$p" ] || continue\n'
+        '  if rm -rf -- "$p"; then printf "%s\\0" "$p"; else rc=1; fi\n'
+        'done\n'
+        'exit "$rc"'
     ),
     # $1: staged copy, $2: final path, $3: "1" to replace what is there. Never replaces anything otherwise:
     # rename(2) of a directory fails on a non-empty target, link(2) of a file fails on any target. Exit 6 when
@@ -114,7 +124,7 @@ OPS: dict[str, str] = {
         'af_place() {\n'
         '  if [ -e "$2" ] || [ -L "$2" ]; then\n'
         '    [ "$3" = 1 ] || return 6\n'
-        '    old="$(dirname -- "$2")/.af-replaced-$$-$(basename -- "$2")"\n'
+        '    old="${2%/*}/.af-replaced-$$-${2##*/}"\n'
         '    mv -T -- "$2" "$old" || return 1\n'
         '    mv -T -- "$1" "$2" || { mv -T -- "$old" "$2"; return 1; }\n'
         '    rm -rf -- "$old"; return 0\n'
@@ -126,7 +136,7 @@ OPS: dict[str, str] = {
         '  mv -n -T -- "$1" "$2" && [ ! -e "$1" ] || return 6\n'
         '}\n'
         'af_place "$@"; rc=$?\n'
-        '[ "$rc" = 0 ] && rmdir -- "$(dirname -- "$1")" 2>/dev/null\n'
+        '[ "$rc" = 0 ] && rmdir -- "${1%/*}" 2>/dev/null\n'
         'exit "$rc"'
     ),
 }

@@ -1,7 +1,7 @@
 """The direct host -> host route: rsync runs ON the source host and writes to the destination over SSH.
 
 Why direct by default: the bytes cross the network once, host to host, instead of twice through the
-controller (orchestration reference §2.4: "run rsync on the source host, not through the controller").
+controller (docs/orchestration.md#transfer-speed: "run rsync on the source host, not through the controller").
 
 How the source gets in without holding any secret: for the duration of one copy, the controller starts a
 private ssh-agent holding only the destination's identity (a key lifetime is set too) and forwards it on a
@@ -23,17 +23,21 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from alignflow.transport.commands import ARGV0
 from alignflow.transport.hostkeys import trusted_keys
 from alignflow.transport.openssh import (
     BULK_CIPHERS,
+    OpenSSHClient,
     environ_with_agent,
     identity_path,
     known_host_name,
     known_hosts_path,
 )
-from alignflow.transport.ssh import SSHTransport
+
+if TYPE_CHECKING:
+    from alignflow.transport.shell import ShellTransport
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +48,10 @@ _UNSAFE_IN_RSH = set(" \t\n'\"\\")
 class DirectRoute:
     """Context manager: lends the destination's key to the source host; `usable()` says whether it works."""
 
-    def __init__(self, src: SSHTransport, dst: SSHTransport) -> None:
+    def __init__(self, src: ShellTransport, dst: ShellTransport) -> None:
         self.src, self.dst = src, dst
+        self.ssh: OpenSSHClient = _reached_over_ssh(src)  # the controller's OpenSSH client for the source
+        _reached_over_ssh(dst)
         self.reason: str | None = None
         self._agent: subprocess.Popen[bytes] | None = None
         self._agent_dir: str | None = None
@@ -65,18 +71,18 @@ class DirectRoute:
         return environ_with_agent(self._sock)
 
     def __enter__(self) -> DirectRoute:
-        name = self.dst.host.name
-        if self.src.peer_routes.get(name) is not None:  # found unusable earlier on this connection
-            self.reason = self.src.peer_routes[name]
+        name, peer_routes = self.dst.host.name, self.ssh.peer_routes
+        if peer_routes.get(name) is not None:  # found unusable earlier on this connection
+            self.reason = peer_routes[name]
             return self
         try:
             self._prepare()
-            if self.reason is None and name not in self.src.peer_routes:
+            if self.reason is None and name not in peer_routes:
                 self.reason = self._probe()
         except Exception:
             self.__exit__()
             raise
-        self.src.peer_routes[name] = self.reason
+        peer_routes[name] = self.reason
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -96,6 +102,10 @@ class DirectRoute:
 
     # -- set-up --------------------------------------------------------------------------------------------------
     def _prepare(self) -> None:
+        if self.dst.host.proxy_jump is not None:  # the source would need the jump's key and route too
+            self.reason = f"{self.dst.host.name} is behind a jump host (proxy_jump): copies to it go through the " \
+                          "controller"
+            return
         name = known_host_name(self.dst.host)  # hashed entries are re-written in clear for the one-off file
         lines = [key.known_hosts_line(name) for key in trusted_keys(self.dst.host)]
         if not lines:
@@ -142,7 +152,7 @@ class DirectRoute:
         check = 'command -v rsync >/dev/null || { echo "rsync is not installed on the source" >&2; exit 120; }'
         remote = "command -v rsync >/dev/null || { echo 'rsync is not installed on the destination' >&2; exit 121; }"
         argv = ["bash", "-c", f'{check}\nexec "$@"', ARGV0, *self.ssh_argv(), remote]
-        cmd = self.src.openssh.ssh_argv(shlex.join(argv), forward_agent=True)
+        cmd = self.ssh.ssh_argv(shlex.join(argv), forward_agent=True)
         try:
             done = subprocess.run(cmd, env=self.env(), stdin=subprocess.DEVNULL, capture_output=True,
                                   timeout=self.src.host.connect_timeout_s + self.dst.host.connect_timeout_s + 30,
@@ -181,6 +191,13 @@ class DirectRoute:
     def remote(self, path: str) -> str:
         addr = self.dst.host.address or ""
         return f"[{addr}]:{path}" if ":" in addr else f"{addr}:{path}"
+
+
+def _reached_over_ssh(t: ShellTransport) -> OpenSSHClient:
+    client = t.openssh_client()
+    if client is None:
+        raise ValueError(f"{t.host.name}'s files are on this machine: a direct host-to-host copy needs two SSH hosts")
+    return client
 
 
 def direct_rsync_argv(route: DirectRoute, rsync: list[str], a: str, b: str) -> list[str]:

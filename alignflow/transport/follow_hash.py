@@ -54,12 +54,15 @@ class Follower:
         progressed = False
         for path in self._files(final):
             try:
-                before = os.stat(path)
+                # lstat: a copy's staging holds content only (rsync -L, tar -h); a link there was not sent by
+                # alignflow and is never followed (issue 16)
+                before = os.lstat(path)
             except FileNotFoundError:
                 continue
             if not stat.S_ISREG(before.st_mode):
                 if final:
-                    raise OSError(f"{path}: not a regular file")
+                    kind = "a symbolic link" if stat.S_ISLNK(before.st_mode) else "not a regular file"
+                    raise OSError(f"{path}: {kind} in a staged copy")
                 continue
             key = self.fp.stat_key(before)
             known = self.hashed.get(path)
@@ -71,7 +74,7 @@ class Follower:
                 self.last_seen[path] = key
                 continue
             digest = self.fp.sha256_file_uncached(path)
-            if self.fp.stat_key(os.stat(path)) == key:  # else it changed while read: next scan
+            if self.fp.stat_key(os.lstat(path)) == key:  # else it changed while read: next scan
                 self.hashed[path] = (key, digest)
                 progressed = True
         return progressed

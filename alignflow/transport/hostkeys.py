@@ -1,13 +1,15 @@
-"""Trusting a host: fetch the keys it presents, show their fingerprints, write them to its known_hosts.
+"""Trusting a host: the keys its known_hosts holds, their fingerprints, writing the ones a person accepted.
 
 This is the only way a key enters a managed known_hosts file: transports never add keys (reject policy),
 so a new or changed key stops everything until a person has looked at the fingerprint (`alignflow hosts
-trust NAME`), compared it with the one the host's administrator sees (`ssh-keygen -lf
-/etc/ssh/ssh_host_ed25519_key.pub`), and accepted it.
+trust NAME`; `keyscan.fetch_host_keys` fetches the presented keys), compared it with the one the host's
+administrator sees (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`), and accepted it.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,12 +17,13 @@ from pathlib import Path
 import paramiko
 
 from alignflow.config.hosts import Host
-from alignflow.errors import HostUnreachable, TransportError
+from alignflow.errors import TransportError
 from alignflow.transport.openssh import known_host_name, known_hosts_path
-from alignflow.transport.ssh import key_fingerprint, open_socket
 
-# One handshake per type: a server presents one key per connection, chosen from the types we offer.
-KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512")
+
+def key_fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's `SHA256:...` form, what `ssh-keygen -lf` and ssh's prompts show."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,31 +40,6 @@ class HostKey:
 
     def known_hosts_line(self, name: str) -> str:
         return f"{name} {self.kind} {self.base64}"
-
-
-def fetch_host_keys(host: Host) -> list[HostKey]:
-    """The keys the host presents (no authentication happens); `HostUnreachable` if it does not answer."""
-    if host.transport != "ssh":
-        raise ValueError(f"host {host.name!r} uses the {host.transport} transport: it has no host key to trust")
-    found: dict[str, HostKey] = {}
-    errors = []
-    for key_type in KEY_TYPES:
-        sock = open_socket(host)
-        tr = paramiko.Transport(sock)
-        try:
-            tr.get_security_options().key_types = [key_type]
-            tr.banner_timeout = host.connect_timeout_s
-            tr.start_client(timeout=host.connect_timeout_s)
-            key = HostKey.of(tr.get_remote_server_key())
-            found.setdefault(key.kind, key)
-        except (paramiko.SSHException, EOFError, OSError) as exc:  # this key type is not offered, or no SSH
-            errors.append(f"{key_type}: {exc}")
-        finally:
-            tr.close()
-    if not found:
-        raise HostUnreachable(f"no host key obtained from {host.address}:{host.port} ({'; '.join(errors)})",
-                              host=host.name)
-    return list(found.values())
 
 
 def trusted_keys(host: Host) -> list[HostKey]:

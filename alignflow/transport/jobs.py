@@ -15,7 +15,8 @@ cancelled   marker written by `cancel` before it signals the group
 
 Why `setsid`: the job gets its own session and process group, so neither a dropped SSH connection nor the
 controller's signals reach it, and `kill -- -PGID` also reaches torchrun/msrun children. Why the `cwd`
-check in STATUS: `kill -0` reports zombies (and recycled pids) as alive (orchestration reference G12); a
+check in STATUS: `kill -0` reports zombies (and recycled pids) as alive
+(docs/orchestration.md#g12-kill--0-is-true-for-zombies); a
 process whose `/proc/PID/cwd` is this job dir is our supervisor, a zombie has no cwd at all.
 """
 
@@ -28,7 +29,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-JobKind = Literal["running", "exited", "lost", "cancelled"]
+JobKind = Literal["pending", "running", "exited", "lost", "cancelled", "timeout", "preempted", "failed"]
+# pending: queued by a scheduler (Slurm PENDING), not started; timeout / preempted / failed: ended by the scheduler
+# (time limit, preemption, node or launch failure) - `JobState.note` says how, in the scheduler's words.
+ACTIVE_KINDS = frozenset({"pending", "running"})
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _SLUG = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -57,6 +61,7 @@ class JobSpec:
     cwd: str | None = None
     job_id: str | None = None
     take_slot: bool = False  # hold one of the host's max_concurrent_jobs slots while running (waits for one)
+    time_limit_s: float | None = None  # a scheduler's limit (Slurm --time); a direct job is bounded by `wait`
 
     def __init__(
         self,
@@ -66,6 +71,7 @@ class JobSpec:
         cwd: str | None = None,
         job_id: str | None = None,
         take_slot: bool = False,
+        time_limit_s: float | None = None,
     ) -> None:
         if isinstance(argv, str) or not argv:
             raise ValueError("JobSpec.argv must be a non-empty list of arguments, not a string")
@@ -75,11 +81,13 @@ class JobSpec:
         object.__setattr__(self, "cwd", cwd)
         object.__setattr__(self, "job_id", check_job_id(job_id) if job_id is not None else None)
         object.__setattr__(self, "take_slot", bool(take_slot))
+        object.__setattr__(self, "time_limit_s", time_limit_s)
 
 
 @dataclass(frozen=True, slots=True)
 class JobHandle:
-    """Everything needed to find a job again: persist `to_dict()` before polling (ARCHITECTURE §6)."""
+    """Everything needed to find a job again: persist `to_dict()` before polling
+    (docs/orchestration.md#detached-jobs-over-ssh)."""
 
     host: str
     job_id: str
@@ -89,8 +97,10 @@ class JobHandle:
     started_at: datetime
     name: str = "job"
     argv: tuple[str, ...] = ()
+    scheduler_id: str | None = None  # the scheduler's id of the job (Slurm job id); None for a direct job
 
     def to_dict(self) -> dict[str, Any]:
+        extra = {"scheduler_id": self.scheduler_id} if self.scheduler_id is not None else {}
         return {
             "host": self.host,
             "job_id": self.job_id,
@@ -100,6 +110,7 @@ class JobHandle:
             "started_at": self.started_at.isoformat(),
             "name": self.name,
             "argv": list(self.argv),
+            **extra,
         }
 
     @classmethod
@@ -116,26 +127,30 @@ class JobHandle:
             started_at=started,
             name=str(data.get("name", "job")),
             argv=tuple(str(a) for a in data.get("argv", ())),
+            scheduler_id=str(data["scheduler_id"]) if data.get("scheduler_id") is not None else None,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class JobState:
-    """running / exited(code) / lost (process gone, no exit file) / cancelled."""
+    """running / exited(code) / lost (process gone, no exit file) / cancelled; with a scheduler also pending,
+    timeout, preempted and failed, and `note` in the scheduler's words (Slurm's state and reason)."""
 
     kind: JobKind
     exit_code: int | None = None
+    note: str = ""
 
     @property
     def finished(self) -> bool:
-        return self.kind != "running"
+        return self.kind not in ACTIVE_KINDS
 
     @property
     def ok(self) -> bool:
         return self.kind == "exited" and self.exit_code == 0
 
     def __str__(self) -> str:
-        return f"exited({self.exit_code})" if self.kind == "exited" else self.kind
+        word = f"exited({self.exit_code})" if self.kind == "exited" else self.kind
+        return f"{word} ({self.note})" if self.note and self.kind != "running" else word
 
 
 # The supervisor. Runs in the job dir, in its own session; `$$` is the process group id. It writes `pid`, runs
@@ -263,3 +278,22 @@ def parse_status(line: str) -> JobState | None:
     if word in table:
         return table[word]
     raise ValueError(f"unexpected job status line {line!r}")
+
+
+# A line that says why a job failed: a Python exception line, or a log line at ERROR/FATAL/CRITICAL level
+# (MindFormers and the twin log errors to stdout, `[ERROR]` / `- ERROR -`; Megatron and torchrun to stderr).
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception|Exit|Interrupt)\b.*"
+                         r"|.*\b(?:ERROR|FATAL|CRITICAL|Error:)\b.*)$")
+
+
+def error_line(*tails: str) -> str | None:
+    """The last line of the first tail that has one which says why the job failed (see `_ERROR_LINE`), else None.
+
+    Pass the stderr tail first: a traceback's last line is the job's own account of its failure, and it is what
+    a step error should show next to `exited(1)` (issue 16) when the job printed its error on stdout only.
+    """
+    for tail in tails:
+        for line in reversed(tail.splitlines()):
+            if _ERROR_LINE.match(line) and not line.lstrip().startswith("Traceback"):
+                return line.strip()[:500]
+    return None

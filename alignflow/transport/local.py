@@ -25,6 +25,12 @@ class LocalTransport(ShellTransport):
     def _default_python(self) -> str:
         return sys.executable
 
+    def openssh_client(self) -> None:
+        return None  # its files are on this machine: copies to and from it need no ssh
+
+    def _controller(self) -> ShellTransport:
+        return controller_transport()
+
     def _exec(self, argv: Sequence[str], *, input: bytes | None = None, timeout_s: float | None = None) -> RawResult:
         start = time.perf_counter()
         try:
@@ -65,6 +71,10 @@ class _LocalSpawned:
         assert self.proc.stdin is not None
         self.proc.stdin.write(data)
         self.proc.stdin.flush()
+
+    def read_line(self) -> bytes:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline()
 
     def finish(self, timeout_s: float | None = None) -> RawResult:
         try:

@@ -1,7 +1,8 @@
 """The OpenSSH client for bulk data: one generated ssh_config per host, with a reused master connection.
 
 paramiko carries control traffic; checkpoints go through OpenSSH's `rsync`/`ssh`, which are 1.5-2x faster
-on loopback and far faster on real links (orchestration reference §2.4, G14). Every OpenSSH process gets
+on loopback and far faster on real links (docs/orchestration.md#transfer-speed,
+docs/orchestration.md#g14-paramiko-sftp-is-slow). Every OpenSSH process gets
 `-F <generated config>`: the user's ~/.ssh/config is never read, so hosts.yaml alone decides how a host is
 reached, and the same host-key rules apply as for paramiko (StrictHostKeyChecking=yes against the host's
 managed known_hosts, BatchMode, keys or agent only).
@@ -23,7 +24,9 @@ from alignflow.config.hosts import Host
 log = logging.getLogger(__name__)
 
 ALIAS = "alignflow-target"
-# AES-GCM first: with AES-NI it is ~1.2-1.5x faster than OpenSSH's default chacha20 (reference §2.4); a server
+JUMP_ALIAS = "alignflow-jump"
+# AES-GCM first: with AES-NI it is ~1.2-1.5x faster than OpenSSH's default chacha20
+# (docs/orchestration.md#transfer-speed); a server
 # without it negotiates the next one. No cipher below OpenSSH's defaults is ever offered.
 BULK_CIPHERS = "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com"
 CONTROL_PERSIST_S = 60
@@ -54,11 +57,34 @@ def _quote(value: str) -> str:
 
 
 def render_config(host: Host, *, control_path: str | None) -> str:
-    """An ssh_config for `ALIAS` with everything hosts.yaml says about the host; no user config involved."""
+    """An ssh_config for `ALIAS` with everything hosts.yaml says about the host; no user config involved.
+
+    A host behind a jump host gets `ProxyJump alignflow-jump`, and that alias its own block (its address, user,
+    key and managed known_hosts, the same strict checking): ssh passes `-F` on to the jump's ssh, so both hops
+    read this file and nothing else.
+    """
+    jump = host.jump_host()
+    lines = _host_block(ALIAS, host)
+    if jump is not None:
+        lines.append(f"  ProxyJump {JUMP_ALIAS}")
+    if control_path is not None:
+        lines += [
+            "  ControlMaster auto",
+            f"  ControlPath {_quote(control_path)}",
+            f"  ControlPersist {CONTROL_PERSIST_S}",
+        ]
+    else:
+        lines += ["  ControlMaster no", "  ControlPath none"]
+    if jump is not None:
+        lines += [*_host_block(JUMP_ALIAS, jump), "  ControlMaster no", "  ControlPath none"]
+    return "\n".join(lines) + "\n"
+
+
+def _host_block(alias: str, host: Host) -> list[str]:
     assert host.address is not None
     assert host.user is not None
     lines = [
-        f"Host {ALIAS}",
+        f"Host {alias}",
         f"  HostName {host.address}",
         f"  Port {host.port}",
         f"  User {_quote(host.user)}",
@@ -79,15 +105,7 @@ def render_config(host: Host, *, control_path: str | None) -> str:
     ident = identity_path(host)
     if ident is not None:
         lines += [f"  IdentityFile {_quote(str(ident))}", "  IdentitiesOnly yes"]
-    if control_path is not None:
-        lines += [
-            "  ControlMaster auto",
-            f"  ControlPath {_quote(control_path)}",
-            f"  ControlPersist {CONTROL_PERSIST_S}",
-        ]
-    else:
-        lines += ["  ControlMaster no", "  ControlPath none"]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 class OpenSSHClient:
@@ -95,6 +113,8 @@ class OpenSSHClient:
 
     def __init__(self, host: Host) -> None:
         self.host = host
+        # destination host name -> None (direct copies from this host work) or why not; see transport.direct
+        self.peer_routes: dict[str, str | None] = {}
         self._dir: Path | None = None
         self._lock = threading.Lock()
 

@@ -6,6 +6,10 @@ Two checks, because each catches what the other cannot:
   command is sent;
 - on the host (`CONFINE_SH`, run in the same round trip as the operation): `realpath -m` resolves symlinks
   where they live, so a link inside the workdir that points outside it is refused too.
+
+A directory is also confined *below* its top: hashing walks it with `fingerprint.py --confine WORKDIR`, which
+refuses any link under it that resolves outside the workdir, and a copy only sends a tree that walk accepted
+(issue 16). Removal never follows links (`rm -rf` unlinks a link, never what it points at).
 """
 
 from __future__ import annotations
@@ -14,18 +18,25 @@ import posixpath
 import re
 
 from alignflow.errors import PathNotAllowed
+from alignflow.fingerprint import ESCAPE_EXIT, ESCAPE_MARK
 
-# Exit status and stderr marker with which the host-side check reports an escape.
-ESCAPE_EXIT = 97
-ESCAPE_MARK = "alignflow-escape"
+# ESCAPE_EXIT / ESCAPE_MARK: the exit status and stderr marker with which the host-side checks (this module's
+# shell function, and the fingerprint's walk below a path) report an escape.
 _ESCAPE_LINE = re.compile(rf"^{ESCAPE_MARK}\t(?P<path>.*)\t(?P<real>.*)$", re.MULTILINE)
 
 # Bash function: `af_confine WORKDIR_REAL PATH...` exits ESCAPE_EXIT when a path resolves outside the workdir.
-CONFINE_SH = rf"""af_confine() {{
-  local w=${{1%/}} p r; shift  # a workdir of "/" (the controller) confines nothing
+# `af_real PATH` sets AF_REAL to `realpath -m PATH` exactly: `$(...)` alone would strip trailing newlines, which
+# a file name may end with.
+CONFINE_SH = rf"""af_real() {{
+  AF_REAL=$(realpath -m -- "$1" && printf x) || exit 96
+  AF_REAL=${{AF_REAL%x}}; AF_REAL=${{AF_REAL%$'\n'}}
+}}
+af_confine() {{
+  local w=${{1%/}} p; shift  # a workdir of "/" (the controller) confines nothing
   for p in "$@"; do
-    r=$(realpath -m -- "$p") || exit 96
-    case "$r" in "$w"|"$w"/*) ;; *) printf '{ESCAPE_MARK}\t%s\t%s\n' "$p" "$r" >&2; exit {ESCAPE_EXIT};; esac
+    af_real "$p"
+    case "$AF_REAL" in "$w"|"$w"/*) ;; *) printf '{ESCAPE_MARK}\t%s\t%s\n' "$p" "$AF_REAL" >&2; exit {ESCAPE_EXIT};;
+    esac
   done
 }}
 """

@@ -4,7 +4,7 @@ Everything a pipeline step does on a host goes through these methods: commands a
 string), detached jobs, small files confined to the host's workdir, bulk copies verified by sha256 computed on
 the hosts themselves, and a snapshot of the host's software. `LocalTransport` and `SSHTransport` implement it
 with the same shell scripts, so the embedded default exercises every line that production uses above the
-command edge (ARCHITECTURE §3).
+command edge (docs/architecture.md#key-interfaces).
 """
 
 from __future__ import annotations
@@ -111,6 +111,12 @@ class Transport(Protocol):
     def get(
         self, remote: str, local: str, *, progress: ProgressFn | None = None, overwrite: bool = False
     ) -> Fingerprint: ...
+
+    def receive(
+        self, src: Transport, src_path: str, dst_path: str, *, progress: ProgressFn | None = None
+    ) -> Fingerprint:
+        """Copy `src_path` of another host's transport to `dst_path` here, verified on arrival."""
+        ...
 
     def sha256(self, paths: Sequence[str]) -> dict[str, Fingerprint]: ...
 

@@ -3,7 +3,7 @@
 Subclasses supply one method, `_exec(argv, input, timeout_s)`, that runs an argv on the host (a subprocess for
 `LocalTransport`, an SSH channel for `SSHTransport`). Everything else - env and setup lines, workdir
 confinement, detached jobs, hashing, snapshots, small files - is shared, so the embedded default runs the very
-scripts that production runs (ARCHITECTURE §3).
+scripts that production runs (docs/architecture.md#key-interfaces).
 
 (Longer than the usual 400 lines on purpose: it is the whole Transport protocol over one `_exec`, and
 splitting one class over modules would hide which operation shares which host-side guard.)
@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import posixpath
+import tempfile
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -37,9 +39,12 @@ from alignflow.fingerprint import Fingerprint
 from alignflow.transport import commands, jobs
 from alignflow.transport.commands import MISSING_EXIT, op_argv, render_prologue, wrap_command
 from alignflow.transport.jobs import JobHandle, JobSpec, JobState
+from alignflow.transport.openssh import OpenSSHClient
 from alignflow.transport.paths import CONFINE_SH, confine, raise_if_escaped
-from alignflow.transport.protocol import Completed, PathStat, PollFn, ProgressFn
+from alignflow.transport.protocol import Completed, PathStat, PollFn, ProgressFn, Transport
+from alignflow.transport.scheduler import Scheduler, scheduler_for
 from alignflow.transport.snapshot import ENV_PREFIXES, PACKAGES, HostSnapshot
+from alignflow.transport.transfer import copy_between
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +79,10 @@ class Spawned(Protocol):
 
     def send(self, data: bytes) -> None: ...
 
+    def read_line(self) -> bytes:
+        """The next line of the command's stdout (blocking); what is left of it at end-of-file."""
+        ...
+
     def finish(self, timeout_s: float | None = None) -> RawResult: ...
 
     def kill(self) -> None: ...
@@ -84,6 +93,20 @@ class Workdir:
     declared: str  # `~` expanded, normalized
     real: str  # symlinks resolved on the host
     home: str
+
+
+def _workdir(parts: list[bytes], host: Host) -> Workdir:
+    """The workdir from the host's answer, refusing what no path of ours may hold (see `Host.workdir`)."""
+    try:
+        real, declared, home = (p.decode("utf-8") for p in parts)
+    except UnicodeDecodeError:
+        raise TransportError(f"workdir {host.workdir!r}: the host answers with a path that is not UTF-8",
+                             host=host.name) from None
+    for what, value in (("resolves to", real), ("is", declared), ("is under the home", home)):
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise TransportError(f"workdir {host.workdir!r} {what} {value!r}, which holds a control character; "
+                                 "choose a workdir without one", host=host.name)
+    return Workdir(declared=posixpath.normpath(declared), real=real, home=home)
 
 
 def _module_source(module_file: str) -> bytes:
@@ -98,6 +121,7 @@ class ShellTransport(ABC):
         self._memo_path = memo_path
         self._wd: Workdir | None = None
         self._wd_lock = threading.Lock()
+        self._sched: Scheduler | None = None
 
     # -- the one thing a subclass provides ---------------------------------------------------------------------
     @abstractmethod
@@ -110,6 +134,15 @@ class ShellTransport(ABC):
 
     @abstractmethod
     def _default_python(self) -> str: ...
+
+    @abstractmethod
+    def openssh_client(self) -> OpenSSHClient | None:
+        """How the controller's OpenSSH tools (rsync -e, ssh) reach this host's files: its client, or None when the
+        files are on this machine. Copies pick their route from what the two ends say here (transport.transfer)."""
+
+    @abstractmethod
+    def _controller(self) -> ShellTransport:
+        """The controller's own filesystem as a transport: the other end of `put` and `get`."""
 
     def close(self) -> None:  # noqa: B027 - nothing to release by default
         """Release connections; the transport reconnects if used again."""
@@ -159,19 +192,20 @@ class ShellTransport(ABC):
         """The host's workdir (created on first use, mode 700), resolved once per transport."""
         with self._wd_lock:
             if self._wd is None:
+                # NUL-separated: a path may hold any byte but NUL, so no path is ever read from split lines
+                # (a workdir `/x/victim<newline>/x/victim` once became `/x/victim`, issue 16).
                 script = 'w=$1; case $w in "~") w=$HOME;; "~/"*) w=$HOME/${w#"~/"};; esac\n' + (
-                    'mkdir -p -m 700 -- "$w" && cd -- "$w" && pwd -P && printf "%s\\n%s\\n" "$w" "$HOME"'
+                    'mkdir -p -m 700 -- "$w" && cd -P -- "$w" && printf "%s\\0" "$PWD" "$w" "$HOME"'
                 )
                 raw = self._exec(["bash", "-c", script, commands.ARGV0, self.host.workdir],
                                  timeout_s=CONTROL_TIMEOUT_S)
-                lines = raw.text().splitlines()
-                if raw.exit_code != 0 or len(lines) < 3:
+                parts = raw.stdout.split(b"\0")
+                if raw.exit_code != 0 or len(parts) != 4 or parts[3]:
                     raise TransportError(
                         f"cannot create or enter workdir {self.host.workdir!r}: {raw.text('stderr').strip()}",
                         host=self.host.name,
                     )
-                real, declared, home = lines[0], posixpath.normpath(lines[1]), lines[2]
-                self._wd = Workdir(declared=declared, real=real, home=home)
+                self._wd = _workdir(parts[:3], self.host)
             return self._wd
 
     def path(self, p: str) -> str:
@@ -271,26 +305,13 @@ class ShellTransport(ABC):
         so every host hashes with exactly the algorithm the controller verifies with, whatever alignflow
         version (if any) is installed there. Keys of the result are the paths as given.
         """
-        from alignflow import fingerprint as fp_module
-
         if isinstance(paths, str):
             raise TypeError("sha256() takes a list of paths")
         absolute = {self.path(p): p for p in paths}
         if not absolute:
             return {}
-        wd = self.workdir()
-        script = (
-            CONFINE_SH
-            + 'W=$1; py=$2; memo=$3; shift 3; af_confine "$W" "$@"\n'
-            + f'for p; do [ -e "$p" ] || {{ printf "%s\\n" "$p" >&2; exit {MISSING_EXIT}; }}; done\n'
-            + 'if [ "$memo" = - ]; then exec "$py" - "$@" --json --manifest --no-memo; fi\n'
-            + 'exec "$py" - "$@" --json --manifest --memo "$memo"'
-        )
-        prologue = render_prologue(host_env=self.host.env, setup=self.host.setup, env=None, cwd=wd.real)
-        argv = ["bash", "-c", f"{prologue}\n{script}", commands.ARGV0, wd.real, self.python(),
-                self.memo_path() if memo else "-", *absolute]
-        raw = self._exec(argv, input=_module_source(fp_module.__file__))
-        raise_if_escaped(raw.exit_code, raw.text("stderr"), host=self.host.name, workdir=wd.declared)
+        raw = self._fingerprint_py(list(absolute), ["--json", "--manifest", *(
+            ["--memo", self.memo_path()] if memo else ["--no-memo"])])
         if raw.exit_code == MISSING_EXIT:
             raise PathMissing(raw.text("stderr").strip().splitlines()[-1], host=self.host.name)
         if raw.exit_code != 0:
@@ -300,6 +321,43 @@ class ShellTransport(ABC):
             return {absolute[k]: Fingerprint.from_json(v) for k, v in data.items()}
         except (ValueError, KeyError, TypeError) as exc:
             raise self._op_failed(f"sha256 (unreadable output: {exc})", " ".join(absolute), raw) from None
+
+    def check_confined(self, paths: Sequence[str]) -> None:
+        """`PathNotAllowed` if a path, or a link anywhere below it, resolves outside the workdir; reads no file.
+
+        What a copy runs on its source when the source's fingerprint was recorded earlier (and so is not
+        computed again, which would have made the same check): the bytes sent are those of the workdir only.
+        """
+        absolute = [self.path(p) for p in paths]
+        if not absolute:
+            return
+        raw = self._fingerprint_py(absolute, ["--walk-only"])
+        if raw.exit_code == MISSING_EXIT:
+            raise PathMissing(raw.text("stderr").strip().splitlines()[-1], host=self.host.name)
+        if raw.exit_code != 0:
+            raise self._op_failed("confinement check", " ".join(absolute), raw)
+
+    def _fingerprint_py(self, absolute: list[str], options: list[str]) -> RawResult:
+        """`python - PATH... --confine WORKDIR OPTIONS` on the host, with the controller's fingerprint.py on stdin;
+        escapes raised, every path checked to exist first (exit MISSING_EXIT naming it)."""
+        from alignflow import fingerprint as fp_module
+
+        wd = self.workdir()
+        script = (
+            CONFINE_SH
+            + 'W=$1; py=$2; n=$3; shift 3; af_confine "$W" "${@:1:n}"\n'
+            + 'for p in "${@:1:n}"; do [ -e "$p" ] || { printf "%s\\n" "$p" >&2; '
+            + f'exit {MISSING_EXIT}; }}; done\n'
+            + 'exec "$py" - "$@"'
+        )
+        # The controller's workdir is "/": its paths are the user's, nothing to confine them to.
+        confine = ["--confine", wd.real] if wd.real != "/" else []
+        prologue = render_prologue(host_env=self.host.env, setup=self.host.setup, env=None, cwd=wd.real)
+        argv = ["bash", "-c", f"{prologue}\n{script}", commands.ARGV0, wd.real, self.python(), str(len(absolute)),
+                *absolute, *confine, *options]
+        raw = self._exec(argv, input=_module_source(fp_module.__file__))
+        raise_if_escaped(raw.exit_code, raw.text("stderr"), host=self.host.name, workdir=wd.declared)
+        return raw
 
     def follow_sha256(self, p: str) -> FollowedHash:
         """Start hashing `p` on the host while it is being written (a copy's staging dir); see follow_hash.py."""
@@ -337,6 +395,12 @@ class ShellTransport(ABC):
             return HostSnapshot(self.host.name, taken_at, error=f"unreadable probe output: {exc}")
 
     # -- detached jobs -------------------------------------------------------------------------------------------
+    def scheduler(self) -> Scheduler | None:
+        """The host's job scheduler (`scheduler: slurm`); None for direct jobs, which this class runs itself."""
+        if self._sched is None and self.host.scheduler != "direct":
+            self._sched = scheduler_for(self)
+        return self._sched
+
     def _job_dir(self, job_id: str) -> str:
         return posixpath.join(self.workdir().real, "jobs", jobs.check_job_id(job_id))
 
@@ -351,6 +415,8 @@ class ShellTransport(ABC):
         Give `spec.job_id` to make a launch idempotent: if the connection drops during `launch`, launching
         the same id again fails with "job dir exists" and `attach(job_id)` finds the job.
         """
+        if (sched := self.scheduler()) is not None:
+            return sched.launch(spec)
         now = datetime.now(UTC)
         job_id = spec.job_id or jobs.new_job_id(spec.name, now)
         job_dir = self._job_dir(job_id)
@@ -381,6 +447,8 @@ class ShellTransport(ABC):
 
     def slot_note(self, handle: JobHandle) -> str:
         """The job's slot line ("waiting for one of ..." / "holding job slot ..."), or "" for a job without one."""
+        if (sched := self.scheduler()) is not None:
+            return sched.slot_note(handle)
         try:
             return self.read_text(f"{handle.job_dir}/slot", max_bytes=4096).strip()
         except AlignflowError:
@@ -388,6 +456,8 @@ class ShellTransport(ABC):
 
     def attach(self, job_id: str) -> JobHandle:
         """The handle of an existing job, from its job dir (for a controller that restarted)."""
+        if (sched := self.scheduler()) is not None:
+            return sched.attach(job_id)
         job_dir = self._job_dir(job_id)
         raw = self._exec(["bash", "-c", jobs.ATTACH_SH, commands.ARGV0, job_dir], timeout_s=CONTROL_TIMEOUT_S)
         if raw.exit_code == MISSING_EXIT:
@@ -399,6 +469,8 @@ class ShellTransport(ABC):
         return JobHandle.from_dict({**record, "job_dir": job_dir, "pid": int(pid_line), "pgid": int(pid_line)})
 
     def status(self, handle: JobHandle) -> JobState:
+        if (sched := self.scheduler()) is not None:
+            return sched.status(handle)
         job_dir = self._checked_job_dir(handle)
         raw = self._exec(["bash", "-c", jobs.STATUS_SH, commands.ARGV0, job_dir], timeout_s=CONTROL_TIMEOUT_S)
         return self._state(handle, raw)
@@ -424,6 +496,8 @@ class ShellTransport(ABC):
 
     def cancel(self, handle: JobHandle, *, grace_s: float = 10.0) -> JobState:
         """TERM the job's whole process group, KILL it after `grace_s`; returns the final state."""
+        if (sched := self.scheduler()) is not None:
+            return sched.cancel(handle, grace_s=grace_s)
         job_dir = self._checked_job_dir(handle)
         grace = max(0, round(grace_s))
         raw = self._exec(["bash", "-c", jobs.CANCEL_SH, commands.ARGV0, job_dir, str(grace)],
@@ -445,8 +519,14 @@ class ShellTransport(ABC):
 
         `CommandTimeout` when `timeout_s` passes with the job still running (the job is left alone: cancel it
         if that is what you want). With `check`, `RemoteJobError` (with the stderr tail) unless exited(0).
+        Time a job spends `pending` in a scheduler's queue does not count; a scheduler that enforces the job's
+        limit itself (Slurm's --time) is given its `deadline_slack_s` past it to say so.
         """
+        sched = self.scheduler()
+        if timeout_s is not None and sched is not None:
+            timeout_s += sched.deadline_slack_s
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        last_poll = time.monotonic()
         last_error: TransportError | None = None
         # Start polling fast and back off to `poll_s`: a conversion that ends in 2 s should not wait out a
         # 5 s interval, and a 10-hour training still costs one status command per `poll_s`.
@@ -461,6 +541,9 @@ class ShellTransport(ABC):
                 last_error = exc
                 log.warning("%s: polling job %s failed (%s); reconnecting", self.host.name, handle.job_id, exc)
             if state is not None:
+                if state.kind == "pending" and deadline is not None:  # queued: the job's time has not started
+                    deadline += time.monotonic() - last_poll
+                last_poll = time.monotonic()
                 if on_poll is not None:
                     on_poll(state)
                 if state.finished:
@@ -484,16 +567,25 @@ class ShellTransport(ABC):
     def put(self, local: str, remote: str, *, progress: ProgressFn | None = None,
             overwrite: bool = False) -> Fingerprint:
         """Copy a controller file or directory to the host; verified on the host by sha256 before it appears."""
-        from alignflow.transport.transfer import put
-
-        return put(self, local, remote, progress=progress, overwrite=overwrite)
+        with self._controller() as ctl:
+            return copy_between(ctl, os.path.abspath(local), self, remote, progress=progress, overwrite=overwrite)
 
     def get(self, remote: str, local: str, *, progress: ProgressFn | None = None,
             overwrite: bool = False) -> Fingerprint:
         """Copy a host file or directory to the controller, verified against the sha256 computed on the host."""
-        from alignflow.transport.transfer import get
+        with self._controller() as ctl:
+            return copy_between(self, remote, ctl, os.path.abspath(local), progress=progress, overwrite=overwrite)
 
-        return get(self, remote, local, progress=progress, overwrite=overwrite)
+    def receive(self, src: Transport, src_path: str, dst_path: str, *, progress: ProgressFn | None = None
+                ) -> Fingerprint:
+        """Copy `src:src_path` to `dst_path` here: host to host for one of ours (`copy_between`: verified on
+        arrival, atomic), through the controller for any other transport (its `get`, then `put`)."""
+        if isinstance(src, ShellTransport):
+            return copy_between(src, src_path, self, dst_path, progress=progress)
+        with tempfile.TemporaryDirectory(prefix="alignflow-receive-") as tmp:
+            local = str(Path(tmp) / "copy")
+            src.get(src_path, local)
+            return self.put(local, dst_path, progress=progress)
 
 
 class FollowedHash:

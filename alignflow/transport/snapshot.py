@@ -1,7 +1,7 @@
 """Host snapshots: the software state that explains precision differences, recorded with every run.
 
 Precision gaps between an NPU run and a GPU run are very often explained by the host: framework versions,
-a dirty checkout, a driver, a determinism variable that was not set (orchestration reference §4, idea 4).
+a dirty checkout, a driver, a determinism variable that was not set (docs/orchestration.md#host-snapshots).
 The snapshot is taken by `snapshot_probe.py` running on the host with the same env and setup lines as the
 step's commands, so it sees what the step sees.
 """

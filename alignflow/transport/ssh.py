@@ -1,16 +1,16 @@
 """`SSHTransport`: a host reached over SSH - paramiko for commands, the OpenSSH client for bulk data.
 
 Security (issue 3, item 6): the host key must be in the host's managed known_hosts file (`RejectPolicy`;
-fabric's AutoAdd default is never in play, G11); keys or agent only; commands are argv lists quoted once with
+fabric's AutoAdd default is never in play, docs/orchestration.md#g11-fabric-never-verifies-host-keys-by-default); keys
+or agent only; commands are argv lists quoted once with
 `shlex.join` here, at the SSH edge. Latency: commands run on one kept-alive connection with TCP_NODELAY set
 (without it, Nagle + delayed ACK put ~40 ms on every small command); invoke's IO threads, which cost fabric
-~100 ms per command (reference §2.3), are not used. A dropped connection is re-opened by the next call.
+~100 ms per command (docs/orchestration.md#connection-reuse), are not used. A dropped connection is re-opened by the
+next call.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import logging
 import select
 import shlex
@@ -30,6 +30,8 @@ from alignflow.errors import (
     HostUnreachable,
     TransportError,
 )
+from alignflow.transport.hostkeys import key_fingerprint
+from alignflow.transport.local import controller_transport
 from alignflow.transport.openssh import KEEPALIVE_S, OpenSSHClient, identity_path, known_hosts_path
 from alignflow.transport.shell import RawResult, ShellTransport, Spawned
 
@@ -37,11 +39,6 @@ log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 16
 _KILL_AFTER_S = 5
-
-
-def key_fingerprint(key: paramiko.PKey) -> str:
-    """OpenSSH's `SHA256:...` form, what `ssh-keygen -lf` and ssh's prompts show."""
-    return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
 
 
 def open_socket(host: Host) -> socket.socket:
@@ -77,6 +74,20 @@ class _RejectUnknown(paramiko.RejectPolicy):
         )
 
 
+def jump_channel(tr: paramiko.Transport, host: Host, jump: str) -> paramiko.Channel:
+    """A `direct-tcpip` channel from the jump host to `host`'s SSH port (what `ssh -J` opens)."""
+    assert host.address is not None
+    where = f"{host.address}:{host.port}"
+    try:
+        return tr.open_channel("direct-tcpip", (host.address, host.port), ("127.0.0.1", 0),
+                               timeout=host.connect_timeout_s)
+    except paramiko.ChannelException as exc:
+        raise HostUnreachable(f"jump host {jump} cannot reach {where}: {exc.args[-1] if exc.args else exc}",
+                              host=host.name) from None
+    except (paramiko.SSHException, EOFError, OSError) as exc:
+        raise HostUnreachable(f"through jump host {jump}: no channel to {where} ({exc})", host=host.name) from None
+
+
 class SSHTransport(ShellTransport):
     """A host reached over SSH; connects on first use, reconnects after a drop."""
 
@@ -85,12 +96,18 @@ class SSHTransport(ShellTransport):
         self._ssh: paramiko.SSHClient | None = None
         self._conn_lock = threading.Lock()
         self.openssh = OpenSSHClient(self.host)
-        # destination host name -> None (direct copies work) or why they do not; see transport.direct
-        self.peer_routes: dict[str, str | None] = {}
+        self.peer_routes = self.openssh.peer_routes  # what direct copies from here found (transport.direct)
         self.connections_opened = 0  # for diagnostics: > 1 means the transport reconnected
+        self._jump: SSHTransport | None = None  # the connection to the host's jump host (proxy_jump)
 
     def _default_python(self) -> str:
         return "python3"
+
+    def openssh_client(self) -> OpenSSHClient:
+        return self.openssh
+
+    def _controller(self) -> ShellTransport:
+        return controller_transport()
 
     # -- connection ----------------------------------------------------------------------------------------------
     def connect(self) -> paramiko.Transport:
@@ -116,7 +133,7 @@ class SSHTransport(ShellTransport):
         where = f"{h.address}:{h.port}"
         budget = h.connect_timeout_s
         deadline = time.monotonic() + budget
-        sock = open_socket(h)
+        sock = self._socket()
         kh = known_hosts_path(h)
         client = paramiko.SSHClient()
         if kh.exists():
@@ -165,6 +182,15 @@ class SSHTransport(ShellTransport):
         tr.set_keepalive(KEEPALIVE_S)
         return client
 
+    def _socket(self) -> socket.socket | paramiko.Channel:
+        """A stream to the host's SSH port: TCP, or a channel through its jump host (OpenSSH's ProxyJump)."""
+        jump = self.host.jump_host()
+        if jump is None:
+            return open_socket(self.host)
+        if self._jump is None:
+            self._jump = SSHTransport(jump)
+        return jump_channel(self._jump.connect(), self.host, jump.name)
+
     def _drop(self) -> None:
         with self._conn_lock:
             if self._ssh is not None:
@@ -174,6 +200,8 @@ class SSHTransport(ShellTransport):
     def close(self) -> None:
         self._drop()
         self.openssh.close()
+        if self._jump is not None:
+            self._jump.close()
 
     # -- commands ------------------------------------------------------------------------------------------------
     def _exec(self, argv: Sequence[str], *, input: bytes | None = None, timeout_s: float | None = None) -> RawResult:
@@ -231,7 +259,10 @@ class SSHTransport(ShellTransport):
             while chan.recv_stderr_ready():
                 err.append(chan.recv_stderr(_CHUNK))
                 busy = True
-            if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            # OpenSSH sends exit-status as the process ends, and the rest of its output, EOF and CLOSE after:
+            # done once the status and the end of the output are both in (paramiko's closed implies both).
+            if chan.exit_status_ready() and (chan.eof_received or chan.closed):
+                _drain(chan, out, err)
                 code = chan.recv_exit_status()
                 if code == -1:  # paramiko's "no exit-status came": the channel closed without one
                     tr = chan.get_transport()
@@ -252,6 +283,14 @@ class SSHTransport(ShellTransport):
                 select.select([chan], [], [], wait if pending is None else min(wait, 0.01))
 
 
+def _drain(chan: paramiko.Channel, out: list[bytes], err: list[bytes]) -> None:
+    """Read what the channel has buffered; past EOF nothing more comes."""
+    while chan.recv_ready():
+        out.append(chan.recv(_CHUNK))
+    while chan.recv_stderr_ready():
+        err.append(chan.recv_stderr(_CHUNK))
+
+
 class _SSHSpawned:
     def __init__(self, transport: SSHTransport, chan: paramiko.Channel) -> None:
         self.transport, self.chan, self.start = transport, chan, time.perf_counter()
@@ -261,6 +300,18 @@ class _SSHSpawned:
             self.chan.sendall(data)
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise TransportError(f"connection lost: {exc}", host=self.transport.host.name) from None
+
+    def read_line(self) -> bytes:
+        line = b""
+        try:
+            while not line.endswith(b"\n"):
+                byte = self.chan.recv(1)
+                if not byte:
+                    break
+                line += byte
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError(f"connection lost: {exc}", host=self.transport.host.name) from None
+        return line
 
     def finish(self, timeout_s: float | None = None) -> RawResult:
         try:

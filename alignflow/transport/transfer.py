@@ -1,4 +1,5 @@
-"""Verified copies: controller <-> host (`put`/`get`) and host -> host (`copy_between`).
+"""Verified copies between two transports' hosts (`copy_between`; a transport's `put`/`get` use it with the
+controller's own filesystem as one end).
 
 Every copy follows the same five steps, whatever the route:
 1. the sha256 of the source is computed ON the source host (or taken from `expected`, the fingerprint the
@@ -11,7 +12,19 @@ Every copy follows the same five steps, whatever the route:
 5. only then is the staged copy renamed to its final name, without replacing anything that appeared
    meanwhile. So a partial or wrong copy never sits at the final path.
 
-Routes (a table keyed by the two transports' types): local -> local: rsync; controller/local host <-> SSH host:
+Around all five, the destination's host lock (`locks.host_lock`, one per destination path, shared by every
+controller): a second copy to the same place waits, then adopts the first's verified copy in step 2. Holding
+it, the copy also removes the staging directories that killed copies to the same destination left behind
+(only a dead copy's can be there while the lock is held). A source directory is sent only if no link below it
+leaves the source host's workdir: hashing it checks that (fingerprint.py --confine), and so does a walk that
+reads nothing when its fingerprint was recorded earlier (issue 16). rsync then dereferences (-L) only links
+that stay inside; one swapped for an escaping link between that check and the copy would change the bytes,
+and the destination's check in step 4 refuses them.
+
+Routes (from what each end says reaches its files, `ShellTransport.openssh_client()`: this machine, or an SSH
+host through the controller's OpenSSH client): this machine -> this machine: rsync, or Python's shutil where rsync
+is not installed (the embedded default must work on a machine with only Python; same staging, verification and
+rename); this machine <-> SSH host:
 rsync over the host's OpenSSH master connection; SSH host -> same host: rsync there; SSH host -> another SSH
 host: "direct" (payloads from 32 MiB on) - rsync runs ON the source host and writes straight to the
 destination (the bytes cross the network once; the destination's key is lent to the source for the copy's
@@ -19,35 +32,45 @@ duration through a forwarded ssh-agent, never written to the source's disk; the 
 checked against the controller's known_hosts) - or, for small payloads, when the source cannot reach the
 destination, or when no key can be lent, "relay": a tar stream through the controller (twice the network
 traffic, no trust between hosts needed).
+
+(Over the usual 400 lines: the routes and the one copy procedure they serve read best side by side.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import posixpath
 import secrets
 import shlex
+import shutil
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, Literal
+from typing import IO, TYPE_CHECKING, Literal
 
-from alignflow.errors import FingerprintMismatch, PathExists, RemoteCommandError, TransportError
+from alignflow.errors import ConfigError, FingerprintMismatch, PathExists, RemoteCommandError, TransportError
 from alignflow.fingerprint import Fingerprint
 from alignflow.transport.commands import ARGV0
 from alignflow.transport.direct import DirectRoute, direct_rsync_argv
-from alignflow.transport.local import LocalTransport, controller_transport
+from alignflow.transport.locks import host_lock
+from alignflow.transport.openssh import OpenSSHClient
 from alignflow.transport.protocol import Completed, ProgressFn
-from alignflow.transport.shell import ShellTransport
-from alignflow.transport.ssh import SSHTransport
+
+if TYPE_CHECKING:  # the transports call this module; it uses only what they are given
+    from alignflow.transport.shell import ShellTransport
+
+    # A sender puts the source at `<staging>/payload` on the destination.
+    Sender = Callable[[ShellTransport, str, ShellTransport, str, Fingerprint, ProgressFn | None], None]
 
 log = logging.getLogger(__name__)
 
 Route = Literal["auto", "direct", "relay"]
+STAGING_PREFIX = ".af-partial-"
 # -L: a copy holds content, never links (the fingerprint follows links too, so both sides hash the same bytes).
 RSYNC = ("rsync", "-rLpt", "-s", "--info=progress2")
 # rsync exit codes that mean "the connection failed" rather than "this file could not be written".
@@ -57,22 +80,6 @@ _PIPE_CHUNK = 1 << 20
 # more than sending a small file twice.
 DIRECT_MIN_BYTES = 32 << 20
 _LOG_EVERY_S = 10.0
-# A sender puts the source at `<staging>/payload` on the destination.
-Sender = Callable[[ShellTransport, str, ShellTransport, str, Fingerprint, ProgressFn | None], None]
-
-
-def put(dst: ShellTransport, local: str, remote: str, *, progress: ProgressFn | None = None,
-        overwrite: bool = False) -> Fingerprint:
-    """Controller file/dir -> host path (see the module docstring for the guarantees)."""
-    with controller_transport() as ctl:
-        return copy_between(ctl, os.path.abspath(local), dst, remote, progress=progress, overwrite=overwrite)
-
-
-def get(src: ShellTransport, remote: str, local: str, *, progress: ProgressFn | None = None,
-        overwrite: bool = False) -> Fingerprint:
-    """Host path -> controller file/dir, verified on the controller against the sha256 computed on the host."""
-    with controller_transport() as ctl:
-        return copy_between(src, remote, ctl, os.path.abspath(local), progress=progress, overwrite=overwrite)
 
 
 def copy_between(
@@ -93,6 +100,33 @@ def copy_between(
     "auto" tries direct, then relay; "direct"/"relay" force one.
     """
     s_path, d_final = src.path(src_path), dst.path(dst_path)
+    with host_lock(dst, f"copy:{d_final}", what=f"copy to {d_final}"):
+        _remove_stale_staging(dst, d_final)
+        return _copy_locked(src, s_path, dst, d_final, progress=progress, expected=expected, overwrite=overwrite,
+                            route=route)
+
+
+def _staging_stem(final: str) -> str:
+    """The part of a staging name that only copies to `final` share: its name (cut to 40) and a digest of it."""
+    base = posixpath.basename(final)
+    return f"{STAGING_PREFIX}{base[:40]}-{hashlib.sha256(base.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}"
+
+
+def _remove_stale_staging(dst: ShellTransport, final: str) -> None:
+    raw = dst._op("clean_staging", final, _staging_stem(final))
+    if raw.exit_code != 0:
+        log.warning("%s: could not remove stale staging beside %s: %s", dst.host.name, final,
+                    raw.text("stderr").strip())
+    for gone in filter(None, raw.stdout.split(b"\0")):
+        log.info("%s: removed %s, left by a copy to %s that did not finish", dst.host.name,
+                 gone.decode("utf-8", "replace"), final)
+
+
+def _copy_locked(src: ShellTransport, s_path: str, dst: ShellTransport, d_final: str, *,
+                 progress: ProgressFn | None, expected: Fingerprint | None, overwrite: bool,
+                 route: Route) -> Fingerprint:
+    if expected is not None:
+        src.check_confined([s_path])  # the hash that would have checked it is not computed again
     if expected is None:
         with ThreadPoolExecutor(max_workers=1) as pool:  # hash the source while the destination is looked at
             hashing = pool.submit(src.sha256, [s_path])
@@ -111,7 +145,7 @@ def copy_between(
                              f"{want.sha256[:12]}); nothing was overwritten - pass overwrite=True to replace it",
                              path=d_final, host=dst.host.name)
     parent = posixpath.dirname(d_final)
-    staging = posixpath.join(parent, f".af-partial-{posixpath.basename(d_final)[:40]}-{secrets.token_hex(4)}")
+    staging = posixpath.join(parent, f"{_staging_stem(d_final)}-{secrets.token_hex(4)}")
     dst.mkdir(staging)
     sender = _sender(src, dst, route)
     reporter = _Reporter(name, want.size, progress)
@@ -153,27 +187,30 @@ def copy_between(
 
 
 def _sender(src: ShellTransport, dst: ShellTransport, route: Route) -> Sender:
-    if isinstance(src, SSHTransport) and isinstance(dst, SSHTransport):
+    """The route, from what each end says reaches its files (`openssh_client()`: None = this machine)."""
+    s_ssh, d_ssh = src.openssh_client(), dst.openssh_client()
+    if s_ssh is not None and d_ssh is not None:
         if _same_host(src, dst):
             return _on_host
         return {"auto": _direct_or_relay, "direct": _direct, "relay": _relay}[route]
-    table: dict[tuple[str, str], Sender] = {
-        ("local", "local"): _local_rsync,
-        ("local", "ssh"): _push,
-        ("ssh", "local"): _pull,
-    }
-    key = (_kind(src), _kind(dst))
-    if key not in table:
-        raise TypeError(f"no copy route from {type(src).__name__} to {type(dst).__name__}")
-    return table[key]
+    if s_ssh is None and d_ssh is None:
+        return _local_rsync if shutil.which("rsync") else _local_copy
+    if not shutil.which("rsync"):
+        ssh_host = dst if d_ssh is not None else src
+        raise ConfigError(f"rsync is not installed on this machine (not on PATH): copies to and from SSH hosts "
+                          f"such as {ssh_host.host.name} need it; install the `rsync` package (apt-get install rsync, "
+                          "dnf install rsync, brew install rsync)")
+    return _push if d_ssh is not None else _pull
 
 
-def _kind(t: ShellTransport) -> str:
-    # isinstance, not type(): subclasses (a transport with extra instrumentation) take their base's route
-    return "ssh" if isinstance(t, SSHTransport) else "local" if isinstance(t, LocalTransport) else type(t).__name__
+def _ssh(t: ShellTransport) -> OpenSSHClient:
+    """The end's OpenSSH client; `_sender` only picks a route that uses it for an end that has one."""
+    client = t.openssh_client()
+    assert client is not None, f"{t.host.name}: its files are on this machine, not behind ssh"
+    return client
 
 
-def _same_host(a: SSHTransport, b: SSHTransport) -> bool:
+def _same_host(a: ShellTransport, b: ShellTransport) -> bool:
     return a.host.name == b.host.name or (a.host.address, a.host.port, a.host.user) == (
         b.host.address, b.host.port, b.host.user)
 
@@ -189,19 +226,44 @@ def _local_rsync(src: ShellTransport, s_path: str, dst: ShellTransport, staging:
     run_streaming([*RSYNC, "--", a, b], host=dst.host.name, progress=progress, total=want.size)
 
 
+def _local_copy(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
+                progress: ProgressFn | None) -> None:
+    """local -> local without rsync: what `rsync -rLpt` does (content of links, mode, mtime), with shutil."""
+    done = 0
+
+    def copy(a: str, b: str) -> str:
+        nonlocal done
+        shutil.copy2(a, b)  # follows symlinks; keeps mode and times
+        done += os.path.getsize(b)
+        if progress is not None:
+            progress(min(done, want.size), want.size)
+        return b
+
+    target = posixpath.join(staging, "payload")
+    try:
+        if want.kind == "dir":
+            shutil.copytree(s_path, target, symlinks=False, copy_function=copy)
+        else:
+            copy(s_path, target)
+    except (OSError, shutil.Error) as exc:
+        raise TransportError(f"local copy {s_path} -> {target} failed: {exc}", host=dst.host.name) from exc
+    if progress is not None:
+        progress(want.size, want.size)
+
+
 def _push(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
           progress: ProgressFn | None) -> None:
-    assert isinstance(dst, SSHTransport)
+    ssh = _ssh(dst)
     a, b = _src_dst(s_path, staging, want)
-    run_streaming([*RSYNC, "-e", dst.openssh.rsh(), "--", a, dst.openssh.remote(b)], host=dst.host.name,
+    run_streaming([*RSYNC, "-e", ssh.rsh(), "--", a, ssh.remote(b)], host=dst.host.name,
                   progress=progress, total=want.size)
 
 
 def _pull(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
           progress: ProgressFn | None) -> None:
-    assert isinstance(src, SSHTransport)
+    ssh = _ssh(src)
     a, b = _src_dst(s_path, staging, want)
-    run_streaming([*RSYNC, "-e", src.openssh.rsh(), "--", src.openssh.remote(a), b], host=src.host.name,
+    run_streaming([*RSYNC, "-e", ssh.rsh(), "--", ssh.remote(a), b], host=src.host.name,
                   progress=progress, total=want.size)
 
 
@@ -215,8 +277,6 @@ def _on_host(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str
 
 def _direct(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
             progress: ProgressFn | None) -> None:
-    assert isinstance(src, SSHTransport)
-    assert isinstance(dst, SSHTransport)
     with DirectRoute(src, dst) as route:
         if not route.usable():
             raise TransportError(f"direct copy to {dst.host.name} impossible: {route.reason}", host=src.host.name)
@@ -225,8 +285,6 @@ def _direct(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str,
 
 def _direct_or_relay(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
                      progress: ProgressFn | None) -> None:
-    assert isinstance(src, SSHTransport)
-    assert isinstance(dst, SSHTransport)
     if want.size < DIRECT_MIN_BYTES:
         _relay(src, s_path, dst, staging, want, progress)
         return
@@ -243,23 +301,22 @@ def _rsync_direct(route: DirectRoute, s_path: str, staging: str, want: Fingerpri
                   progress: ProgressFn | None) -> None:
     """rsync run on the source host, writing straight to the destination with the key `route` lends."""
     a, b = _src_dst(s_path, staging, want)
-    argv = route.src.openssh.ssh_argv(shlex.join(direct_rsync_argv(route, [*RSYNC], a, b)), forward_agent=True)
+    argv = route.ssh.ssh_argv(shlex.join(direct_rsync_argv(route, [*RSYNC], a, b)), forward_agent=True)
     run_streaming(argv, host=route.src.host.name, progress=progress, total=want.size, env=route.env())
 
 
 def _relay(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
            progress: ProgressFn | None) -> None:
     """tar on the source | this process | tar on the destination: hosts need no route or trust between them."""
-    assert isinstance(src, SSHTransport)
-    assert isinstance(dst, SSHTransport)
+    src_ssh, dst_ssh = _ssh(src), _ssh(dst)
     payload = posixpath.join(staging, "payload")
     if want.kind == "dir":
-        send = src.openssh.ssh_argv(shlex.join(["tar", "-C", s_path, "-chf", "-", "."]))
-        recv = dst.openssh.ssh_argv(shlex.join(["bash", "-c", 'mkdir -p -- "$1" && exec tar -C "$1" -xpf -',
+        send = src_ssh.ssh_argv(shlex.join(["tar", "-C", s_path, "-chf", "-", "."]))
+        recv = dst_ssh.ssh_argv(shlex.join(["bash", "-c", 'mkdir -p -- "$1" && exec tar -C "$1" -xpf -',
                                                 ARGV0, payload]))
     else:
-        send = src.openssh.ssh_argv(shlex.join(["cat", "--", s_path]))
-        recv = dst.openssh.ssh_argv(shlex.join(["bash", "-c", 'exec cat > "$1"', ARGV0, payload]))
+        send = src_ssh.ssh_argv(shlex.join(["cat", "--", s_path]))
+        recv = dst_ssh.ssh_argv(shlex.join(["bash", "-c", 'exec cat > "$1"', ARGV0, payload]))
     sender = subprocess.Popen(send, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     receiver = subprocess.Popen(recv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert sender.stdout is not None

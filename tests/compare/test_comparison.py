@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from alignflow.compare.comparison import compare
-from alignflow.compare.criteria import Criterion, default_criteria
+from alignflow.config.criteria import Criterion, default_criteria
 from alignflow.logs import ParsedLog, parse_log
 from alignflow.logs.render import megatron_line
 from tests.logfixtures import make_run, megatron_lines, mindformers_lines, perturbed
@@ -43,7 +43,7 @@ def test_a_loss_offset_fails_the_mean_error_criterion_as_a_verdict() -> None:
     assert not me.passed
     assert me.value == pytest.approx(0.002, abs=1e-4)
     assert result.criteria[2].passed  # step_rel at step 1 is still tiny relative to a loss of ~11
-    assert any(r.startswith("|me(lm_loss)| < 0.001 failed: value 0.00") for r in result.reasons)
+    assert any(r.startswith("|me(lm_loss)| < 0.001 failed: value +0.00") for r in result.reasons)
 
 
 def test_a_fatal_sentinel_on_either_side_fails_the_verdict_even_when_curves_agree() -> None:
@@ -111,12 +111,18 @@ def test_threshold_finer_than_the_printed_resolution_is_flagged() -> None:
     assert result.metrics["grad_norm"].resolution == pytest.approx(1e-3)
 
 
-def test_step_rel_at_a_step_not_in_both_logs_fails_with_a_note() -> None:
+def test_step_rel_at_a_step_only_one_log_printed_fails_and_one_neither_printed_is_not_evaluated() -> None:
     test, ref = _pair(50)
-    rule = Criterion(metric="lm_loss", statistic="step_rel", threshold=0.005, steps=[1, 500])
-    (result,) = compare(test, ref, [rule]).criteria
+    short = parse_log(megatron_lines(make_run(40, seed=11)), source="gpu.log")
+    rule = Criterion(metric="lm_loss", statistic="step_rel", threshold=0.005, steps=[1, 45, 500])
+    (result,) = compare(test, short, [rule]).criteria
+    assert result.evaluated
     assert not result.passed
-    assert "step 500 not compared" in result.note
+    assert "step 45 not compared" in result.note
+    assert "step 500 not printed by either log: not evaluated there" in result.note
+    (result,) = compare(test, ref, [rule.model_copy(update={"steps": [1, 500]})]).criteria
+    assert result.passed
+    assert result.steps_used == (1,)
 
 
 def test_no_criteria_and_no_common_steps_cannot_pass() -> None:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from alignflow.compare.comparison import compare
-from alignflow.compare.criteria import Criterion
 from alignflow.compare.statistics import Pairs, error_statistics, perplexity, relative_error, step_relative_errors
+from alignflow.config.criteria import Criterion
 from alignflow.logs import parse_log
 from tests.logfixtures import (
     make_run,
@@ -26,7 +26,7 @@ from tests.logfixtures import (
 
 
 def independent(test: Sequence[float], ref: Sequence[float]) -> dict[str, float]:
-    """The seeds' definitions written out by hand (seed 000 §1, seed 004 §3.3)."""
+    """The seeds' definitions written out by hand (docs/seeds.md#error-statistics)."""
     err = [t - r for t, r in zip(test, ref, strict=True)]
     rel = [abs(t - r) / (abs(r) + 1e-8) for t, r in zip(test, ref, strict=True)]
     n = len(err)

@@ -28,18 +28,35 @@ def test_committed_experiments_reference_hosts_of_the_default_inventory(repo_roo
     load_experiment(repo_root / "experiments" / "demo.yaml", inventory)
 
 
-def test_relative_workdir_of_local_host_is_resolved_against_the_hosts_file(tmp_path: Path) -> None:
-    f = tmp_path / "hosts.yaml"
-    f.write_text("hosts:\n  a: {role: cpu, workdir: state/a}\n  b: {role: cuda, workdir: ~/b}\n")
+def test_relative_workdir_of_a_local_host_lives_under_the_state_dir(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "conf" / "hosts.yaml"
+    f.parent.mkdir()
+    f.write_text("hosts:\n  a: {role: cpu, workdir: hosts/a}\n  b: {role: cuda, workdir: ~/b}\n"
+                 "  c: {role: ascend, transport: ssh, address: h, user: u, workdir: rel/c}\n")
+    monkeypatch.setenv("ALIGNFLOW_STATE_DIR", str(tmp_path / "elsewhere"))
     inv = load_hosts(f)
-    assert inv.get("a").workdir == str(tmp_path / "state" / "a")
+    assert inv.get("a").workdir == str(tmp_path / "elsewhere" / "hosts" / "a")
     assert inv.get("b").workdir == "~/b"
+    assert inv.get("c").workdir == "rel/c"  # a remote host's business
+    assert load_hosts(f, state_dir=tmp_path / "given").get("a").workdir == str(tmp_path / "given" / "hosts" / "a")
+
+
+def test_the_demo_keeps_its_hosts_workdirs_and_its_data_in_the_state_dir(repo_root: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ALIGNFLOW_STATE_DIR", str(tmp_path / "x"))
+    inv = load_hosts(repo_root / "hosts.yaml")
+    assert {h.workdir for h in inv.hosts.values()} == {str(tmp_path / "x" / "hosts" / n) for n in inv.hosts}
+    demo = load_experiment(repo_root / "experiments" / "demo.yaml", inv)
+    assert demo.resolve_path(demo.data.path) == tmp_path / "x" / "data" / "demo"
 
 
 def test_unknown_host_lookup_lists_the_alternatives(repo_root: Path) -> None:
     inv = load_hosts(repo_root / "hosts.yaml")
     with pytest.raises(ConfigError, match=r"unknown host 'gpu-b'; .* defines: ascend, cpu, cuda"):
         inv.get("gpu-b")
+    with pytest.raises(ConfigError, match=r"unknown host 'cdua' \(did you mean 'cuda'\?\); .* defines"):
+        inv.get("cdua")
 
 
 HOSTS_OK = """\
@@ -113,7 +130,7 @@ def test_experiment_with_undefined_host_names_the_line_and_the_alternatives(repo
         ("  steps: 30\n", "  steps: thirty\n", "training.steps: Input should be a valid integer"),
         ("    router_topk: 2\n", "    router_topk: 9\n", "router_topk 9 exceeds num_experts 4"),
         ("conversion:\n", "steps:\n  gpu_trian: {timeout_s: 5}\nconversion:\n", "unknown step(s) gpu_trian"),
-        ("  sha256: e3bd", "  sha256: xyz\n  old: e3bd", "data.sha256: sha256 must be 64 hexadecimal characters"),
+        ("  sha256: 97ac", "  sha256: xyz\n  old: 97ac", "data.sha256: sha256 must be 64 hexadecimal characters"),
     ],
 )
 def test_broken_experiment_names_key(repo_root: Path, tmp_path: Path, old: str, new: str, fragment: str) -> None:
@@ -134,5 +151,5 @@ def test_cli_validate_exit_codes_and_messages(repo_root: Path, tmp_path: Path) -
     bad = tmp_path / "hosts.yaml"
     bad.write_text(BROKEN_HOSTS[3][1])
     result = runner.invoke(app, ["validate", str(bad), str(repo_root / "hosts.yaml")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # a configuration error
     assert f"{bad}:7: hosts.npu-a.adress: unknown key" in result.output

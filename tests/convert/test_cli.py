@@ -76,6 +76,7 @@ def test_specs_lists_every_spec(tmp_path):
     assert "twin-moe-bias" in table.stdout
 
 
+@pytest.mark.integration
 def test_console_script_exit_codes(tmp_path, subprocess_env, bf16_dir):
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "alignflow", "convert", *args], env=subprocess_env,

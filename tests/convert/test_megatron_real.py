@@ -109,6 +109,7 @@ def test_megatron_saved_skeleton_is_the_contract(tmp_path, megatron_world):
                                               "mtp.layers.0.transformer_layer.")}
 
 
+@pytest.mark.integration
 def test_load_check_script_passes_good_and_fails_broken_checkpoints(tmp_path, subprocess_env, repo_root):
     _converted(tmp_path, "twin-moe-bias")
     script = [sys.executable, str(repo_root / "benchmarks/megatron_load_check.py")]

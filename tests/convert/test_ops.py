@@ -69,8 +69,8 @@ def test_op_inverse_restores_every_bit_and_shapes_match(op, xs):
 def test_deinterleave_is_the_seed_formula():
     w = torch.arange(24 * 5, dtype=torch.float32).reshape(24, 5)
     (got,) = DeinterleaveRows().apply([w])
-    assert torch.equal(got, torch.cat([w[0::2], w[1::2]]))  # seed 001 §6.2
-    order = np.concatenate([np.arange(0, 24, 2), np.arange(1, 24, 2)])  # seed 000 §3.4
+    assert torch.equal(got, torch.cat([w[0::2], w[1::2]]))  # docs/seeds.md#ffn-mapping-rules
+    order = np.concatenate([np.arange(0, 24, 2), np.arange(1, 24, 2)])  # docs/seeds.md#glm-52-conversion-rules
     assert torch.equal(got, w[torch.from_numpy(order)])
     gate, up = got.chunk(2)  # Megatron mlp.py: chunk(x, 2) -> act(gate) * up
     assert torch.equal(gate, w[0::2])

@@ -26,7 +26,7 @@ def test_every_required_spec_is_packaged_and_self_consistent():
                          [("qwen35-dense", 91, 76, 12), ("qwen35-moe", 127, 108, 16)])
 def test_qwen35_key_counts_are_the_seeds(name, total, decoder, mtp):
     targets = build_plan(load_spec(name), flavor="te").targets
-    assert len(targets) == len(set(targets)) == total  # seed 001 §6.3
+    assert len(targets) == len(set(targets)) == total  # docs/seeds.md#mtp-mapping-rules
     assert sum(t.startswith("decoder.layers.") for t in targets) == decoder
     assert sum(t.startswith("mtp.") for t in targets) == mtp
     assert {t for t in targets if not t.startswith(("decoder.layers.", "mtp."))} == {
@@ -66,12 +66,13 @@ def test_mtp_inner_layer_name_follows_the_megatron_version():
         parse_version("latest")
 
 
+@pytest.mark.integration
 def test_one_megatron_version_parser_for_converter_twin_and_preflight():
     import subprocess
     import sys
 
-    from alignflow.preflight.megatron_lm import check_flags, load_table
-    from alignflow.reference import flavours
+    from alignflow.frameworks.megatron_lm import check_flags, load_table
+    from alignflow.twin import flavours
 
     assert flavours.parse_version is parse_version
     for text, expected in [("0.16", (0, 16)), ("0.16.1", (0, 16)), ("0.17.0rc1", (0, 17)), ("v0.19", (0, 19)),
@@ -89,7 +90,7 @@ def test_one_megatron_version_parser_for_converter_twin_and_preflight():
     assert accepted is False
     assert "not X.Y" in why
     # the parser is torch-free: the MindSpore twin and preflight import it without torch
-    code = ("import sys, alignflow.convert.layout, alignflow.reference.flavours, alignflow.preflight.megatron_lm; "
+    code = ("import sys, alignflow.convert.layout, alignflow.twin.flavours, alignflow.frameworks.megatron_lm; "
             "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
@@ -98,7 +99,7 @@ def test_one_megatron_version_parser_for_converter_twin_and_preflight():
 def test_glm52_1b_is_about_one_billion_parameters():
     shapes = build_plan(load_spec("glm52-1b"), flavor="te").target_shapes()
     params = sum(int(__import__("math").prod(s)) for s in shapes.values())
-    assert 0.95e9 < params < 1.1e9  # seed 000 §4.2 "1B level", ~2 GB in bf16
+    assert 0.95e9 < params < 1.1e9  # docs/seeds.md#glm-52-1b "1B level", ~2 GB in bf16
 
 
 def test_model_outside_what_a_spec_covers_is_a_problem():

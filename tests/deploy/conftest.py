@@ -57,6 +57,8 @@ def write_workspace(root: Path, repo_root: Path) -> None:
     hosts = yaml.safe_load((repo_root / "hosts.yaml").read_text())
     hosts["hosts"]["ascend"]["max_concurrent_jobs"] = 2
     (root / "hosts.yaml").write_text(yaml.safe_dump(hosts, sort_keys=False))
+    # the nightly exports each of its runs to TensorBoard (a relative dir: under the state dir)
+    (root / "nightly.yaml").write_text(yaml.safe_dump({"export": {"tensorboard": "exports/tensorboard"}}))
 
 
 def serve_env(base: dict[str, str], *, api_url: str, db_url: str, state: Path, home: Path,

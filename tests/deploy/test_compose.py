@@ -20,6 +20,7 @@ import yaml
 
 from alignflow.config.hosts import load_hosts
 from tests.lab.postgres import SERVER_USER, PostgresServer
+from tests.lab.sshd import ensure_privsep_dir
 
 pytestmark = pytest.mark.integration
 
@@ -144,7 +145,9 @@ def test_lab_keys_sshd_config_and_inventory_fit_together(tmp_path: Path, repo_ro
         assert pinned["ssh-ed25519"] == own  # known_hosts pins each container's own host key
         authorized = (lab / "keys" / str(host.address) / "authorized_keys").read_text()
         assert authorized == (lab / "keys" / "client_ed25519.pub").read_text()
-    # the sshd config the lab image installs is accepted by sshd (key paths pointed at the generated keys)
+    # the sshd config the lab image installs is accepted by sshd (key paths pointed at the generated keys); sshd -t
+    # needs the privilege-separation directory, which nothing may have created yet on this machine
+    ensure_privsep_dir()
     conf = tmp_path / "sshd_config"
     conf.write_text((lab / "sshd_config").read_text().replace("/etc/alignflow-lab", str(lab / "keys" / "lab-cpu")))
     check = subprocess.run(["/usr/sbin/sshd", "-t", "-f", str(conf)], capture_output=True, text=True, check=False)

@@ -46,6 +46,7 @@ def refused(*args: str) -> str:
     return str(result.exception)
 
 
+@pytest.mark.integration
 def test_dry_run_lists_the_ui_form_and_the_nightly_schedule(workspace: Path) -> None:
     launch, nightly = dry_run()
     assert launch["name"] == "alignment/launch"
@@ -54,8 +55,9 @@ def test_dry_run_lists_the_ui_form_and_the_nightly_schedule(workspace: Path) -> 
     defs = launch["schema"]["definitions"]
     assert defs["ExperimentName"]["enum"] == ["demo", "tiny"]  # built from experiments/*.yaml when serving
     assert "compare" in defs["StepName"]["enum"]
-    assert defs["ParentRun"]["properties"]["run_id"]["pattern"] == "^[0-9a-f]{4,12}$"
+    assert defs["ParentRun"]["properties"]["run_id"]["pattern"] == "^([0-9a-f]{4,12})?$"  # empty: no parent
     assert launch["schema"]["required"] == ["experiment"]
+    assert_clean_form(launch["schema"])
     assert nightly["name"] == "nightly-regression/nightly"
     assert nightly["schedules"] == [{"cron": "0 2 * * *", "timezone": "UTC"}]
     config = nightly["schema"]["properties"]["config"]
@@ -63,14 +65,38 @@ def test_dry_run_lists_the_ui_form_and_the_nightly_schedule(workspace: Path) -> 
     assert nightly["schema"]["definitions"]["NightlyConfig"]["properties"]["experiments"]["minItems"] == 1
 
 
+def assert_clean_form(schema: dict[str, Any]) -> None:
+    """Issue 19: every field of the form titled and described, no optional field as a `null` branch (the UI draws a
+    type toggle for it, and posts `null`, which the server then refuses), no `<...>` the UI would strip."""
+    text = json.dumps(schema)
+    assert '"type": "null"' not in text
+    assert "anyOf" not in text
+    assert "<" not in text
+    assert "Field" not in text
+    for name, prop in schema["properties"].items():
+        ref = schema["definitions"].get(prop.get("$ref", "").rsplit("/", 1)[-1], {})
+        assert prop.get("title") or ref.get("title"), name
+        assert prop.get("description"), name
+    for model in ("StepSelection", "ParentRun"):
+        for name, prop in schema["definitions"][model]["properties"].items():
+            assert prop.get("title"), (model, name)
+            assert prop.get("description"), (model, name)
+            assert prop.get("default", "absent") is not None, (model, name)  # no null default either
+    assert schema["properties"]["steps"]["default"] == {"only": [], "force": []}
+    assert schema["properties"]["parent"]["default"] == {"reuse_artifacts": True}
+
+
+@pytest.mark.integration
 def test_nightly_yaml_sets_experiments_schedule_and_drift_and_options_override_it(workspace: Path) -> None:
     (workspace / "nightly.yaml").write_text(
         "experiments: [tiny]\ncron: '30 1 * * 1-5'\ntimezone: Asia/Shanghai\n"
-        "drift:\n  default: {relative: 0.2, of_threshold: 0.05}\n  overrides:\n    me(grad_norm): {relative: 1.0}\n")
+        "drift:\n  default: {relative: 0.2, of_threshold: 0.05}\n  overrides:\n    me(grad_norm): {relative: 1.0}\n"
+        "export: {tensorboard: exports/tb}\n")
     _, nightly = dry_run()
     assert nightly["schedules"] == [{"cron": "30 1 * * 1-5", "timezone": "Asia/Shanghai"}]
     default = nightly["schema"]["properties"]["config"]["default"]
     assert default["experiments"] == ["tiny"]
+    assert default["export"] == {"tensorboard": "exports/tb", "mlflow": None}
     assert default["drift"]["default"] == {"relative": 0.2, "of_threshold": 0.05}
     assert default["drift"]["overrides"]["me(grad_norm)"]["relative"] == 1.0
     _, nightly = dry_run("--timezone", "Europe/Berlin", "--nightly-experiment", "demo")
@@ -96,12 +122,70 @@ def test_refuses_an_unknown_time_zone_and_a_bad_cron(workspace: Path) -> None:
 def test_refuses_to_offer_a_broken_experiment_and_names_every_problem(workspace: Path) -> None:
     broken = workspace / "experiments" / "broken.yaml"
     broken.write_text("name: broken\nmodel: {}\n")
-    (workspace / "experiments" / "elsewhere.yaml").write_text(
-        (workspace / "experiments" / "tiny.yaml").read_text().replace("name: tiny", "name: elsewhere")
-        + "hosts: {cuda: gpu-9}\n")
     message = refused()
-    assert f"{broken}:" in message
-    assert "hosts.cuda: unknown host 'gpu-9'" in message  # checked against the inventory being served
+    assert f"{broken}:1: data: required key is missing" in message
+    assert f"{broken}:1: conversion: required key is missing" in message
+
+
+def elsewhere(workspace: Path) -> Path:
+    """A valid experiment whose GPU host is a team machine this inventory does not have (like the committed GLM
+    and Qwen experiments on a fresh clone)."""
+    path = workspace / "experiments" / "elsewhere.yaml"
+    path.write_text((workspace / "experiments" / "tiny.yaml").read_text().replace("name: tiny", "name: elsewhere")
+                    + "hosts: {cuda: gpu-9}\n")
+    return path
+
+
+@pytest.mark.integration  # Prefect's cron check starts a process
+def test_an_experiment_whose_hosts_the_inventory_lacks_is_listed_as_not_served_with_why(workspace: Path) -> None:
+    line = len(elsewhere(workspace).read_text().splitlines())
+    launch, _ = dry_run()
+    assert launch["schema"]["definitions"]["ExperimentName"]["enum"] == ["demo", "tiny"]
+    assert launch["not_served"] == [{
+        "experiment": "elsewhere", "path": str(workspace / "experiments" / "elsewhere.yaml"),
+        "reasons": [f"elsewhere.yaml:{line}: hosts.cuda: unknown host 'gpu-9'",
+                    "hosts.yaml defines: ascend, cpu, cuda"]}]
+    shown = CliRunner().invoke(app, ["serve", "--dry-run"])
+    assert shown.exit_code == 0, shown.output
+    assert f"not served:  elsewhere: elsewhere.yaml:{line}: hosts.cuda: unknown host 'gpu-9'; hosts.yaml defines: " in (
+        " ".join(shown.output.split()).replace("not served: ", "not served:  "))
+    # the nightly may not silently lose it
+    message = refused("--nightly-experiment", "elsewhere")
+    assert message.startswith(f"--nightly-experiment: experiments: 'elsewhere' is not served: elsewhere.yaml:{line}: "
+                              "hosts.cuda: unknown host 'gpu-9'")
+
+
+@pytest.mark.integration
+def test_serve_on_the_committed_checkout_serves_the_demo_and_lists_the_rest(repo_root: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(repo_root)
+    launch, nightly = dry_run()
+    # the experiments whose hosts the committed hosts.yaml has (its three local hosts)
+    assert launch["schema"]["definitions"]["ExperimentName"]["enum"] == ["demo-megatron", "demo", "mindformers-cpu"]
+    assert {u["experiment"] for u in launch["not_served"]} == {"glm52_1b", "glm52_mini", "qwen35_dense",
+                                                               "qwen35_moe"}
+    assert all(any("unknown host 'npu-a'" in r for r in u["reasons"]) for u in launch["not_served"])
+    assert nightly["schema"]["properties"]["config"]["default"]["experiments"] == ["demo"]
+
+
+def test_validate_with_hosts_checks_what_serve_checks(workspace: Path) -> None:
+    line = len(elsewhere(workspace).read_text().splitlines())
+    done = CliRunner().invoke(app, ["validate", "--hosts", "hosts.yaml"])
+    assert done.exit_code == 0, done.output
+    assert f"not served with hosts.yaml: elsewhere: elsewhere.yaml:{line}: hosts.cuda: unknown host 'gpu-9'" in (
+        done.output)
+    assert "serve offers: demo, tiny; nightly runs: demo, tiny" in done.output
+    # what stops serve stops validate --hosts, with the same message
+    (workspace / "nightly.yaml").write_text("experiments: [elsewhere]\n")
+    stopped = CliRunner().invoke(app, ["validate", "--hosts", "hosts.yaml"])
+    assert stopped.exit_code == 2  # a configuration error
+    assert f"nightly.yaml: experiments: 'elsewhere' is not served: elsewhere.yaml:{line}:" in stopped.output
+    assert refused().startswith(f"nightly.yaml: experiments: 'elsewhere' is not served: elsewhere.yaml:{line}:")
+    (workspace / "nightly.yaml").write_text("experiments: [demo]\nalert: {webhook_env: NO_SUCH_VARIABLE_19}\n")
+    stopped = CliRunner().invoke(app, ["validate", "--hosts", "hosts.yaml"])
+    assert stopped.exit_code == 2
+    assert "alert.webhook_env: $NO_SUCH_VARIABLE_19 is not set" in stopped.output
+    assert "alert.webhook_env: $NO_SUCH_VARIABLE_19 is not set" in refused()
 
 
 def test_refuses_an_empty_or_missing_experiments_directory(workspace: Path) -> None:
@@ -115,15 +199,18 @@ def run_serve(env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str
                           text=True, timeout=120)
 
 
+@pytest.mark.integration
 def test_serving_needs_a_prefect_server_and_says_so(workspace: Path, subprocess_env: dict[str, str]) -> None:
     env = {k: v for k, v in subprocess_env.items() if k != "PREFECT_API_URL"}
     env["PREFECT_HOME"] = str(workspace / "prefect-home")
+    env["ALIGNFLOW_STATE_DIR"] = str(workspace / "state")  # keeps no Prefect server
     done = run_serve(env, workspace)
-    assert done.returncode == 1
-    assert "PREFECT_API_URL is not set" in done.stderr
+    assert done.returncode == 2  # a configuration error
+    assert "PREFECT_API_URL is not set and no Prefect server is kept" in done.stderr
+    assert "alignflow server start" in done.stderr
     env["PREFECT_API_URL"] = f"http://127.0.0.1:{free_port()}/api"  # nothing listens there
     done = run_serve(env, workspace)
-    assert done.returncode == 1
+    assert done.returncode == 2
     assert "Prefect server not reachable" in done.stderr
 
 
@@ -155,5 +242,11 @@ def test_the_form_maps_onto_the_alignment_flows_parameters(monkeypatch: pytest.M
                     "force": ["compare"], "parent_run": "abcd1234", "reuse_parent": True, "trigger": "deployment"}
     launch.run_alignment(Path("/x/e.yaml"), Path("/x/hosts.yaml"), launch.StepSelection(), None)
     assert (seen["from_step"], seen["force"], seen["parent_run"], seen["reuse_parent"]) == (None, None, None, False)
+    # what the UI's form posts when nothing is filled in (issue 19: no nulls), and a cleared run id
+    for posted in ({"reuse_artifacts": True}, {"run_id": "", "reuse_artifacts": True}):
+        launch.run_alignment(Path("/x/e.yaml"), Path("/x/hosts.yaml"),
+                             launch.StepSelection.model_validate({"only": [], "force": []}),
+                             launch.ParentRun.model_validate(posted))
+        assert (seen["parent_run"], seen["reuse_parent"]) == (None, False)
     with pytest.raises(ValueError, match="gpu_trian"):
         launch.StepSelection.model_validate({"only": ["gpu_trian"]})

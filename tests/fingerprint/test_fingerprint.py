@@ -225,6 +225,7 @@ def test_memo_hit_after_no_change_reads_no_bytes(tmp_path: Path) -> None:
     assert (second.hashed_bytes, second.hashed_files) == (0, 0)
 
 
+@pytest.mark.integration
 def test_memo_is_shared_between_processes(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     root = _tree(tmp_path / "d", FILES)
     memo_path = tmp_path / "memo.sqlite"
@@ -302,6 +303,7 @@ def test_memo_of_an_older_layout_is_rebuilt(tmp_path: Path) -> None:
 # --- command lines ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_module_cli_prints_json_digests_and_manifests(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     root = _tree(tmp_path / "d", FILES)
     single = root / "config.json"
@@ -314,6 +316,7 @@ def test_module_cli_prints_json_digests_and_manifests(tmp_path: Path, subprocess
     assert data[str(single)] == {"kind": "file", "sha256": sha256_of(single), "size": len(FILES["config.json"])}
 
 
+@pytest.mark.integration
 def test_module_cli_reports_a_missing_path_and_still_prints_the_others(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
@@ -321,7 +324,7 @@ def test_module_cli_reports_a_missing_path_and_still_prints_the_others(
     cmd = [sys.executable, "-m", "alignflow.fingerprint", str(tmp_path / "gone"), str(good), "--json", "--no-memo"]
     out = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, check=False)
     assert out.returncode == 1
-    assert f"{tmp_path / 'gone'}: no such file or directory" in out.stderr
+    assert out.stderr.startswith(f"error: {tmp_path / 'gone'}: no such file or directory")
     assert json.loads(out.stdout) == {str(good): hashlib.sha256(b"1").hexdigest()}
 
 
@@ -335,6 +338,7 @@ def test_alignflow_hash_json_maps_each_path_to_its_digest(tmp_path: Path, monkey
     assert (tmp_path / "memo.sqlite").exists()
 
 
+@pytest.mark.integration
 def test_alignflow_hash_plain_output_is_sha256sum_style(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ALIGNFLOW_HASH_MEMO", str(tmp_path / "memo.sqlite"))
     path = _write(tmp_path / "a.bin", b"abc")
@@ -345,6 +349,7 @@ def test_alignflow_hash_plain_output_is_sha256sum_style(tmp_path: Path, monkeypa
     assert check.returncode == 0, check.stderr
 
 
+@pytest.mark.integration
 def test_alignflow_hash_exits_1_naming_the_missing_path(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
     env = {**subprocess_env, "ALIGNFLOW_HASH_MEMO": str(tmp_path / "memo.sqlite")}
     out = subprocess.run(
@@ -352,5 +357,5 @@ def test_alignflow_hash_exits_1_naming_the_missing_path(tmp_path: Path, subproce
         env=env, capture_output=True, text=True, check=False,
     )
     assert out.returncode == 1
-    assert f"{tmp_path / 'gone'}: no such file or directory" in out.stderr
+    assert out.stderr.startswith(f"error: {tmp_path / 'gone'}: no such file or directory")  # like every error
     assert json.loads(out.stdout) == {}

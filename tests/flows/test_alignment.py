@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ def test_full_flow_on_local_hosts_passes_with_every_artifact_fingerprinted(env: 
     assert statuses(first) == dict.fromkeys(EVERY_STEP, "ran")
     report = Path(first["report"])
     assert report.is_file()
-    assert "<img" in report.read_text()  # plots embedded
+    assert 'class="plot" data-metric="lm_loss"' in report.read_text()  # the interactive curves, inline
     seen = set()
     fingerprinter = Fingerprinter()
     for step in first["steps"]:
@@ -120,7 +121,7 @@ def test_rerun_after_a_spec_change_reexecutes_only_conversion_gpu_training_and_c
     monkeypatch.undo()
     assert result.exit_code == 0, result.output
     record = json.loads(result.output[result.output.index("{"):])
-    assert record["parent"] == first["run_id"]
+    assert record["parent_id"] == first["run_id"]
     assert statuses(record) == {"npu_base_train": "cached", "convert_bf16": "cached", "convert_megatron": "ran",
                                 "gpu_train": "ran", "npu_reload_train": "cached", "compare": "ran"}
     with Store.open(state_dir=env.state) as store:
@@ -138,7 +139,7 @@ def test_rerun_after_a_spec_change_reexecutes_only_conversion_gpu_training_and_c
 def test_reproduce_reruns_every_step_and_finds_the_same_fingerprints(env: FlowEnv, first: dict[str, Any]) -> None:
     result = CliRunner().invoke(app, ["reproduce", first["run_id"], "--json"])
     assert result.exit_code == 0, result.output
-    out = json.loads(result.output[result.output.index('{\n  "original"'):])
+    out = json.loads(result.output[result.output.index('{\n  "verdict"'):])
     assert out["reproduced"] is True
     diffs = {d["what"]: d for d in out["differences"]}
     # every checkpoint byte-identical (the twin is deterministic); logs differ only in timestamps and timings
@@ -147,7 +148,7 @@ def test_reproduce_reruns_every_step_and_finds_the_same_fingerprints(env: FlowEn
     assert set(logs) == {"npu_base_train: npu_base_log sha256", "gpu_train: gpu_log sha256",
                          "npu_reload_train: npu_log sha256"}
     for d in logs.values():
-        assert d["note"].startswith("timing only"), d
+        assert d["cause"].startswith("timing only"), d
     with Store.open(state_dir=env.state) as store:
         reproduction = store.get_run(out["reproduction"])
         assert reproduction.parent_id == first["run_id"]
@@ -180,7 +181,7 @@ def test_a_sentinel_in_the_gpu_log_fails_the_run_although_the_process_exited_0(e
 
 
 def test_a_changed_data_file_invalidates_every_step_that_reads_it(env: FlowEnv, first: dict[str, Any]) -> None:
-    (env.root / "data" / "tiny.tokens").unlink()
+    shutil.rmtree(env.root / "data" / "tiny")
     env.edit_experiment(data__generate__seed=8)
     record = run_flow(env)
     assert statuses(record) == dict.fromkeys(EVERY_STEP, "ran")

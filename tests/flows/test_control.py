@@ -39,6 +39,7 @@ def _pid_alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split()[2] == "Z")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("via", ["core", "flow hook"])
 def test_cancelling_a_run_kills_the_remote_process_group(tmp_path: Path, repo_root: Path, via: str,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
@@ -77,16 +78,17 @@ def test_cancelling_a_run_kills_the_remote_process_group(tmp_path: Path, repo_ro
         run = store.get_run(run_id)
         assert run.status == "cancelled"
         recorded = store.get_step(step.id)
-        assert recorded.status == "failed"
+        assert recorded.status == "cancelled"
         assert "cancelled" in (recorded.error or "")
 
 
+@pytest.mark.integration
 def test_cancelling_a_run_in_its_early_gate_kills_both_sides(tmp_path: Path, repo_root: Path) -> None:
     """The gate runs one job per side under one step run: both are recorded, both are killed."""
-    from alignflow.runner.control import attach_jobs
+    from alignflow.runner.recording import StepRecord
 
     env = make_flow_env(tmp_path, repo_root)
-    inventory = load_hosts(env.hosts)
+    inventory = load_hosts(env.hosts, state_dir=env.state)
     with Store.open(state_dir=env.state) as store:
         run_id = start_run(env.experiment, env.hosts, store=store, state_dir=env.state)
         step = store.start_step(run_id, "early_gate", host="cpu", command="gate", cache_key="k", inputs={})
@@ -95,7 +97,7 @@ def test_cancelling_a_run_in_its_early_gate_kills_both_sides(tmp_path: Path, rep
             with open_transport(inventory.get(role)) as t:
                 handles.append(t.launch(JobSpec(argv=["bash", "-c", "sleep 300 & sleep 300; wait"],
                                                 name=f"gate-{role}")))
-        attach_jobs(store, step.id, handles)
+        StepRecord(store, step).attach(handles, resumable=False)
         deadline = time.monotonic() + 10
         while any(len(_group(h.pgid)) < 3 for h in handles) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -109,4 +111,4 @@ def test_cancelling_a_run_in_its_early_gate_kills_both_sides(tmp_path: Path, rep
         for h in handles:
             with open_transport(inventory.get(h.host)) as t:
                 assert t.status(h).kind == "cancelled"
-        assert store.get_step(step.id).status == "failed"
+        assert store.get_step(step.id).status == "cancelled"

@@ -1,4 +1,5 @@
-"""The run's data file: generated in process when absent (its digest used), a failure reported as AlignflowError."""
+"""The run's data: an indexed dataset generated in process when absent (its digest used), checked when present,
+a failure reported as AlignflowError with nothing half-made left behind."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 import yaml
 
 from alignflow.config import load_experiment
-from alignflow.errors import AlignflowError
+from alignflow.errors import AlignflowError, ConfigError
 from alignflow.fingerprint import Fingerprinter
 from alignflow.runner.session import prepare_data
 
@@ -23,19 +24,45 @@ def _experiment(repo_root: Path, tmp_path: Path, data: dict[str, object]) -> Pat
 
 def test_absent_data_is_generated_with_the_declared_digest(repo_root: Path, tmp_path: Path) -> None:
     declared = yaml.safe_load((repo_root / "experiments" / "demo.yaml").read_text())["data"]
-    exp = load_experiment(_experiment(repo_root, tmp_path, {**declared, "path": "data/demo.tokens"}))
+    exp = load_experiment(_experiment(repo_root, tmp_path, {**declared, "path": "data/demo"}))
     ref = prepare_data(exp, memo=None)
-    fp = Fingerprinter().fingerprint(tmp_path / "data" / "demo.tokens")
-    assert (ref.sha256, ref.size, ref.path) == (fp.sha256, fp.size, str(tmp_path / "data" / "demo.tokens"))
+    fp = Fingerprinter().fingerprint(tmp_path / "data" / "demo")
+    assert (ref.sha256, ref.size, ref.path) == (fp.sha256, fp.size, str(tmp_path / "data" / "demo"))
     assert ref.sha256 == declared["sha256"]
+    assert sorted(p.name for p in (tmp_path / "data" / "demo").iterdir()) == ["demo.bin", "demo.idx"]
     assert prepare_data(exp, memo=None) == ref  # present now: fingerprinted, same reference
 
 
 def test_a_failed_generation_is_an_alignflow_error_with_the_reason(repo_root: Path, tmp_path: Path) -> None:
-    exp = load_experiment(_experiment(repo_root, tmp_path, {"path": "one.tokens", "generate": {"tokens": 1}}))
+    exp = load_experiment(_experiment(repo_root, tmp_path, {"path": "one", "prefix": "one",
+                                                            "generate": {"tokens": 1}}))
     with pytest.raises(AlignflowError, match="at least 2"):
         prepare_data(exp, memo=None)
+    assert not (tmp_path / "one").exists()  # nothing half-made
+    assert [p.name for p in tmp_path.iterdir()] == ["exp.yaml"]
     (tmp_path / "blocked").write_text("a file where a directory must be")
-    exp = load_experiment(_experiment(repo_root, tmp_path, {"path": "blocked/x.tokens", "generate": {"tokens": 64}}))
+    exp = load_experiment(_experiment(repo_root, tmp_path, {"path": "blocked/x", "prefix": "x",
+                                                            "generate": {"tokens": 64}}))
     with pytest.raises(AlignflowError, match=r"cannot generate data\.path"):
         prepare_data(exp, memo=None)
+
+
+def test_a_data_directory_without_its_index_is_refused_naming_the_file(repo_root: Path, tmp_path: Path) -> None:
+    from alignflow.twin.data import make_data
+
+    make_data(tmp_path / "data" / "demo", 2000, seed=1)
+    (tmp_path / "data" / "demo.idx").unlink()
+    exp = load_experiment(_experiment(repo_root, tmp_path, {"path": "data", "prefix": "demo"}))
+    with pytest.raises(ConfigError, match=r"data/demo\.idx not found: the data must be a Megatron indexed dataset"):
+        prepare_data(exp, memo=None)
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"path": "data/demo.npy", "prefix": "demo"}, r"data\.path 'data/demo\.npy' names a file: it is the directory"),
+    ({"path": "data/demo.tokens"}, r"data: prefix missing: the data must be a Megatron indexed dataset"),
+])
+def test_a_npy_or_prefixless_data_path_is_a_validation_error(repo_root: Path, tmp_path: Path,
+                                                             data: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as err:
+        load_experiment(_experiment(repo_root, tmp_path, data))
+    assert "exp.yaml" in str(err.value)  # the file is named (with its line)

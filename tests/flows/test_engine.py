@@ -9,9 +9,13 @@ from typing import Any
 import pytest
 import yaml
 
+from alignflow import pipeline
 from alignflow.errors import HostUnreachable
 from alignflow.logs.render import mindformers_pynative_line
-from alignflow.runner.run import data_artifact, open_runner, start_run
+from alignflow.runner.engine import StepRunner
+from alignflow.runner.jobstep import run_job_step
+from alignflow.runner.run import data_artifact, start_run
+from alignflow.runner.session import open_run
 from alignflow.store import Store
 from alignflow.transport import LocalTransport
 from tests.flows.conftest import make_flow_env
@@ -33,6 +37,7 @@ class DropsFirstWait(LocalTransport):
         return super().wait(handle, **kw)
 
 
+@pytest.mark.integration
 def test_a_retried_step_reattaches_to_its_running_job_instead_of_launching_again(
     tmp_path: Path, repo_root: Path
 ) -> None:
@@ -48,19 +53,20 @@ def test_a_retried_step_reattaches_to_its_running_job_instead_of_launching_again
     env.experiment.write_text(yaml.safe_dump(exp, sort_keys=False))
     with Store.open(state_dir=env.state) as store:
         run_id = start_run(env.experiment, env.hosts, store=store, state_dir=env.state)
-        runner = open_runner(run_id, store=store, state_dir=env.state,
-                             transport_factory=DropsFirstWait)
+        ctx = open_run(store, run_id)
+        runner = StepRunner(ctx, store=store, state_dir=env.state, transport_factory=DropsFirstWait)
+        spec = pipeline.step("npu_base_train")
         try:
-            data = data_artifact(runner)
+            data = data_artifact(ctx, state_dir=env.state)
             with pytest.raises(HostUnreachable):
-                runner.execute("npu_base_train", {"data": data})
-            outcome = runner.execute("npu_base_train", {"data": data})  # what Prefect's retry does
+                run_job_step(runner, spec, {"data": data})
+            outcome = run_job_step(runner, spec, {"data": data})  # what Prefect's retry does
         finally:
             runner.close()
         assert outcome.status == "ran"
         steps = [s for s in store.steps(run_id) if s.step == "npu_base_train"]
         assert len(steps) == 1  # one step run, one job
-        jobs = list((env.root / "hosts" / "ascend" / "jobs").iterdir())
+        jobs = list((env.state / "hosts" / "ascend" / "jobs").iterdir())  # relative workdirs: under the state dir
         assert len(jobs) == 1
         # the step's job held one of the host's job slots (on the host, shared by every controller)
         assert (jobs[0] / "slot").read_text().startswith("holding job slot 0 of 1 since ")

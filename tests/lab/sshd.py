@@ -47,6 +47,7 @@ LAB_HOSTS: dict[str, tuple[str, str]] = {  # name -> (address, role)
     "cpu": ("127.0.0.12", "cpu"),
     "cuda": ("127.0.0.13", "cuda"),
 }
+PRIVSEP_DIR = "/run/sshd"  # Debian's OpenSSH: `_PATH_PRIVSEP_CHROOT_DIR` (sshd(8) FILES)
 SSHD = "/usr/sbin/sshd"
 GECOS = "alignflow ssh lab"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -123,6 +124,12 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
+def ensure_privsep_dir() -> None:
+    """sshd refuses to run, `sshd -t` included, without its privilege-separation directory, which only an init system
+    or an earlier sshd creates: on a fresh machine (a new CI runner) nothing has. Root only, as the lab is."""
+    Path(PRIVSEP_DIR).mkdir(mode=0o755, exist_ok=True)
+
+
 class SSHLab:
     """Start with `SSHLab.start()`, stop with `close()`. As alignflow config: `host(name)`, `write_hosts_yaml(path)`."""
 
@@ -144,7 +151,7 @@ class SSHLab:
             raise LabUnavailable(f"missing {', '.join(missing)}: install openssh-server, openssh-client and rsync "
                                  "(.ci/run does)")
         _reap_stale_users()
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+        ensure_privsep_dir()
         root = Path(tempfile.mkdtemp(prefix="alignflow-lab-"))
         root.chmod(0o711)
         client = root / "client"

@@ -23,7 +23,8 @@ def _cases(name: str) -> list[Any]:
     return [pytest.param(c, id=c["name"]) for c in cases]
 
 
-@pytest.mark.parametrize("case", _cases("mindformers_lines.json") + _cases("megatron_lines.json"))
+@pytest.mark.parametrize("case", _cases("mindformers_lines.json") + _cases("megatron_lines.json")
+                         + _cases("nemo_lines.json"))
 def test_reference_line_parses_to_its_printed_values(case: dict[str, Any]) -> None:
     if "error" in case:
         with pytest.raises(LogParseError, match=case["error"]):
@@ -37,7 +38,7 @@ def test_reference_line_parses_to_its_printed_values(case: dict[str, Any]) -> No
     row = parsed.frame.loc[case["step"]]
     for column, expected in case["values"].items():
         assert column in parsed.frame.columns, f"{column} missing; columns: {parsed.columns}"
-        assert math.isclose(float(row[column]), expected, rel_tol=0, abs_tol=1e-12), column
+        assert math.isclose(float(row[column]), expected, rel_tol=1e-15, abs_tol=1e-12), column
     for column in case.get("absent", []):
         assert column not in parsed.frame.columns
     for column, (kind, digits) in case.get("resolution", {}).items():

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from alignflow.errors import LogParseError, SentinelError
-from alignflow.logs import check_sentinels, parse_log, parse_log_file
+from alignflow.logs import CHECKPOINT_LOADED, check_sentinels, parse_log, parse_log_file
 from tests.logfixtures import make_run, megatron_lines, mindformers_lines
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "logs"
@@ -30,7 +30,7 @@ def test_megatron_non_strict_load_is_fatal_even_after_a_successful_load_line() -
 def test_mindformers_random_init_and_unloaded_parameters_are_fatal() -> None:
     parsed = parse_log_file(DATA / "mindformers_random_init.log")
     found = {s.kind: s for s in parsed.sentinels}
-    assert found["mf_random_init"].fatal
+    assert found["mf_random_init"].fatal_under([CHECKPOINT_LOADED])
     assert found["mf_random_init"].line_no == 2
     params = found["mf_network_params_not_loaded"]
     assert params.fatal
@@ -41,19 +41,18 @@ def test_mindformers_random_init_and_unloaded_parameters_are_fatal() -> None:
     assert "only per-step counters" in counters.message
     assert parsed.markers["mf_pynative_start"] == 1
     assert "mf_all_network_params_loaded" not in parsed.markers
-    with pytest.raises(SentinelError, match=r"2 fatal line"):
+    with pytest.raises(SentinelError, match=r"1 fatal line"):
         check_sentinels(parsed)
+    with pytest.raises(SentinelError, match=r"2 fatal line\(s\), 1 required line\(s\) missing"):
+        check_sentinels(parsed, require=[CHECKPOINT_LOADED])
 
 
 MEGATRON_FATAL = [
-    ("    will not load any checkpoints and will start from random", "megatron_no_checkpoint"),
     (">> '--exit-on-missing-checkpoint' set ... exiting. <<", "megatron_exit_on_missing_checkpoint"),
     ("ERROR: Invalid metadata file runs/demo/latest_checkpointed_iteration.txt. Exiting", "megatron_invalid_tracker"),
     ("could not load the checkpoint", "megatron_checkpoint_unreadable"),
     ("size mismatch for embedding.word_embeddings.weight: copying a param with shape torch.Size([136, 64]) from "
      "checkpoint, the shape in current model is torch.Size([128, 64]).", "megatron_size_mismatch"),
-    ("[2026-08-20 10:14:58,310] WARNING: Checkpoint directory is empty: runs/demo/bf16. Skipping checkpoint "
-     "loading, model will use random initialization.", "mf_random_init"),
     ("FileNotFoundError: Can not find 'common.json' file at: 'runs/demo/bf16/iteration_00000010'",
      "mf_common_json_missing"),
     ("ValueError: Duplicate parameter_name found: decoder.final_layernorm.weight", "mf_duplicate_parameter"),
@@ -67,6 +66,28 @@ def test_each_fatal_line_is_found_with_its_line_number(line: str, kind: str) -> 
     parsed = parse_log(lines)
     assert [(s.line_no, s.kind, s.fatal, s.rank) for s in parsed.sentinels] == [(2, kind, True, 0)]
     assert parsed.sentinels[0].text == line.strip()
+
+
+FROM_RANDOM = [
+    ("    will not load any checkpoints and will start from random", "megatron_no_checkpoint"),
+    ("[2026-08-20 10:14:58,310] WARNING: Checkpoint directory is empty: runs/demo/bf16. Skipping checkpoint "
+     "loading, model will use random initialization.", "mf_random_init"),
+]
+
+
+@pytest.mark.parametrize(("line", "kind"), FROM_RANDOM, ids=[k for _, k in FROM_RANDOM])
+def test_starting_from_random_weights_is_fatal_only_when_a_loaded_checkpoint_is_required(line: str, kind: str) -> None:
+    """Issue 15 item 10: `alignflow compare` of a from-scratch run is no failure; the pipeline's trainings, which
+    require a loaded checkpoint, fail on the same line."""
+    parsed = parse_log([f"{line}\n", *megatron_lines(make_run(3))], source="gpu.log")
+    assert [(s.line_no, s.kind, s.fatal, s.fatal_when) for s in parsed.sentinels] == [
+        (1, kind, False, CHECKPOINT_LOADED)]
+    check_sentinels(parsed)
+    with pytest.raises(SentinelError) as info:
+        check_sentinels(parsed, require=[CHECKPOINT_LOADED])
+    assert f"gpu.log:1: {kind}" in str(info.value)
+    assert "gpu.log: required line not found: checkpoint_loaded" in str(info.value)
+    assert [s.kind for s in info.value.sentinels] == [kind]
 
 
 @pytest.mark.parametrize(("line", "kind"), [

@@ -1,7 +1,7 @@
 """Preflight refuses a Megatron command line that `pretrain_gpt.py`'s own parser would refuse.
 
-The tables under `alignflow/preflight/megatron_flags/` were generated from Megatron-LM checkouts
-(`python -m alignflow.preflight.megatron_lm table CHECKOUT`); `test_megatron_lm_args.py` regenerates them from a
+The tables under `alignflow/frameworks/megatron_flags/` were generated from Megatron-LM checkouts
+(`python -m alignflow.frameworks.megatron_lm table CHECKOUT`); `test_megatron_lm_args.py` regenerates them from a
 checkout when one is given and checks they are unchanged.
 """
 
@@ -15,12 +15,12 @@ import pytest
 from typer.testing import CliRunner
 
 from alignflow.backends import TrainSpec, render_training
+from alignflow.backends.commands import data_placeholder, step_command
 from alignflow.cli import app
 from alignflow.config import load_experiment
+from alignflow.frameworks.megatron_lm import available, check_flags, describe_parser, load_table, parser_from_table
 from alignflow.preflight import check_experiment
-from alignflow.preflight.megatron_lm import available, check_flags, describe_parser, load_table, parser_from_table
 from alignflow.preflight.sides import _megatron_flags
-from alignflow.runner.commands import data_placeholder, step_command
 from tests.recipes.copies import RECIPES, example_inventory, load_copy, recipe_copy
 
 

@@ -36,11 +36,11 @@ def test_a_twin_bug_is_found_on_the_twin_too(repo_root: Path, tmp_path: Path) ->
 
 
 def test_the_twin_data_fingerprints_must_agree(repo_root: Path, tmp_path: Path) -> None:
-    path = copy_twin(repo_root, tmp_path, edits={"gpu.extra_args": ["--twin-data-sha256", "ab" * 32]})
+    path = copy_twin(repo_root, tmp_path, edits={"gpu.env": {"ALIGNFLOW_TWIN_DATA_SHA256": "ab" * 32}})
     report = check_experiment(load_experiment(path), data_sha256="cd" * 32)
     line = next(f.line() for f in report.mismatches)
     assert f"NPU {'cd' * 32} (twin.data_sha256)" in line
-    assert f"GPU {'ab' * 32} (--twin-data-sha256)" in line
+    assert f"GPU {'ab' * 32} (ALIGNFLOW_TWIN_DATA_SHA256 (command env; no hosts file given))" in line
 
 
 def test_alignflow_overrides_in_the_template_cannot_cause_a_mismatch(repo_root: Path, tmp_path: Path) -> None:
@@ -78,7 +78,8 @@ def test_moe_on_one_side_only_is_one_finding_not_one_per_moe_setting(repo_root: 
 
 def _sides(config: dict[str, object], argv: list[str]) -> tuple[NpuSide, GpuSide, DataBinding]:
     npu = NpuSide("mindformers", config, {"HCCL_DETERMINISTIC": "true"}, "test", "test yaml")
-    gpu = GpuSide("megatron", tuple(argv), {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0"}, "test", "test argv")
+    gpu = GpuSide("megatron", tuple(argv), {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0", "NCCL_ALGO": "Ring"}, "test",
+                  "test argv")
     return npu, gpu, DataBinding("ef" * 32, {"ascend": "/data/npu/ds", "cuda": "/data/gpu/ds"})
 
 

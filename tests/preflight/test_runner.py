@@ -34,12 +34,13 @@ def test_a_mismatch_fails_the_run_before_anything_runs(repo_root: Path, tmp_path
         run_id = start_run(experiment, local_hosts(tmp_path), store=store, state_dir=state)
         record = execute_pipeline(run_id, store=store, state_dir=state, transport_factory=open_transport)
         steps = store.steps(run_id)
-    assert record["status"] == "failed"
-    assert record["error"].startswith("preflight: 1 of ")
-    assert "hidden dropout: NPU 0 (model.model_config.hidden_dropout) vs GPU 0.1 (--hidden-dropout)" in record["error"]
+    assert record.status == "failed"
+    assert (record.error or "").startswith("preflight: 1 of ")
+    assert "hidden dropout: NPU 0 (model.model_config.hidden_dropout) vs GPU 0.1 (--hidden-dropout)" in (record.error
+                                                                                                          or "")
     assert {s.step: s.status for s in steps} == dict.fromkeys(EVERY_STEP, "skipped")
     assert all(s.job_dir is None and s.started_at is None for s in steps)
-    assert not (tmp_path / "data" / "tiny.tokens").exists()  # not even the data was generated
+    assert not (tmp_path / "data" / "tiny").exists()  # not even the data was generated
     report = json.loads((state / "runs" / run_id / "preflight.json").read_text())
     assert report["ok"] is False
     assert [f["setting"] for f in report["findings"] if f["status"] == "mismatch"] == ["model.hidden_dropout"]
@@ -49,12 +50,13 @@ def test_an_experiment_that_turns_preflight_off_is_run_unchecked_and_says_so(
     repo_root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from alignflow.runner.run import preflight_run
+    from alignflow.runner.session import open_run
 
     edits = {"gpu.extra_args": ["--hidden-dropout", "0.1"], "preflight": False}
     experiment = copy_twin(repo_root, tmp_path, edits=edits)
     state = tmp_path / "state"
     with Store.open(state_dir=state) as store, caplog.at_level("WARNING"):
         run_id = start_run(experiment, local_hosts(tmp_path), store=store, state_dir=state)
-        assert preflight_run(run_id, store=store, state_dir=state) is None  # the mismatch is not looked at
+        assert preflight_run(open_run(store, run_id), state_dir=state) is None  # the mismatch is not looked at
     assert "settings were NOT compared" in caplog.text
     assert not (state / "runs" / run_id / "preflight.json").exists()

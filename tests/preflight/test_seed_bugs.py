@@ -27,6 +27,15 @@ def only_mismatch(report: PreflightReport, setting: str) -> str:
 
 # (recipe, edits, setting, NPU value and source, GPU value and source) — each row one seed bug on one side
 BUGS = [
+    # the real MindFormers 2.1.0 YAML of the CPU lab (experiments/templates/mindformers_cpu.yaml)
+    pytest.param("mindformers-cpu", {"template": {"lr_scheduler.warmup_ratio": 0}}, "opt.warmup_steps",
+                 "NPU 0 (lr_scheduler.warmup_ratio 0 x training.steps 10)", "GPU 1 (--lr-warmup-iters)",
+                 id="lab-warmup-0-on-the-npu"),
+    pytest.param("mindformers-cpu", {"experiment": {"npu.overrides": {"train_dataset.dataloader.config.seed": 42}}},
+                 "data.seed", "NPU 42 (train_dataset.dataloader.config.seed)", "GPU 1234 (--seed)",
+                 id="lab-data-seed-42-on-the-npu"),
+    pytest.param("mindformers-cpu", {"template": {"model.rms_norm_eps": 1.0e-5}}, "model.norm_epsilon",
+                 "NPU 1e-05 (model.rms_norm_eps)", "GPU 1e-06 (--norm-epsilon)", id="lab-norm-eps-on-the-npu"),
     pytest.param("qwen35_dense", {"experiment": {"gpu.extra_args+": ["--seed", "42"]}}, "data.seed",
                  "NPU 1234 (train_dataset.dataloader.config.seed)", "GPU 42 (--seed)",
                  id="seed001-10.1-megatron-seed-42"),

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from alignflow.backends import TrainSpec, render_training
+from alignflow.backends.commands import data_placeholder, step_command
 from alignflow.config import load_experiment
+from alignflow.frameworks.megatron_versions import null_tokenizer
 from alignflow.preflight.sides import _megatron_flags
-from alignflow.runner.commands import data_placeholder, step_command
 from tests.recipes.copies import RECIPES
 
 CHECKOUT = os.environ.get("ALIGNFLOW_MEGATRON_LM")
@@ -40,7 +41,7 @@ print(json.dumps({"padded": args.padded_vocab_size, "vocab_size": args.vocab_siz
 """
 
 
-@pytest.mark.parametrize("name", RECIPES)
+@pytest.mark.parametrize("name", [*RECIPES, "demo-megatron"])
 def test_recipe_flags_parse_with_megatron_lm(repo_root: Path, name: str, subprocess_env: dict[str, str]) -> None:
     import json
 
@@ -52,7 +53,8 @@ def test_recipe_flags_parse_with_megatron_lm(repo_root: Path, name: str, subproc
                               text=True, env=subprocess_env, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         parsed = json.loads(done.stdout.strip().splitlines()[-1])
-        assert parsed["vocab_size"] == exp.model.vocab_size - 1  # NullTokenizer adds the eod id
+        # NullTokenizer: --vocab-size V-1 up to 0.17 (it adds the eod id), V from 0.18
+        assert parsed["vocab_size"] == int(null_tokenizer(exp.gpu.megatron_version).flags(exp.model.vocab_size)[1])
         assert parsed["seed"] == exp.training.seed
 
 
@@ -60,9 +62,9 @@ def test_the_committed_flag_table_is_the_checkouts_parser(subprocess_env: dict[s
     """Preflight's table for the checkout's megatron-core version equals its parser (regenerate it on a diff)."""
     import json
 
-    from alignflow.preflight.megatron_lm import load_table
+    from alignflow.frameworks.megatron_lm import load_table
 
-    done = subprocess.run([sys.executable, "-m", "alignflow.preflight.megatron_lm", "table", str(CHECKOUT)],
+    done = subprocess.run([sys.executable, "-m", "alignflow.frameworks.megatron_lm", "table", str(CHECKOUT)],
                           capture_output=True, text=True, env=subprocess_env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     fresh = json.loads(done.stdout)
@@ -70,4 +72,4 @@ def test_the_committed_flag_table_is_the_checkouts_parser(subprocess_env: dict[s
     assert committed is not None, f"no table for megatron-core {fresh['megatron_core']}: commit this one"
     assert committed["arguments"] == fresh["arguments"], (
         f"alignflow's table differs from {fresh['source']}: regenerate it with "
-        "`python -m alignflow.preflight.megatron_lm table CHECKOUT --out alignflow/preflight/megatron_flags/...`")
+        "`python -m alignflow.frameworks.megatron_lm table CHECKOUT --out alignflow/frameworks/megatron_flags/...`")

@@ -16,13 +16,13 @@ import pytest
 from typer.testing import CliRunner
 
 from alignflow.backends import CommandTemplate, TrainSpec, render_training
+from alignflow.backends.commands import data_placeholder, step_command
 from alignflow.cli import app
 from alignflow.config import load_experiment, validate_file
 from alignflow.config.experiment import Experiment
 from alignflow.convert.plan import build_plan
 from alignflow.convert.registry import load_spec
 from alignflow.preflight import check_experiment
-from alignflow.runner.commands import data_placeholder, step_command
 from tests.recipes.copies import RECIPES, example_inventory
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden" / "recipes"
@@ -48,7 +48,8 @@ def test_cli_validate_passes_on_every_committed_file_with_the_example_inventory(
     repo_root: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.chdir(repo_root)
-    result = CliRunner().invoke(app, ["validate", "--hosts", "hosts.ssh.example.yaml"])
+    files = ["hosts.ssh.example.yaml", "nightly.yaml", *(f"experiments/{name}.yaml" for name in RECIPES)]
+    result = CliRunner().invoke(app, ["validate", "--hosts", "hosts.ssh.example.yaml", *files])
     assert result.exit_code == 0, result.output
     for name in RECIPES:
         assert f"ok  experiments/{name}.yaml (experiment)" in result.output
@@ -84,7 +85,8 @@ def test_recipe_carries_its_seeds_criteria(repo_root: Path, name: str, criteria:
     assert {(c.metric, c.statistic, c.threshold) for c in exp.criteria} == criteria
     for c in exp.criteria:
         if c.statistic == "mean_rel":
-            assert c.exclude_steps == [2]  # seed 001 §10.7: the Adam first-step transient
+            # the Adam first-step transient, docs/seeds.md#step-2-outlier-after-the-first-adam-update
+            assert c.exclude_steps == [2]
         if c.statistic == "step_rel":
             assert c.steps == [1]
 
@@ -96,7 +98,7 @@ def test_qwen_recipes_state_their_host_prerequisites(repo_root: Path, name: str)
     assert exp.gpu.transformer_impl == "transformer_engine"
     assert "MTP+GDN patch" in exp.description
     assert "TE" in exp.description
-    assert "seed 001 §2.2" in text  # where the patch is described
+    assert "docs/seeds.md#mtp-and-gateddeltanet-patch" in text  # where the patch is described
 
 
 def _shell(template: CommandTemplate) -> str:

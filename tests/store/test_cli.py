@@ -22,7 +22,7 @@ runner = CliRunner()
 
 def _invoke(args: list[str], monkeypatch: pytest.MonkeyPatch, url: str) -> tuple[int, str, str]:
     monkeypatch.setenv("ALIGNFLOW_DB_URL", url)
-    result = runner.invoke(app, args)
+    result = runner.invoke(app, args, env={"COLUMNS": "120"})  # the tables' width, whatever the terminal
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return result.exit_code, result.stdout, result.stderr
@@ -101,7 +101,7 @@ def test_history_lists_runs_newest_first(db_url: str, monkeypatch: pytest.Monkey
     code, out, _ = _invoke(["history", "--json"], monkeypatch, db_url)
     assert code == 0
     rows = json.loads(out)
-    assert [r["id"] for r in rows] == [second, first]
+    assert [r["run_id"] for r in rows] == [second, first]
     assert rows[0]["parent_id"] == first
     assert rows[0]["trigger"] == "rerun"
     assert rows[0]["status"] == "running"
@@ -115,26 +115,28 @@ def test_history_lists_runs_newest_first(db_url: str, monkeypatch: pytest.Monkey
     assert "completed" in lines[1]
     assert "pass" in lines[1]
     code, out, _ = _invoke(["history", "--limit", "1", "--json", "--experiment", "demo"], monkeypatch, db_url)
-    assert [r["id"] for r in json.loads(out)] == [second]
+    assert [r["run_id"] for r in json.loads(out)] == [second]
 
 
-def test_history_of_one_run_shows_steps_artifacts_and_comparison(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_history_of_one_run_is_show(db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     first, _ = _populate(db_url)
     code, out, _ = _invoke(["history", first[:6], "--json"], monkeypatch, db_url)
     assert code == 0
     detail = json.loads(out)
-    assert detail["run"]["id"] == first
+    assert detail == json.loads(_invoke(["show", first, "--json"], monkeypatch, db_url)[1])
+    assert detail["run_id"] == first
     assert [s["step"] for s in detail["steps"]] == ["convert_bf16"]
-    assert detail["artifacts"][0]["sha256"] == SHA_C
-    assert detail["comparison"]["verdict"] == "pass"
+    assert detail["steps"][0]["artifacts"][0]["sha256"] == SHA_C
+    assert detail["verdict"] == "pass"
     code, out, _ = _invoke(["history", first], monkeypatch, db_url)
     assert code == 0
     assert "convert_bf16" in out
     assert "5.0 GiB" in out
-    assert "verdict pass" in out
+    assert "verdict PASS" in out
     assert "reports/index.html" in out
 
 
+@pytest.mark.integration
 def test_history_of_an_unknown_experiment_or_run_fails_clearly(
     tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
@@ -142,11 +144,11 @@ def test_history_of_an_unknown_experiment_or_run_fails_clearly(
     _populate(env["ALIGNFLOW_DB_URL"])
     out = subprocess.run([sys.executable, "-m", "alignflow", "history", "--experiment", "nope"], env=env,
                          capture_output=True, text=True, check=False)
-    assert out.returncode == 1
+    assert out.returncode == 2  # a usage error
     assert "experiment 'nope': not in the store; recorded experiments: demo" in out.stderr
     out = subprocess.run([sys.executable, "-m", "alignflow", "history", "ffffffff"], env=env,
                          capture_output=True, text=True, check=False)
-    assert out.returncode == 1
+    assert out.returncode == 2
     assert "run 'ffffffff': no such id" in out.stderr
 
 

@@ -18,6 +18,7 @@ from tests.store.sample import CONFIG, CONFIG_SHA
 PER_WRITER = 25
 
 
+@pytest.mark.integration
 def test_two_processes_writing_at_once_lose_no_rows(
     db_url: str, tmp_path: Path, subprocess_env: dict[str, str]
 ) -> None:
@@ -82,6 +83,7 @@ def test_threads_sharing_one_store_lose_no_rows(store: Store) -> None:
     assert all(len(store.steps(run_id)) == 1 for run_id in expected)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("status", ["completed", "failed"])
 def test_two_processes_finishing_one_run_leave_exactly_one_outcome(
     db_url: str, tmp_path: Path, subprocess_env: dict[str, str], status: str

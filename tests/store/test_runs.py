@@ -126,14 +126,21 @@ def test_completing_a_run_with_open_steps_is_refused(store: Store) -> None:
     assert store.get_run(run_id).status == RunStatus.RUNNING
 
 
-def test_a_cancelled_run_closes_its_open_steps_as_failed(store: Store) -> None:
+def test_a_cancelled_run_closes_its_open_steps_as_cancelled(store: Store) -> None:
     run_id = _run(store)
     step_id = _step(store, run_id, "gpu_train")
     store.finish_run(run_id, status="cancelled")
     step = store.get_step(step_id)
-    assert step.status == StepStatus.FAILED
+    assert step.status == StepStatus.CANCELLED
     assert step.error == f"run {run_id} ended (cancelled) while this step was running"
     assert step.finished_at is not None
+
+
+def test_a_failed_run_closes_its_open_steps_as_failed(store: Store) -> None:
+    run_id = _run(store)
+    step_id = _step(store, run_id, "gpu_train")
+    store.finish_run(run_id, status="failed", error="the controller lost its host")
+    assert store.get_step(step_id).status == StepStatus.FAILED
 
 
 def test_finish_run_rejects_a_status_that_is_not_final(store: Store) -> None:

@@ -58,13 +58,14 @@ def test_check_exits_1_and_says_why_when_a_host_is_down(ssh_lab: SSHLab, lab_hos
     assert "connection refused" in table.stdout
 
 
-def test_check_works_for_local_hosts(tmp_path: Path) -> None:
+def test_check_works_for_local_hosts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text(yaml.safe_dump({"hosts": {"cpu": {"role": "cpu", "transport": "local", "workdir": "wd"}}}))
+    monkeypatch.setenv("ALIGNFLOW_STATE_DIR", str(tmp_path / "state"))
     result = CliRunner().invoke(app, ["hosts", "check", "--hosts", str(hosts), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["hosts"][0]["reachable"] is True
-    assert (tmp_path / "wd").is_dir()
+    assert (tmp_path / "state" / "wd").is_dir()  # a relative local workdir lives under the state dir
 
 
 def test_trust_adds_the_presented_key_and_then_the_host_works(ssh_lab: SSHLab, tmp_path: Path) -> None:

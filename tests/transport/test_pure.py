@@ -47,6 +47,7 @@ def test_paths_outside_the_workdir_are_refused(given: str) -> None:
         confine(given, workdir=WD, home=HOME, host="h")
 
 
+@pytest.mark.integration
 def test_prologue_quotes_env_values_and_orders_host_env_setup_call_env() -> None:
     text = render_prologue(host_env={"A": "1 $(x)"}, setup=["export B=$A"], env={"A": "call"}, cwd="/w d")
     out = subprocess.run(["bash", "-c", text + '\nprintf "%s|%s|%s" "$A" "$B" "$PWD"'], capture_output=True,
@@ -64,6 +65,7 @@ def test_env_names_must_be_identifiers() -> None:
         render_prologue(host_env={}, setup=[], env={"A; rm -rf /": "x"}, cwd=None)
 
 
+@pytest.mark.integration
 def test_wrapped_command_passes_arguments_as_positional_parameters() -> None:
     argv = wrap_command(["printf", "%s\n", "a b", "$(id)", "x;y"], render_prologue(host_env={}, setup=[], env=None,
                                                                                     cwd=None))
@@ -71,6 +73,7 @@ def test_wrapped_command_passes_arguments_as_positional_parameters() -> None:
     assert out.stdout.splitlines() == ["a b", "$(id)", "x;y"]
 
 
+@pytest.mark.integration
 def test_job_script_is_runnable_and_literal() -> None:
     script = render_job_script(["printf", "%s", "it's $(x)"], "export Z=1", header="h\nmultiline")
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)

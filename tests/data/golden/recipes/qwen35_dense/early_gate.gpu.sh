@@ -1,4 +1,5 @@
 CUDA_DEVICE_MAX_CONNECTIONS=1 \
+NCCL_ALGO=Ring \
 NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 \
 CUBLAS_WORKSPACE_CONFIG=:4096:8 \
 '{python}' -m torch.distributed.run \
@@ -57,14 +58,15 @@ CUBLAS_WORKSPACE_CONFIG=:4096:8 \
 --global-batch-size 1 \
 --bf16 \
 --data-path '{in:data}/qwen35_text_document' \
---split 1,0,0 \
+--split 100,0,0 \
 --dataloader-type single \
+--data-cache-path '{out}/data_cache' \
 --load '{in:megatron_ckpt}' \
 --finetune \
 --no-load-optim \
 --no-load-rng \
---ckpt-format torch \
 --exit-on-missing-checkpoint \
+--ckpt-format torch \
 --log-interval 1 \
 --eval-iters 0 \
 --eval-interval 20 \

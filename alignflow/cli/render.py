@@ -1,0 +1,47 @@
+"""`alignflow render EXPERIMENT STEP [--hosts F] [--set NAME=VALUE] [--script] [--json]`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("render")
+    def render_cmd(
+        experiment: str = typer.Argument(..., help="Experiment file, or a name under experiments/."),
+        step: str = typer.Argument(..., help="A step that runs a command: npu_base_train, convert_bf16, "
+                                   "convert_megatron, gpu_train, npu_reload_train."),
+        hosts: Path | None = typer.Option(None, "--hosts", help="Inventory: the step's host, its python, env and "
+                                          "setup lines, where the data is staged; GPU kernels per cuda_extensions."),
+        values: list[str] = typer.Option([], "--set", help="Fill a placeholder: out=DIR, in:NAME=PATH, python=EXE "
+                                         "(repeatable)."),
+        script: bool = typer.Option(False, "--script", help="Print a bash script that runs the step as the "
+                                    "transport would (files written, env exported, cwd {out})."),
+        as_json: bool = typer.Option(False, "--json", help="Print argv, env, files and host as JSON."),
+    ) -> None:
+        """Print the exact command, environment and config files a step would run, as the run renders them."""
+        from alignflow.cli.show import resolve_experiment
+        from alignflow.config import load_experiment, load_hosts
+        from alignflow.errors import ConfigError
+        from alignflow.step_render import render_step
+
+        filled: dict[str, str] = {}
+        for item in values:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"render: --set {item!r}: expected NAME=VALUE")
+            filled[key] = value
+        path = resolve_experiment(experiment)
+        inventory = load_hosts(hosts) if hosts is not None else None
+        exp = load_experiment(path, inventory)
+        rendered = render_step(exp, step, inventory=inventory, values=filled)
+        if as_json:
+            out = asdict(rendered)
+            out["host"] = rendered.host.name if rendered.host else None
+            typer.echo(json.dumps(out, indent=1))
+        else:
+            typer.echo(rendered.script() if script else rendered.text(), nl=False)

@@ -1,0 +1,96 @@
+"""What a report knows of the run beyond the logs: plain data the caller passes in (the compare step builds it from
+the run's record; `alignflow compare` on two files has none of it and the report leaves those sections out).
+
+Plain values only, so the comparison package never reads the store: `alignflow.runview.report_context(view)`
+turns a recorded run into one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+# Snapshot keys that change between any two snapshots and explain nothing (when, how long).
+VOLATILE_SNAPSHOT_KEYS = ("taken_at", "latency_ms", "uptime", "duration_s", "load", "memory_free")
+
+
+@dataclass(frozen=True, slots=True)
+class StepRow:
+    """One step of the run as the report shows it."""
+
+    step: str
+    status: str
+    host: str | None = None
+    duration_s: float | None = None
+    exit_code: int | None = None
+    note: str = ""  # the error of a failed step, where a cached step's outputs come from
+
+
+@dataclass(frozen=True, slots=True)
+class FingerprintRow:
+    """One input or output of the run with its sha256."""
+
+    name: str
+    sha256: str
+    size_bytes: int | None = None
+    where: str = ""  # host:path
+    step: str = ""  # the step that produced it ("" for a run input such as the data file)
+
+
+@dataclass(frozen=True, slots=True)
+class ReportContext:
+    """The run around a comparison: id, experiment, steps, fingerprints, both sides' host snapshots."""
+
+    run_id: str | None = None
+    experiment: str | None = None
+    description: str | None = None
+    generated_at: datetime | None = None
+    steps: tuple[StepRow, ...] = ()
+    fingerprints: tuple[FingerprintRow, ...] = ()
+    snapshots: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # side label -> HostSnapshot.to_dict()
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, str]:
+    """`{"packages": {"torch": "2.6"}}` -> `{"packages.torch": "2.6"}`; lists joined with commas."""
+    out: dict[str, str] = {}
+    if isinstance(data, Mapping):
+        for k, v in data.items():
+            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(data, list | tuple):
+        out[prefix] = ",".join(str(x) for x in data)
+    else:
+        out[prefix] = "" if data is None else str(data)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class EnvRow:
+    """One snapshot setting across the sides (`values` in the order of the sides)."""
+
+    key: str
+    values: tuple[str, ...]
+
+    @property
+    def differs(self) -> bool:
+        return len(set(self.values)) > 1
+
+
+SECTION_ORDER = ("packages", "repos", "env", "declared_env_missing", "python", "accelerators", "tools", "os",
+                 "hostname", "error")
+
+
+def environment_rows(snapshots: Mapping[str, Mapping[str, Any]]) -> list[EnvRow]:
+    """Every setting of the sides' snapshots, in section order (packages, repos, env, ...); missing = `—`. The host
+    name itself heads each side's column, so it is no row."""
+    flat = {side: flatten({k: v for k, v in snap.items() if k not in (*VOLATILE_SNAPSHOT_KEYS, "host")})
+            for side, snap in snapshots.items()}
+    keys = sorted({k for f in flat.values() for k in f if not k.endswith(VOLATILE_SNAPSHOT_KEYS)},
+                  key=lambda k: (_section_rank(k), k))
+    return [EnvRow(k, tuple(f.get(k, "—") for f in flat.values())) for k in keys]
+
+
+def _section_rank(key: str) -> int:
+    head = key.split(".", 1)[0]
+    return SECTION_ORDER.index(head) if head in SECTION_ORDER else len(SECTION_ORDER)

@@ -1,0 +1,211 @@
+"""The curve level of a comparison (issue 21, item 1): where the error first leaves its band, and which steps
+drive each failed criterion.
+
+The band of a metric at step s is the widest of:
+
+- the criterion's threshold as a per-step bound: `|e_s| <= t` for an absolute statistic, `|e_s| <= t * (|r_s| +
+  1e-8)` for a relative one (the tightest of the metric's criteria that judge step s; `step_rel` judges its
+  steps only, `exclude_steps` are judged by none of that criterion);
+- the printed resolution: one unit of the coarser log's last printed digit at |r_s| (two printed values that
+  are both rounded can differ by up to one unit without any real difference);
+- the measured noise floor of the metric, when there is one (`noise_floor`, absolute per-step error of the
+  reference side against itself; `alignflow noise` measures it).
+
+A metric without a criterion has a band only when its noise floor is measured (the printed resolution alone
+would flag every cross-framework difference at step 1). Pure numpy over `Pairs`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from alignflow.compare.statistics import REL_EPS, FloatArray, IntArray, Pairs, finite_or_none
+from alignflow.config.criteria import RELATIVE_STATISTICS, Criterion
+from alignflow.logs.schema import Resolution
+
+TOP_DRIVERS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Divergence:
+    """Where the error of one metric first leaves its band (None: it never does)."""
+
+    metric: str
+    first_step: int | None
+    steps_outside: int
+    worst_step: int | None  # largest |e| / band
+    criterion: str | None  # label of the criterion whose threshold is the band at the first step (None: floor)
+    band_at_first: float | None
+    error_at_first: float | None
+    noise_floor: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": self.metric, "first_step": self.first_step, "steps_outside": self.steps_outside,
+                "worst_step": self.worst_step, "criterion": self.criterion,
+                "band_at_first": finite_or_none(self.band_at_first),
+                "error_at_first": finite_or_none(self.error_at_first), "noise_floor": finite_or_none(self.noise_floor)}
+
+
+@dataclass(frozen=True, slots=True)
+class Driver:
+    """One step's share in a statistic: its error and what it adds to the statistic (same unit as the value)."""
+
+    step: int
+    error: float  # e_s = test - reference at the step
+    contribution: float  # e_s / n for me, |e_s| / n for mean_abs, rel_s / n for mean_rel, the value for max/step
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "error": finite_or_none(self.error),
+                "contribution": finite_or_none(self.contribution)}
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """The per-step band of one metric over its compared steps."""
+
+    steps: IntArray
+    width: FloatArray  # half-width, in the metric's unit (inf where nothing bounds the error)
+    source: tuple[str | None, ...]  # per step: label of the criterion that sets it, None for resolution/noise
+
+
+def per_step_quantum(t: Resolution | None, r: Resolution | None, reference: FloatArray) -> FloatArray:
+    """One unit of the coarser side's last printed digit at each step's reference magnitude (0 when unknown)."""
+    out: FloatArray = np.zeros(len(reference))
+    mags = np.abs(reference)
+    for res in (t, r):
+        if res is None:
+            continue
+        if res.kind == "decimals":
+            q = np.full(len(reference), 10.0 ** -res.digits)
+        else:
+            with np.errstate(divide="ignore"):
+                q = np.where(mags > 0, 10.0 ** (np.floor(np.log10(np.where(mags > 0, mags, 1.0))) - res.digits), 0.0)
+        out = np.maximum(out, q)
+    return out
+
+
+def criterion_width(c: Criterion, pairs: Pairs) -> FloatArray:
+    """The per-step bound criterion `c` puts on |e| at each of `pairs`' steps (inf where it judges no step)."""
+    if c.statistic in RELATIVE_STATISTICS:
+        width: FloatArray = c.threshold * (np.abs(pairs.reference) + REL_EPS)
+    else:
+        width = np.full(len(pairs.steps), c.threshold)
+    judged = np.ones(len(pairs.steps), dtype=bool)
+    if c.statistic == "step_rel":
+        judged = np.isin(pairs.steps, np.asarray(c.steps or [1]))
+    if c.exclude_steps:
+        judged &= ~np.isin(pairs.steps, np.asarray(c.exclude_steps))
+    out: FloatArray = np.where(judged, width, np.inf)
+    return out
+
+
+def band(metric: str, pairs: Pairs, criteria: Sequence[Criterion], t: Resolution | None, r: Resolution | None,
+         noise_floor: float | None = None) -> Band:
+    """The band of `metric` at each compared step (see the module docstring)."""
+    n = len(pairs.steps)
+    mine = [c for c in criteria if c.metric == metric]
+    width: FloatArray = np.full(n, np.inf)
+    owner = np.full(n, -1)
+    for i, c in enumerate(mine):
+        w = criterion_width(c, pairs)
+        tighter = w < width
+        width = np.where(tighter, w, width)
+        owner = np.where(tighter, i, owner)
+    floor = per_step_quantum(t, r, pairs.reference)
+    if noise_floor is not None and math.isfinite(noise_floor):
+        floor = np.maximum(floor, noise_floor)
+    judged = np.isfinite(width)
+    # A step no criterion judges (step 2 excluded as Adam's transient) is judged by none; a metric without
+    # criteria has its floor as band, when it has one.
+    unjudged = np.full(n, np.inf) if mine else np.where(floor > 0, floor, np.inf)
+    final: FloatArray = np.where(judged, np.maximum(width, floor), unjudged)
+    owner = np.where(judged & (width >= floor), owner, -1)
+    names: list[str | None] = [c.label for c in mine]
+    labels = tuple(names[o] if o >= 0 else None for o in owner.tolist())
+    return Band(pairs.steps, final, labels)
+
+
+def divergence(metric: str, pairs: Pairs, b: Band, noise_floor: float | None = None) -> Divergence:
+    """The first compared step whose |error| exceeds the band, how many do, and the worst one."""
+    err = np.abs(pairs.error)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(np.isinf(b.width), 0.0, err / np.where(b.width > 0, b.width, np.nan))
+    ratio = np.where(np.isnan(ratio), np.where(err > 0, np.inf, 0.0), ratio)
+    outside = ratio > 1.0
+    if not outside.any():
+        return Divergence(metric, None, 0, None, None, None, None, noise_floor)
+    i = int(np.argmax(outside))
+    worst = int(np.argmax(ratio))
+    return Divergence(metric, int(pairs.steps[i]), int(outside.sum()), int(pairs.steps[worst]), b.source[i],
+                      float(b.width[i]), float(pairs.error[i]), noise_floor)
+
+
+def drivers(c: Criterion, pairs: Pairs, value: float, top: int = TOP_DRIVERS) -> tuple[Driver, ...]:
+    """The steps that contribute most to criterion `c`'s value over `pairs` (already without excluded steps).
+
+    Averages (me, mean_abs, mean_rel): the steps whose terms add most to the sum in the direction of the value;
+    extremes (max_*, min_error): the extreme step first, then the next ones beyond the threshold; step_rel: its
+    steps, worst first.
+    """
+    n = len(pairs.steps)
+    if n == 0 or not math.isfinite(value):
+        return ()
+    err = pairs.error
+    rel = pairs.rel_error
+    stat = c.statistic
+    if stat == "step_rel":
+        keep = np.isin(pairs.steps, np.asarray(c.steps or [1]))
+        term, order_by = rel, np.where(keep, rel, -np.inf)
+    elif stat == "me":
+        term = err / n
+        order_by = term * (1.0 if value >= 0 else -1.0)
+    elif stat == "mean_abs":
+        term = np.abs(err) / n
+        order_by = term
+    elif stat == "mean_rel":
+        term = rel / n
+        order_by = term
+    elif stat == "max_error":
+        term, order_by = err, err
+    elif stat == "min_error":
+        term, order_by = err, -err
+    elif stat == "max_rel":
+        term, order_by = rel, rel
+    else:  # max_abs
+        term, order_by = np.abs(err), np.abs(err)
+    ranked = np.argsort(-order_by, kind="stable")[:top]
+    return tuple(Driver(int(pairs.steps[i]), float(err[i]), float(term[i])) for i in ranked
+                 if np.isfinite(order_by[i]) and order_by[i] > 0)
+
+
+def curve_level(
+    pairs: Mapping[str, Pairs], criteria: Sequence[Criterion], resolutions: Mapping[str, tuple[Resolution | None,
+                                                                                                 Resolution | None]],
+    noise_floor: Mapping[str, float] | None = None,
+) -> dict[str, Divergence]:
+    """The divergence of every compared metric that has a band (a criterion or a measured noise floor)."""
+    out: dict[str, Divergence] = {}
+    judged = {c.metric for c in criteria}
+    for metric, p in pairs.items():
+        t, r = resolutions.get(metric, (None, None))
+        floor = (noise_floor or {}).get(metric)
+        if metric in judged or floor is not None:
+            out[metric] = divergence(metric, p, band(metric, p, criteria, t, r, floor), floor)
+    return out
+
+
+def criterion_first_outside(c: Criterion, pairs: Pairs, t: Resolution | None, r: Resolution | None,
+                            noise_floor: float | None = None) -> int | None:
+    """The first step that leaves criterion `c`'s own band (its threshold, floored by resolution and noise)."""
+    b = band(c.metric, pairs, [c], t, r, noise_floor)
+    judged = np.isfinite(criterion_width(c, pairs))
+    if not judged.any():
+        return None
+    sub = Pairs(pairs.steps[judged], pairs.test[judged], pairs.reference[judged])
+    return divergence(c.metric, sub, Band(b.steps[judged], b.width[judged],
+                                          tuple(s for s, j in zip(b.source, judged, strict=True) if j))).first_step

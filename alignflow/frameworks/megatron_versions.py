@@ -1,0 +1,110 @@
+"""What a Megatron-LM command line must say for a given megatron-core version and GPU host.
+
+Everything here was read off the Megatron-LM source of each supported tag (core_v0.16.1, core_v0.17.1,
+core_v0.18.2, core_v0.19.0; https://github.com/NVIDIA/Megatron-LM) or seen running core_v0.19 on an H200 without
+Transformer Engine or Apex:
+
+- **NullTokenizer.** Up to 0.17 (`megatron/training/tokenizer/tokenizer.py::_NullTokenizer` in 0.16,
+  `megatron/core/tokenizers/text/libraries/null_tokenizer.py` in 0.17) the tokenizer *appends* the
+  end-of-document id: `vocab_size = --vocab-size + 1`, `eod = --vocab-size`. From 0.18 the same class takes
+  `--vocab-size` as the whole vocabulary and puts EOD at `vocab_size - 1` unless `--null-tokenizer-eod-id` says
+  otherwise (a flag 0.18 adds). alignflow's data ends documents with the vocabulary's last id, so a model of
+  `V` ids is `--vocab-size V-1` up to 0.17 and `--vocab-size V --null-tokenizer-eod-id V-1` from 0.18: EOD is
+  `V - 1` and the padded vocabulary `V` on every version (seen on 0.19: `--vocab-size 255` put EOD at 254).
+- **Fused kernels.** With `--transformer-impl local`, each fusion that needs an extension is switched off unless
+  the host has it: RoPE fusion needs Transformer Engine (`apply_rope_fusion is not available. Please install TE
+  >= 1.4.`), the persistent layer norm Apex's FastLayerNorm and never RMSNorm (`persist_layer_norm not supported by
+  torch LayerNorm`), gradient-accumulation fusion Apex's `fused_weight_gradient_mlp_cuda` (`ColumnParallelLinear
+  was called with gradient_accumulation_fusion set to True but the custom CUDA extension ... is not found`), the
+  masked-softmax fusion Apex's `scaled_masked_softmax_cuda`. The bias-dropout and bias-SwiGLU fusions are
+  torch.jit code and are always off for alignment (the twin computes them unfused).
+- **Evaluation.** `eval_interval` defaults to None in 0.16-0.19 and `train_iters // eval_interval` runs even with
+  `--eval-iters 0` (`TypeError: unsupported operand type(s) for //: 'int' and 'NoneType'`): `--eval-interval`
+  is always given.
+- **Determinism.** `--deterministic-mode` asserts `NCCL_ALGO` is set to Tree, Ring, CollnetDirect, CollnetChain
+  or ^NVLS up to 0.18 (`arguments.py::validate_args`); 0.19 (`training/determinism.py`) accepts it unset, refuses
+  Tree, and refuses `NVTE_ALLOW_NONDETERMINISTIC_ALGO` other than 0 and `CUBLAS_WORKSPACE_CONFIG` other than
+  `:4096:8` / `:16:8`. `NCCL_ALGO=Ring` satisfies every version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from alignflow.convert.layout import parse_version
+
+SUPPORTED = ("0.16", "0.17", "0.18", "0.19")
+TE = "transformer_engine"
+APEX = "apex"
+
+
+@dataclass(frozen=True, slots=True)
+class NullTokenizer:
+    """How megatron-core's NullTokenizer reads `--vocab-size` (and `--null-tokenizer-eod-id`)."""
+
+    appends_eod: bool  # vocab = --vocab-size + 1, eod = --vocab-size (up to 0.17)
+    has_eod_flag: bool  # --null-tokenizer-eod-id exists (0.18+)
+
+    def vocab_and_eod(self, vocab_size_flag: int, eod_flag: int | None = None) -> tuple[int, int]:
+        """(tokenizer vocabulary before padding, end-of-document id) for these flag values."""
+        if self.appends_eod:
+            return vocab_size_flag + 1, vocab_size_flag
+        return vocab_size_flag, eod_flag if eod_flag is not None else vocab_size_flag - 1
+
+    def flags(self, vocab: int) -> list[str]:
+        """Flags for a vocabulary of `vocab` ids whose last id ends a document."""
+        if self.appends_eod:
+            return ["--vocab-size", str(vocab - 1)]
+        return ["--vocab-size", str(vocab), "--null-tokenizer-eod-id", str(vocab - 1)]
+
+
+def null_tokenizer(version: str) -> NullTokenizer:
+    newer = parse_version(version) >= (0, 18)
+    return NullTokenizer(appends_eod=not newer, has_eod_flag=newer)
+
+
+def kernel_flags(*, transformer_impl: str, normalization: str, rope: bool,
+                 extensions: Collection[str] | None) -> list[str]:
+    """The `--no-*-fusion` switches for a host that has `extensions` (None: not known, assume none)."""
+    if transformer_impl != "local":
+        return []
+    has = set(extensions or ())
+    f = []
+    if APEX not in has or normalization == "RMSNorm":
+        f.append("--no-persist-layer-norm")
+    if APEX not in has:
+        f += ["--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion"]
+    f += ["--no-bias-dropout-fusion", "--no-bias-swiglu-fusion"]
+    if rope and TE not in has:
+        f.append("--no-rope-fusion")
+    return f
+
+
+def determinism_env() -> dict[str, str]:
+    """Environment `--deterministic-mode` needs on every supported version."""
+    return {"NCCL_ALGO": "Ring", "NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+
+
+def determinism_env_problems(env: Mapping[str, str], version: str) -> list[str]:
+    """What `--deterministic-mode` of megatron-core `version` refuses in `env`."""
+    v = parse_version(version)
+    problems = []
+    algo = env.get("NCCL_ALGO")
+    if v < (0, 19):
+        if algo not in ("Tree", "Ring", "CollnetDirect", "CollnetChain", "^NVLS"):
+            problems.append(f"NCCL_ALGO={algo!r}: megatron-core {version} --deterministic-mode asserts it is one of "
+                            "Tree, Ring, CollnetDirect, CollnetChain, ^NVLS")
+        return problems
+    if algo is not None:
+        tokens = [t.strip() for t in algo.split(",") if t.strip()]
+        if not tokens or any(t not in ("Ring", "CollnetDirect", "CollnetChain", "^NVLS") for t in tokens):
+            problems.append(f"NCCL_ALGO={algo!r}: megatron-core {version} --deterministic-mode accepts Ring, "
+                            "CollnetDirect, CollnetChain, ^NVLS (not Tree)")
+    for name, accepted in (("NVTE_ALLOW_NONDETERMINISTIC_ALGO", ("0",)),
+                           ("CUBLAS_WORKSPACE_CONFIG", (":4096:8", ":16:8"))):
+        value = env.get(name)
+        if value is not None and value not in accepted:
+            problems.append(f"{name}={value!r}: megatron-core {version} --deterministic-mode accepts "
+                            f"{' or '.join(accepted)}")
+    return problems

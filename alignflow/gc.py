@@ -1,0 +1,195 @@
+"""Garbage on the hosts: what no run's record references, found and (on request) deleted.
+
+A host's workdir accumulates step outputs (`artifacts/<step>/<dir>`), staged inputs (`inputs/<name>-<sha>`),
+job directories (`jobs/<id>`) and, after a killed copy or conversion, staging leftovers (`.af-partial-*`,
+`.<name>.XXXXXXXX.partial`, `.af-write.*`, `.af-replaced-*`). `find_garbage` lists those that no record of the
+store references (`Store.host_references`), with their sizes; `delete` removes them. The rules, so that
+nothing a run's record points at is ever deleted (issue 16):
+- an output, input or job directory is kept if a record names it, anything inside it, or a directory holding
+  it, or if a recorded command's argument spells it;
+- a staging leftover is kept if a record names it or something inside it, or if a conversion still holds it
+  (its flock, see `convert.summary.staged_output`);
+- anything modified less than `min_age_s` ago is kept (a step that just started and is not recorded yet);
+- a store that records no run at all references nothing, which far more likely means the wrong store:
+  `delete` refuses then.
+
+Sizes and ages are measured on the host by a small probe (standard library only; links are never followed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import posixpath
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from alignflow.config.hosts import Host, Inventory
+from alignflow.errors import AlignflowError, TransportError
+from alignflow.store.references import HostReferences
+from alignflow.transport.shell import ShellTransport
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["output", "input", "job", "staging"]
+
+_PROBE = r"""
+import fcntl, json, os, stat, sys, time
+root = sys.argv[1]
+STAGING = (".af-partial-", ".af-write.", ".af-replaced-")
+
+def usage(path):
+    st = os.lstat(path)
+    size, newest = (st.st_size if not stat.S_ISDIR(st.st_mode) else 0), st.st_mtime
+    if stat.S_ISDIR(st.st_mode):
+        for dirpath, dirnames, filenames in os.walk(path):
+            for name in dirnames + filenames:
+                try:
+                    s = os.lstat(os.path.join(dirpath, name))
+                except OSError:
+                    continue
+                newest = max(newest, s.st_mtime)
+                if not stat.S_ISDIR(s.st_mode):
+                    size += s.st_size
+    return size, newest
+
+def held(path):
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+def staging(name):
+    return name.startswith(STAGING) or (name.startswith(".") and name.endswith(".partial"))
+
+def entries(rel):
+    try:
+        return sorted(os.listdir(os.path.join(root, rel)))
+    except OSError:
+        return []
+
+out = []
+def add(kind, rel):
+    size, newest = usage(os.path.join(root, rel))
+    out.append({"kind": kind, "rel": rel, "size": size, "age_s": time.time() - newest,
+                "held": kind == "staging" and held(os.path.join(root, rel))})
+
+for step in entries("artifacts"):
+    if staging(step):
+        add("staging", f"artifacts/{step}")
+        continue
+    for name in entries(f"artifacts/{step}"):
+        add("staging" if staging(name) else "output", f"artifacts/{step}/{name}")
+for name in entries("inputs"):
+    add("staging" if staging(name) else "input", f"inputs/{name}")
+for name in entries("jobs"):
+    add("job", f"jobs/{name}")
+# leftovers inside outputs (a conversion's `.<name>.XXXXXXXX.partial` beside its destination), two levels down
+for step in entries("artifacts"):
+    for name in entries(f"artifacts/{step}"):
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, "artifacts", step, name)):
+            rel = os.path.relpath(dirpath, os.path.join(root, "artifacts", step, name))
+            for leftover in [n for n in dirnames + filenames if staging(n)]:
+                add("staging", os.path.relpath(os.path.join(dirpath, leftover), root))
+            dirnames[:] = [d for d in dirnames if not staging(d)] if rel == "." else []
+json.dump(out, sys.stdout)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Garbage:
+    """One thing on a host that no record references."""
+
+    host: str
+    path: str
+    kind: Kind
+    size_bytes: int
+    age_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "path": self.path, "kind": self.kind, "size_bytes": self.size_bytes,
+                "age_s": round(self.age_s, 1)}
+
+
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """What `find_garbage` found: the garbage, and the hosts it could not look at (with why)."""
+
+    garbage: tuple[Garbage, ...]
+    unreachable: tuple[tuple[str, str], ...]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(g.size_bytes for g in self.garbage)
+
+
+def find_garbage(inventory: Inventory, references: dict[str, HostReferences], *,
+                 transport: Callable[[Host], ShellTransport], min_age_s: float = 3600.0) -> Survey:
+    """Everything on the inventory's hosts that no record references (see the module docstring)."""
+    found: list[Garbage] = []
+    unreachable: list[tuple[str, str]] = []
+    for host in inventory.hosts.values():
+        if host.role == "controller":
+            continue
+        try:
+            found += _host_garbage(transport(host), references.get(host.name), min_age_s)
+        except AlignflowError as exc:
+            unreachable.append((host.name, str(exc)))
+    return Survey(tuple(found), tuple(unreachable))
+
+
+def _host_garbage(t: ShellTransport, refs: HostReferences | None, min_age_s: float) -> list[Garbage]:
+    wd = t.workdir()
+    done = t.run([t.python(), "-c", _PROBE, wd.real], timeout_s=600)
+    try:
+        entries: list[dict[str, Any]] = json.loads(done.stdout)
+    except ValueError as exc:
+        raise TransportError(f"unreadable output of the gc probe ({exc})", host=t.host.name) from None
+    refs = refs or HostReferences(frozenset(), frozenset())
+    out: list[Garbage] = []
+    for e in entries:
+        kind: Kind = e["kind"]
+        forms = {posixpath.join(wd.declared, e["rel"]), posixpath.join(wd.real, e["rel"])}
+        staging = kind == "staging"
+        if e["age_s"] < min_age_s or e["held"] or any(refs.references(p, inside=not staging) for p in forms):
+            continue
+        out.append(Garbage(t.host.name, posixpath.join(wd.declared, e["rel"]), kind, int(e["size"]),
+                           float(e["age_s"])))
+    return _outermost(out)
+
+
+def _outermost(items: Iterable[Garbage]) -> list[Garbage]:
+    """Leave out what lies inside another item (deleting that one deletes it too)."""
+    ordered = sorted(items, key=lambda g: g.path)
+    kept: list[Garbage] = []
+    for g in ordered:
+        if kept and g.path.startswith(kept[-1].path.rstrip("/") + "/"):
+            continue
+        kept.append(g)
+    return kept
+
+
+def delete(survey: Survey, references: dict[str, HostReferences], *,
+           transport: Callable[[Host], ShellTransport], inventory: Inventory) -> list[Garbage]:
+    """Delete the survey's garbage (links are removed, never followed); what was deleted.
+
+    `references` is read again by the caller just before: an item a run started to reference since the
+    survey is kept.
+    """
+    deleted: list[Garbage] = []
+    for g in survey.garbage:
+        refs = references.get(g.host)
+        if refs is not None and refs.references(g.path, inside=g.kind != "staging"):
+            log.info("%s: %s is referenced now; kept", g.host, g.path)
+            continue
+        transport(inventory.get(g.host)).remove(g.path, recursive=True)
+        deleted.append(g)
+    return deleted

@@ -1,0 +1,75 @@
+"""The `diagnose` executor: both sides re-run one training step from the converted weights with tensor dumps,
+compared module by module through the conversion spec (`alignflow.diagnose`).
+
+It runs when a run asks for it (`alignflow diagnose RUN` is a run of this one step, reusing RUN's checkpoints)
+and automatically when the early gate fails. Each side runs on the host of its long training; the dumps, the
+diagnosis JSON and its HTML page are the step's `diagnosis` artifact on the controller. A divergence is the
+step's verdict (`diverged`), not a failure of the step.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+
+from alignflow import pipeline
+from alignflow.backends.commands import timeout_for
+from alignflow.codeversion import code_version_for
+from alignflow.diagnose.core import Checkpoints, DataRef, run_diagnosis
+from alignflow.runner.artifacts import ArtifactRef, declared_inputs
+from alignflow.runner.cache import cache_key
+from alignflow.runner.engine import StepRunner
+from alignflow.runner.recording import recording
+from alignflow.runner.session import StepOutcome
+from alignflow.store.records import StepStatus
+
+SIDES = {"npu": ("npu_reload_train", "bf16_ckpt"), "gpu": ("gpu_train", "megatron_ckpt")}
+
+
+def run_diagnose(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping[str, ArtifactRef]) -> StepOutcome:
+    """Run (or reuse) the diagnosis of `experiment.diagnose.step`; its verdict is `pass` or `diverged`."""
+    inputs = declared_inputs(spec, available)
+    exp = runner.experiment
+    settings = exp.diagnose
+    hosts = {side: runner.host(step) for side, (step, _) in SIDES.items()}
+    recipe = exp.model_dump(mode="json", include={"model", "training", "npu", "gpu", "conversion", "data"})
+    key = cache_key(step=spec.name, argv=("diagnose", str(settings.step)), files={}, env={},
+                    code_version=code_version_for(("diagnose", "twin", "convert", "backends", "frameworks")),
+                    inputs={n: ref.sha256 for n, ref in inputs.items()},
+                    extra={"budget": settings.dump_budget_bytes, "recipe": recipe,
+                           "hosts": {s: h.name for s, h in hosts.items()}})
+    reused = runner.reused(spec.name, key)
+    if reused is not None:
+        return reused
+    controller = runner.host(spec.name)
+    out_dir = runner.state_dir / "runs" / runner.run_id / f"diagnose-{uuid.uuid4().hex[:8]}"
+    with recording(runner.store, runner.run_id, spec.name, host=controller.name,
+                   command=f"diagnose step {settings.step} on {hosts['npu'].name} and {hosts['gpu'].name}",
+                   cache_key=key, inputs=inputs) as rec:
+        checkpoints = Checkpoints(npu=runner.stage(inputs["bf16_ckpt"], hosts["npu"]),
+                                  gpu=runner.stage(inputs["megatron_ckpt"], hosts["gpu"]))
+        data = DataRef(npu=runner.stage(inputs["data"], hosts["npu"]), gpu=runner.stage(inputs["data"], hosts["gpu"]),
+                       sha256=inputs["data"].sha256)
+        runner.emit(f"{spec.name}: re-running step {settings.step} on both sides with tensor dumps")
+        result = run_diagnosis(exp, checkpoints=checkpoints, data=data,
+                               transport={side: runner.transport(h) for side, h in hosts.items()}, out_dir=out_dir,
+                               step=settings.step, budget_bytes=settings.dump_budget_bytes, poll_s=runner.poll_s,
+                               timeout_s=timeout_for(exp, spec.name),
+                               on_launch=lambda handles: rec.attach(handles, resumable=False))
+        fp = runner.transport(controller).sha256([str(out_dir)])[str(out_dir)]
+        ref = ArtifactRef.from_fingerprint("diagnosis", controller.name, str(out_dir), fp, "report")
+        rec.add(ref)
+        summary = result.diagnosis.to_json()
+        rec.ran(exit_code=0, stdout_tail=json.dumps({"verdict": summary["verdict"], "cause": summary["cause"]}))
+    runner.emit(f"{spec.name}: {describe(result.diagnosis.to_json())} — {result.html_path}")
+    return StepOutcome(spec.name, StepStatus.RAN, {"diagnosis": ref}, rec.id, key, verdict=result.diagnosis.verdict)
+
+
+def describe(diagnosis: Mapping[str, object]) -> str:
+    """One line: `pass`, or where and why the sides diverge."""
+    cause = diagnosis.get("cause")
+    if not isinstance(cause, Mapping):
+        return f"step {diagnosis.get('step')} agrees module by module"
+    return f"diverged at {cause.get('module')} ({cause.get('kind')}): {cause.get('summary')}"
+

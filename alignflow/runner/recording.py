@@ -1,0 +1,111 @@
+"""One recording path for every executor: start the step run, attach its jobs, add its artifacts, finish it.
+
+Every executor (a job, the early gate, the comparison) runs its work inside `recording(...)`, and one policy
+decides how a step run ends:
+
+- the executor called `ran()`: `ran`;
+- an `AlignflowError` that is `retryable` (a transport error) while a detached job of the step may still be
+  running: the step run stays `running`, so that the task's retry re-attaches to that job instead of launching
+  it again;
+- any other `AlignflowError`: `failed`, with its message (and the exit code and tails the executor learned);
+- another exception (a bug): `failed`, with its type and message;
+- an interruption (KeyboardInterrupt, cancellation): `cancelled`.
+
+The original exception always propagates: the record never hides it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from alignflow.errors import AlignflowError, PipelineError
+from alignflow.runner.artifacts import ArtifactRef
+from alignflow.store import Store
+from alignflow.store.records import StepRunRecord, StepStatus
+from alignflow.transport import JobHandle
+
+log = logging.getLogger(__name__)
+
+
+class StepRecord:
+    """An open step run and what its executor has learned so far."""
+
+    def __init__(self, store: Store, record: StepRunRecord) -> None:
+        self.store = store
+        self.record = record
+        self.exit_code: int | None = None
+        self.stdout_tail = ""
+        self.stderr_tail = ""
+        self.resumable = False
+        self.finished = False
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    def attach(self, handles: Sequence[JobHandle], *, resumable: bool, extra: Mapping[str, Any] | None = None
+               ) -> None:
+        """Record the step's detached job(s) before anyone polls them, so that cancelling the run finds and kills
+        every one; `resumable`: a retried attempt may re-attach to the (single) job instead of relaunching."""
+        if len(handles) == 1:
+            doc: dict[str, Any] = {**handles[0].to_dict(), **(extra or {})}
+        else:
+            doc = {"jobs": [h.to_dict() for h in handles], **(extra or {})}
+        self.record = self.store.attach_job(self.id, job_dir=" | ".join(h.job_dir for h in handles), handle=doc)
+        self.resumable = resumable and len(handles) == 1
+
+    def add(self, ref: ArtifactRef) -> None:
+        self.store.add_artifact(self.id, name=ref.name, host=ref.host, path=ref.path, kind=ref.kind,
+                                sha256=ref.sha256, size_bytes=ref.size, manifest=ref.manifest)
+
+    def ran(self, *, exit_code: int | None = 0, stdout_tail: str = "", stderr_tail: str = "") -> None:
+        self.record = self.store.finish_step(self.id, status=StepStatus.RAN, exit_code=exit_code,
+                                             stdout_tail=stdout_tail, stderr_tail=stderr_tail)
+        self.finished = True
+
+    def end(self, status: StepStatus, error: str) -> None:
+        """Finish as failed or cancelled; a store error here is logged, never raised over the original one."""
+        try:
+            self.record = self.store.finish_step(self.id, status=status, exit_code=self.exit_code,
+                                                 stdout_tail=self.stdout_tail, stderr_tail=self.stderr_tail,
+                                                 error=error)
+        except AlignflowError:
+            log.exception("step run %s (%s): could not record it %s", self.id, self.record.step, status.value)
+        self.finished = True
+
+
+@contextmanager
+def recording(
+    store: Store,
+    run_id: str,
+    step: str,
+    *,
+    host: str,
+    command: str,
+    cache_key: str,
+    inputs: Mapping[str, ArtifactRef],
+    resume: StepRunRecord | None = None,
+) -> Iterator[StepRecord]:
+    """A step run of `step` in `run_id` (or `resume`, an attempt's open one), finished by the policy above."""
+    record = resume or store.start_step(run_id, step, host=host, command=command, cache_key=cache_key,
+                                        inputs={n: ref.to_dict() for n, ref in inputs.items()})
+    rec = StepRecord(store, record)
+    rec.resumable = resume is not None
+    try:
+        yield rec
+    except AlignflowError as exc:
+        if not (exc.retryable and rec.resumable):
+            rec.end(StepStatus.FAILED, str(exc))
+        raise
+    except Exception as exc:
+        rec.end(StepStatus.FAILED, f"{type(exc).__name__}: {exc}")
+        raise
+    except BaseException as exc:
+        rec.end(StepStatus.CANCELLED, f"interrupted ({type(exc).__name__}); its jobs were cancelled")
+        raise
+    if not rec.finished:
+        rec.end(StepStatus.FAILED, "the executor returned without finishing its step run")
+        raise PipelineError(f"step {step}: the executor returned without finishing its step run {rec.id}")

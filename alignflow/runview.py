@@ -1,0 +1,209 @@
+"""The one view of a recorded run: `run_view(store, run_id) -> RunView`, shown by `alignflow show RUN` and printed
+as JSON by `show --json`, `run --json` and `rerun --json` (one schema, `schema_version` in every document).
+
+Frozen values read from the store in one place: status, error, trigger, parent, the steps in pipeline order with
+their artifacts, the criteria of the comparison as they were judged (value and threshold already in the report's
+notation, the steps that drive a failed one), the report. Core and Prefect-free; the CLI prints it, the flow and
+the compare step read it (`report_context` turns it into what the HTML report shows of the run).
+
+Schema history: 1 — first version (issue 20); `reasons` and each step's `reused_from_run` added (issue 19).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from alignflow import pipeline
+from alignflow.compare.context import FingerprintRow, ReportContext, StepRow
+from alignflow.store import Store
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactView:
+    name: str
+    host: str
+    path: str
+    kind: str
+    sha256: str
+    size_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "host": self.host, "path": self.path, "kind": self.kind, "sha256": self.sha256,
+                "size_bytes": self.size_bytes}
+
+
+@dataclass(frozen=True, slots=True)
+class StepView:
+    step: str
+    step_run_id: str
+    status: str
+    host: str | None
+    exit_code: int | None
+    started: datetime | None
+    finished: datetime | None
+    duration_s: float | None
+    cache_key: str | None
+    reused_from: str | None  # the step run whose outputs a cached step took
+    error: str | None
+    inputs: Mapping[str, Any]
+    artifacts: tuple[ArtifactView, ...]
+    reused_from_run: str | None = None  # the run that step run belongs to
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "step_run_id": self.step_run_id, "status": self.status, "host": self.host,
+                "exit_code": self.exit_code, "started": _iso(self.started), "finished": _iso(self.finished),
+                "duration_s": self.duration_s, "cache_key": self.cache_key, "reused_from": self.reused_from,
+                "reused_from_run": self.reused_from_run, "error": self.error,
+                "artifacts": [a.to_json() for a in self.artifacts]}
+
+
+@dataclass(frozen=True, slots=True)
+class CriterionView:
+    """One criterion as the comparison judged it, in the report's notation."""
+
+    label: str
+    value: float | None
+    value_text: str
+    threshold_text: str
+    passed: bool
+    first_outside: int | None
+    driving_steps: tuple[int, ...]
+    note: str
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": self.label, "value": self.value, "value_text": self.value_text,
+                "threshold_text": self.threshold_text, "passed": self.passed, "first_outside": self.first_outside,
+                "driving_steps": list(self.driving_steps), "note": self.note, "source": self.source}
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    """A recorded run, everything `alignflow show` prints."""
+
+    run_id: str
+    experiment: str
+    status: str
+    verdict: str | None
+    trigger: str
+    parent_id: str | None
+    code_version: str
+    started: datetime
+    finished: datetime | None
+    duration_s: float | None
+    error: str | None
+    report: str | None
+    steps: tuple[StepView, ...]
+    criteria: tuple[CriterionView, ...]
+    snapshots: Mapping[str, Mapping[str, Any]]  # host -> HostSnapshot.to_dict()
+    reasons: tuple[str, ...] = ()  # why the verdict is fail: each failed criterion with its driving steps, ...
+
+    def step(self, name: str) -> StepView | None:
+        """The last recorded attempt at step `name`."""
+        found = [s for s in self.steps if s.step == name]
+        return found[-1] if found else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, "run_id": self.run_id, "experiment": self.experiment,
+                "status": self.status, "verdict": self.verdict, "trigger": self.trigger, "parent_id": self.parent_id,
+                "code_version": self.code_version, "started": _iso(self.started), "finished": _iso(self.finished),
+                "duration_s": self.duration_s, "error": self.error, "report": self.report,
+                "steps": [s.to_json() for s in self.steps], "criteria": [c.to_json() for c in self.criteria],
+                "reasons": list(self.reasons), "hosts": sorted(self.snapshots)}
+
+    @property
+    def report_run(self) -> str | None:
+        """The run whose comparison wrote `report`: this run, or the one a cached `compare` was reused from."""
+        if self.report is None:
+            return None
+        compare = self.step("compare")
+        return compare.reused_from_run if compare is not None and compare.reused_from_run else self.run_id
+
+
+def run_view(store: Store, run_id: str) -> RunView:
+    """The view of run `run_id` (a unique prefix is enough), read from `store`."""
+    run = store.get_run(run_id)
+    records = store.steps(run.id)
+    order = _pipeline_order()
+    ranked = sorted(enumerate(records), key=lambda ir: (order.get(ir[1].step, len(order)), ir[0]))
+    steps = tuple(StepView(
+        step=s.step, step_run_id=s.id, status=str(s.status), host=s.host, exit_code=s.exit_code, started=s.started_at,
+        finished=s.finished_at, duration_s=s.duration_s, cache_key=s.cache_key, reused_from=s.reused_from,
+        error=s.error, inputs=dict(s.inputs or {}),
+        artifacts=tuple(ArtifactView(a.name, a.host, a.path, a.kind, a.sha256, a.size_bytes)
+                        for a in store.artifacts(s.id)),
+        reused_from_run=store.get_step(s.reused_from).run_id if s.reused_from else None,
+    ) for _, s in ranked)
+    comparison = store.comparison(run.id)
+    criteria = tuple(criterion_view(c) for c in (comparison.criteria if comparison is not None else []))
+    return RunView(
+        run_id=run.id, experiment=run.experiment, status=str(run.status), verdict=run.verdict, trigger=run.trigger,
+        parent_id=run.parent_id, code_version=run.code_version, started=run.started_at, finished=run.finished_at,
+        duration_s=run.duration_s, error=run.error, report=run.report, steps=steps, criteria=criteria,
+        snapshots={s.host: dict(s.data) for s in store.snapshots(run.id)},
+        reasons=tuple(str(r) for r in (comparison.summary or {}).get("reasons") or ()) if comparison else (),
+    )
+
+
+def criterion_view(doc: Mapping[str, Any]) -> CriterionView:
+    """A recorded criterion result (`CriterionResult.to_json()`); records written before issue 20 lack the text
+    fields, which are then derived from the value and the statistic."""
+    from alignflow.compare.formatting import fmt_stat
+    from alignflow.config.criteria import RELATIVE_STATISTICS
+
+    statistic = str(doc.get("statistic", ""))
+    value = doc.get("value")
+    threshold = doc.get("threshold")
+    threshold_text = doc.get("threshold_text") or (
+        "" if threshold is None else f"{threshold * 100:g}%" if statistic in RELATIVE_STATISTICS else f"{threshold:g}")
+    return CriterionView(
+        label=str(doc.get("label") or f"{statistic}({doc.get('metric', '?')})"), value=value,
+        value_text=str(doc.get("value_text") or fmt_stat(value, statistic, None)), threshold_text=threshold_text,
+        passed=bool(doc.get("passed")), first_outside=doc.get("first_outside"),
+        driving_steps=tuple(int(d["step"]) for d in doc.get("drivers") or []), note=str(doc.get("note") or ""),
+        source=str(doc.get("source") or ""))
+
+
+def report_context(view: RunView, *, sides: Mapping[str, str] | None = None, description: str | None = None
+                   ) -> ReportContext:
+    """What the HTML report shows of the run: its steps, every artifact's and input's fingerprint, and the host
+    snapshots of the sides. `sides`: report label -> the step whose host is that side (default NPU ->
+    npu_reload_train, GPU -> gpu_train)."""
+    sides = sides or {"NPU": "npu_reload_train", "GPU": "gpu_train"}
+    rows = tuple(StepRow(s.step, s.status, s.host, s.duration_s, s.exit_code,
+                         s.error or (f"outputs of step run {s.reused_from}" if s.reused_from else ""))
+                 for s in view.steps)
+    prints: list[FingerprintRow] = []
+    seen: set[tuple[str, str]] = set()
+    produced = {a.name for s in view.steps for a in s.artifacts}
+    for s in view.steps:
+        for name, ref in s.inputs.items():  # run inputs (the data file): no step of the run produced them
+            if (isinstance(ref, Mapping) and ref.get("sha256") and name not in produced
+                    and (name, str(ref["sha256"])) not in seen):
+                seen.add((name, str(ref["sha256"])))
+                prints.append(FingerprintRow(name, str(ref["sha256"]), ref.get("size"),
+                                             f"{ref.get('host', '')}:{ref.get('path', '')}"))
+        for a in s.artifacts:
+            if (a.name, a.sha256) not in seen:
+                seen.add((a.name, a.sha256))
+                prints.append(FingerprintRow(a.name, a.sha256, a.size_bytes, f"{a.host}:{a.path}", s.step))
+    snapshots: dict[str, Mapping[str, Any]] = {}
+    for label, step in sides.items():
+        sv = view.step(step)
+        if sv is not None and sv.host is not None and sv.host in view.snapshots:
+            snapshots[label] = view.snapshots[sv.host]
+    return ReportContext(run_id=view.run_id, experiment=view.experiment, description=description, steps=rows,
+                         fingerprints=tuple(prints), snapshots=snapshots)
+
+
+def _pipeline_order() -> dict[str, int]:
+    return {name: i for i, name in enumerate(pipeline.STEP_NAMES)}
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None

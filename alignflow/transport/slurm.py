@@ -1,0 +1,233 @@
+"""Jobs of a `scheduler: slurm` host: an sbatch script per job, Slurm's word on its state, scancel to stop it.
+
+The host is the cluster's login node, reached through its transport (local or SSH); the job dir is the same as a
+direct job's, on the shared filesystem the compute nodes see:
+
+```
+cmd.sh        the rendered command (host env, setup lines, per-job env, cwd, exec argv), as for a direct job
+job.sbatch    the batch script: #SBATCH lines from hosts.yaml, runs cmd.sh, writes exit_code; `sbatch job.sbatch`
+              from the job dir resubmits it by hand
+spec.json     what was asked; slurm_job_id  Slurm's id, written as soon as sbatch answers (re-attach reads it)
+stdout        #SBATCH --output (appended to: a requeued job keeps its earlier output); stderr likewise
+exit_code     the command's exit status, written by the batch script - the fallback when neither the controller
+              (MinJobAge) nor accounting (sacct) knows the job any more
+submit_error  Slurm's refusal, when sbatch refused the job (nothing runs; the step fails with that message)
+```
+
+Slurm owns what the direct scheduler does on the host: the queue (no job slots: `max_concurrent_jobs` is left
+to Slurm), the time limit (`--time`; the controller's own deadline waits for Slurm past it), cancellation
+(`scancel`). The job id is in the `JobHandle` (`scheduler_id`) that the runner records before polling.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from alignflow.config.slurm import SlurmConfig, format_minutes
+from alignflow.errors import RemoteJobError, TransportError
+from alignflow.transport import commands, jobs
+from alignflow.transport.commands import MISSING_EXIT, render_prologue
+from alignflow.transport.jobs import JobHandle, JobSpec, JobState
+from alignflow.transport.slurm_state import interpret, parse_answer, unreachable
+
+if TYPE_CHECKING:
+    from alignflow.transport.shell import RawResult, ShellTransport
+
+log = logging.getLogger(__name__)
+
+# How long past a job's Slurm time limit the controller keeps waiting for Slurm to end it: the limit is rounded
+# up to a minute, slurmctld checks limits about every 30 s, then grants KillWait (30 s by default) before SIGKILL.
+LIMIT_SLACK_S = 60.0 + 30.0 + 60.0
+_SUBMIT_REFUSED = 97
+_NAME_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
+
+_BATCH_TAIL = """\
+bash ./cmd.sh < /dev/null
+code=$?
+echo "$code" > exit_code.tmp && mv -f exit_code.tmp exit_code
+exit "$code"
+"""
+
+# $1 job dir, $2 cmd.sh, $3 job.sbatch, $4 spec.json. Prints Slurm's job id. Exit 98 when the job dir exists,
+# 97 with Slurm's message on stderr when sbatch refused the job.
+SUBMIT_SH = """\
+d=$1
+mkdir -p -m 700 -- "${d%/*}" || exit 1
+mkdir -m 700 -- "$d" 2>/dev/null || { echo "job dir exists: $d" >&2; exit 98; }
+cd -- "$d" || exit 1
+printf '%s' "$2" > cmd.sh && printf '%s' "$3" > job.sbatch && printf '%s' "$4" > spec.json || exit 1
+if ! out=$(sbatch --parsable --chdir="$d" job.sbatch 2>&1); then
+  printf '%s\\n' "$out" > submit_error; printf '%s\\n' "$out" >&2; exit 97
+fi
+id=$(printf '%s\\n' "$out" | tail -n 1); id=${id%%;*}
+case $id in ''|*[!0-9_]*)
+  printf 'sbatch printed no job id: %s\\n' "$out" > submit_error; cat submit_error >&2; exit 97;;
+esac
+echo "$id" > slurm_job_id.tmp && mv -f slurm_job_id.tmp slurm_job_id
+echo "$id"
+"""
+
+# $1 Slurm job id, $2 job dir. Sections for `slurm_state.parse_answer`.
+STATUS_SH = """\
+id=$1; d=$2
+out=$(scontrol show job -o "$id" 2>&1); printf '@@ SCONTROL %d\\n%s\\n' "$?" "$out"
+case $out in *JobState=*) exit 0;; esac
+if command -v sacct > /dev/null 2>&1; then
+  out=$(sacct -n -P -X -j "$id" -o JobIDRaw,State,ExitCode,Reason 2>&1); printf '@@ SACCT %d\\n%s\\n' "$?" "$out"
+fi
+[ -f "$d/exit_code" ] && printf '@@ EXITFILE 0\\n%s\\n' "$(cat -- "$d/exit_code")"
+exit 0
+"""
+
+# $1 Slurm job id, $2 job dir
+CANCEL_SH = """\
+: > "$2/cancelled"
+out=$(scancel "$1" 2>&1) || { case $out in *"Invalid job id"*|*"already completing or completed"*) ;; \
+*) printf '%s\\n' "$out" >&2; exit 1;; esac; }
+exit 0
+"""
+
+# $1 job dir -> "<slurm id or empty>\\n<spec.json>"
+ATTACH_SH = ('[ -f "$1/spec.json" ] || exit 3; cat -- "$1/slurm_job_id" 2>/dev/null || echo; '
+             '[ -f "$1/submit_error" ] && { echo "submit refused: $(cat -- "$1/submit_error")" >&2; exit 4; }; '
+             'cat -- "$1/spec.json"')
+
+
+def sbatch_lines(config: SlurmConfig, *, name: str, time_minutes: int | None) -> list[str]:
+    """The `#SBATCH` options of a job, in a fixed order (golden-file tested)."""
+    opts = [f"--job-name={name}", "--output=stdout", "--error=stderr", "--open-mode=append",
+            f"--nodes={config.nodes}", "--ntasks-per-node=1"]
+    if config.gpus_per_node:
+        opts.append(f"--gpus-per-node={config.gpus_per_node}")
+    if config.cpus_per_task is not None:
+        opts.append(f"--cpus-per-task={config.cpus_per_task}")
+    if config.mem is not None:
+        opts.append(f"--mem={config.mem}")
+    opts += [f"--{key}={value}" for key, value in (("partition", config.partition), ("account", config.account),
+                                                    ("qos", config.qos)) if value is not None]
+    if time_minutes is not None:
+        opts.append(f"--time={format_minutes(time_minutes)}")
+    return [*opts, *config.extra]
+
+
+def render_batch_script(config: SlurmConfig, *, name: str, header: str, time_minutes: int | None) -> str:
+    """job.sbatch: the #SBATCH lines, then run cmd.sh in the job dir and keep its exit status."""
+    comment = "\n".join(f"# {line}" for line in header.splitlines())
+    lines = "\n".join(f"#SBATCH {opt}" for opt in sbatch_lines(config, name=name, time_minutes=time_minutes))
+    return f"#!/bin/bash\n{lines}\n{comment}\n{_BATCH_TAIL}"
+
+
+def _job_name(name: str) -> str:
+    return _NAME_CHARS.sub("-", name).strip("-.")[:64] or "alignflow"
+
+
+class SlurmScheduler:
+    """launch / status / cancel / attach of one Slurm host's jobs, over that host's transport."""
+
+    deadline_slack_s = LIMIT_SLACK_S
+
+    def __init__(self, transport: ShellTransport) -> None:
+        self.t = transport
+        self.host = transport.host
+        assert self.host.slurm is not None
+        self.config: SlurmConfig = self.host.slurm
+
+    def _script(self, body: str) -> str:
+        # the cluster's client tools may need the host's env and setup lines (a module load, SLURM_CONF)
+        prologue = render_prologue(host_env=self.host.env, setup=self.host.setup, env=None, cwd=None)
+        return f"{prologue}\n{body}" if prologue else body
+
+    def _exec(self, body: str, *args: str, timeout_s: float = 120.0) -> RawResult:
+        return self.t._exec(["bash", "-c", self._script(body), commands.ARGV0, *args], timeout_s=timeout_s)
+
+    def launch(self, spec: JobSpec) -> JobHandle:
+        t, host = self.t, self.host
+        now = datetime.now(UTC)
+        job_id = spec.job_id or jobs.new_job_id(spec.name, now)
+        job_dir = t._job_dir(job_id)
+        cwd = t.path(spec.cwd) if spec.cwd else t.workdir().real
+        prologue = render_prologue(host_env=host.env, setup=host.setup, env=spec.env, cwd=cwd)
+        header = f"alignflow job {job_id} ({spec.name}) on Slurm host {host.name}, submitted {now.isoformat()}"
+        minutes = self.config.time_limit_minutes(spec.time_limit_s)
+        record: dict[str, Any] = {"job_id": job_id, "name": spec.name, "argv": list(spec.argv), "env": dict(spec.env),
+                                  "cwd": cwd, "host": host.name, "started_at": now.isoformat(), "scheduler": "slurm",
+                                  "time_limit_min": minutes}
+        batch = render_batch_script(self.config, name=_job_name(spec.name), header=header, time_minutes=minutes)
+        raw = self._exec(SUBMIT_SH, job_dir, commands.render_job_script(spec.argv, prologue, header=header), batch,
+                         json.dumps(record, indent=1))
+        if raw.exit_code == 98:
+            raise RemoteJobError(f"{host.name}: job {job_id} already exists in {job_dir}; job ids are never reused")
+        if raw.exit_code == _SUBMIT_REFUSED:
+            message = raw.text("stderr").strip()
+            if unreachable(message):
+                raise TransportError(f"sbatch could not reach the Slurm controller: {message}", host=host.name)
+            raise RemoteJobError(f"{host.name}: Slurm refused job {job_id} (sbatch): {message}; job dir {job_dir}")
+        if raw.exit_code != 0:
+            raise t._op_failed("sbatch", job_dir, raw)
+        slurm_id = raw.text().split()[-1]
+        log.info("%s: submitted job %s as Slurm job %s in %s", host.name, job_id, slurm_id, job_dir)
+        return JobHandle(host.name, job_id, job_dir, 0, 0, now, spec.name, spec.argv, scheduler_id=slurm_id)
+
+    def attach(self, job_id: str) -> JobHandle:
+        job_dir = self.t._job_dir(job_id)
+        raw = self.t._exec(["bash", "-c", ATTACH_SH, commands.ARGV0, job_dir], timeout_s=120.0)
+        if raw.exit_code == MISSING_EXIT:
+            raise RemoteJobError(f"{self.host.name}: no job {job_id} (no {job_dir}/spec.json)")
+        if raw.exit_code == 4:
+            raise RemoteJobError(f"{self.host.name}: job {job_id} never ran: {raw.text('stderr').strip()}")
+        if raw.exit_code != 0:
+            raise self.t._op_failed("attach", job_dir, raw)
+        id_line, _, spec_text = raw.text().partition("\n")
+        if not id_line.strip():
+            raise RemoteJobError(f"{self.host.name}: job {job_id} has no Slurm job id in {job_dir} (was it "
+                                 "submitted? see its submit_error)")
+        record = json.loads(spec_text)
+        return JobHandle.from_dict({**record, "job_dir": job_dir, "pid": 0, "pgid": 0,
+                                    "scheduler_id": id_line.strip()})
+
+    def _slurm_id(self, handle: JobHandle) -> str:
+        if not handle.scheduler_id:
+            raise ValueError(f"job {handle.job_id} has no Slurm job id (launched by another scheduler?)")
+        return handle.scheduler_id
+
+    def status(self, handle: JobHandle) -> JobState:
+        job_dir = self.t._checked_job_dir(handle)
+        slurm_id = self._slurm_id(handle)
+        raw = self._exec(STATUS_SH, slurm_id, job_dir)
+        if raw.exit_code != 0:
+            raise self.t._op_failed("job status (scontrol)", job_dir, raw)
+        answer = parse_answer(raw.text())
+        state, why = interpret(answer, slurm_id)
+        if state is not None:
+            return state
+        if unreachable(answer.scontrol):
+            raise TransportError(f"Slurm job {slurm_id}: {why}", host=self.host.name)
+        raise RemoteJobError(f"{self.host.name}: cannot tell the state of Slurm job {slurm_id}: {why}", handle=handle)
+
+    def cancel(self, handle: JobHandle, *, grace_s: float = 10.0) -> JobState:
+        """`scancel`, then wait (KillWait and a margin) until Slurm reports the job ended."""
+        job_dir = self.t._checked_job_dir(handle)
+        slurm_id = self._slurm_id(handle)
+        raw = self._exec(CANCEL_SH, slurm_id, job_dir)
+        if raw.exit_code != 0:
+            message = raw.text("stderr").strip()
+            if unreachable(message):
+                raise TransportError(f"scancel {slurm_id}: {message}", host=self.host.name)
+            raise RemoteJobError(f"{self.host.name}: scancel {slurm_id} failed: {message}", handle=handle)
+        deadline = time.monotonic() + grace_s + 60.0
+        state = self.status(handle)
+        while not state.finished and time.monotonic() < deadline:
+            time.sleep(0.5)
+            state = self.status(handle)
+        log.info("%s: scancel %s (job %s) -> %s", self.host.name, slurm_id, handle.job_id, state)
+        return state
+
+    def slot_note(self, handle: JobHandle) -> str:
+        """Slurm queues the job itself: its waiting reason is in `JobState.note` (no host job slots)."""
+        return ""
+

@@ -1,0 +1,90 @@
+"""The PyTorch twin's dump hooks: module calls, parameters, gradients and updates of one training step.
+
+What msprobe's PyTorch `PrecisionDebugger` (level L0, task tensor) records for a real Megatron run, recorded
+natively for the twin (`alignflow.frameworks.dumpfile` has the format): a forward pre-hook and a forward hook on
+every module (the first micro-batch of the step), then the parameters after load, their gradients after the
+backward passes and their values after the optimizer step. Megatron's `Router` returns `(probs, counts, aux)`;
+the dense routing probabilities are its first output, as on the MindSpore side.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from alignflow.frameworks.dumpfile import Call, DumpRequest, DumpWriter
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of a hook's args/output, tuples flattened (lists, like the MoE bookkeeping, left out)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, tuple):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+def _numpy(t: torch.Tensor) -> Any:
+    """A copy: a parameter's `.numpy()` shares its memory, and the optimizer updates it in place."""
+    t = t.detach().cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy().copy()
+
+
+class TorchRecorder:
+    """Attach to a model before the step; call `loaded`, `grads`, `updated`, then `write`."""
+
+    def __init__(self, request: DumpRequest, model: nn.Module) -> None:
+        self.writer = DumpWriter(request, framework="pytorch")
+        self.recording = True
+        self._stack: list[Call] = []
+        self._handles = []
+        for name, module in model.named_modules():
+            if name:
+                self._handles.append(module.register_forward_pre_hook(partial(self._pre, name)))
+                self._handles.append(module.register_forward_hook(partial(self._post, name)))
+
+    def _pre(self, name: str, module: nn.Module, args: Any) -> None:
+        if not self.recording:
+            return
+        call = self.writer.begin_call(name, type(module).__name__, self._stack[-1].id if self._stack else None)
+        call.inputs = [self.writer.tensor(f"call/{call.id}/input/{i}", _numpy(t))
+                       for i, t in enumerate(_tensors(args))]
+        self._stack.append(call)
+
+    def _post(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
+        if not self.recording:
+            return
+        call = self._stack.pop()
+        assert call.module == name, (call.module, name)
+        call.outputs = [self.writer.tensor(f"call/{call.id}/output/{i}", _numpy(t))
+                        for i, t in enumerate(_tensors(output))]
+
+    def stop_forward(self) -> None:
+        """Later micro-batches of the step are not recorded (their calls repeat the first one's)."""
+        self.recording = False
+
+    def loaded(self, model: nn.Module) -> None:
+        for name, p in model.named_parameters():
+            self.writer.param(name, "loaded", _numpy(p), trainable=p.requires_grad)
+        for name, b in model.named_buffers():
+            self.writer.param(name, "loaded", _numpy(b), trainable=False)
+
+    def grads(self, model: nn.Module) -> None:
+        for name, p in model.named_parameters():
+            if p.grad is not None:
+                self.writer.param(name, "grad", _numpy(p.grad), trainable=True)
+
+    def updated(self, model: nn.Module) -> None:
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                self.writer.param(name, "updated", _numpy(p), trainable=True)
+
+    def write(self, *, scalars: dict[str, float], optimizer: dict[str, Any]) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self.writer.scalars.update(scalars)
+        self.writer.optimizer.update(optimizer)
+        self.writer.write()

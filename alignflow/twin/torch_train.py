@@ -1,0 +1,291 @@
+"""The PyTorch twin's entry point, mirroring Megatron-LM `pretrain_gpt.py`.
+
+    python -m alignflow.twin.torch_train <Megatron flags>   (see megatron_flags.py)
+
+Builds the twin from Megatron's model flags, loads a legacy checkpoint like Megatron (its load lines, the
+`load_return: None` non-strict fallback on a name mismatch), trains with the shared schedule and the explicit
+AdamW, and prints Megatron's `training_log` line per iteration (`--log-interval`, iteration 1 always, losses
+averaged over the interval as Megatron does). `--save` writes legacy checkpoints in the chosen flavour.
+
+Stricter than Megatron where a silent failure would only waste an experiment: a missing `--load` directory or
+tracker, data whose sha256 differs from ALIGNFLOW_TWIN_DATA_SHA256, and unknown flags are errors — and so is a
+flag the mimicked megatron-core version's own parser would refuse (its flag table,
+`alignflow.frameworks.megatron_lm`): the command line that trains the twin is one real Megatron-LM accepts. The
+twin's own settings come from the environment (`alignflow.twin.render.twin_env`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from alignflow.errors import AlignflowError
+from alignflow.frameworks.dumpfile import DumpRequest, request_from_env
+from alignflow.twin.faults import Faults, faults_from_env, optimizer_json
+
+WHERE = "torch_train"
+log = logging.getLogger(__name__)
+
+
+class _Interval:
+    """Megatron's `total_loss_dict`: losses summed over the advanced iterations since the last print."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.advanced = 0
+
+    def add(self, losses: dict[str, float]) -> None:
+        for key, value in losses.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+        self.advanced += 1
+
+    def averages(self) -> list[tuple[str, float]]:
+        return [(k, v / max(1, self.advanced)) for k, v in self.sums.items()]
+
+
+@dataclass(frozen=True, slots=True)
+class TwinSettings:
+    """The twin's own settings (no Megatron flags): from ALIGNFLOW_TWIN_* in the environment."""
+
+    megatron_version: str = "0.16"
+    data_sha256: str | None = None
+    device: str = "auto"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> TwinSettings:
+        from alignflow.errors import ConfigError
+        from alignflow.twin.render import TWIN_DATA_SHA256, TWIN_DEVICE, TWIN_MEGATRON_VERSION
+
+        device = env.get(TWIN_DEVICE, "auto")
+        if device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"{WHERE}: {TWIN_DEVICE}={device!r}: expected auto, cpu or cuda")
+        return cls(env.get(TWIN_MEGATRON_VERSION, "0.16"), env.get(TWIN_DATA_SHA256) or None, device)
+
+
+def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
+          clock: Callable[[], float] = time.perf_counter, now: Callable[[], datetime] = datetime.now,
+          faults: Faults | None = None, dump: DumpRequest | None = None) -> list[dict[str, float]]:
+    """Run the training a parsed Megatron command line describes (`twin`: the twin's own settings, from its
+    environment); return the per-iteration values.
+
+    `faults` injects the seeds' bugs into this side (`twin.faults`); `dump` runs only the requested step, from the
+    loaded weights with a fresh optimizer, and dumps it (`twin.torch_dump`, for `alignflow diagnose`).
+    """
+    import numpy as np
+    import torch
+
+    from alignflow.logs.render import megatron_line
+    from alignflow.twin import logformats as fmt
+    from alignflow.twin.data import load_data
+    from alignflow.twin.flavours import megatron_layout, mtp_inner_name, timestamp_has_microseconds
+    from alignflow.twin.megatron_flags import data_file, model_config_from_megatron, padded_vocab_size
+    from alignflow.twin.presets import twin_spec
+    from alignflow.twin.schedule import LRSchedule, OptimSettings
+    from alignflow.twin.torch_checkpoint import load_checkpoint, save_checkpoint
+    from alignflow.twin.torch_dist import DataParallel
+    from alignflow.twin.torch_model import TwinGPTTorch
+    from alignflow.twin.torch_optim import AdamW, global_norm
+
+    twin = twin or TwinSettings()
+    version = twin.megatron_version
+    faults = faults or Faults()
+    spec = faults.model(twin_spec(model_config_from_megatron(ns, megatron_version=version)))
+    micros = first_print = timestamp_has_microseconds(version)  # both changed in megatron-core 0.16
+    device = torch.device("cuda" if twin.device == "cuda" or (twin.device == "auto"
+                                                               and torch.cuda.is_available()) else "cpu")
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 on the GPU too
+    torch.backends.cudnn.allow_tf32 = False
+    if ns.deterministic_mode:
+        # cuBLAS needs a fixed workspace for reproducible GEMMs (read when the first handle is created); ops
+        # without a deterministic kernel warn instead of ending the run
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.manual_seed(ns.seed)
+    dp = DataParallel.from_env(cuda=device.type == "cuda")
+    info0 = log.info if dp.first else _quiet  # Megatron's print_rank_0 ...
+    info_last = log.info if dp.last else _quiet  # ... and print_rank_last (the iteration lines)
+    if not dp.first:
+        logging.getLogger("alignflow.twin.torch_checkpoint").setLevel(logging.WARNING)
+    orig_vocab, padded = padded_vocab_size(ns, version)
+    gbs = ns.global_batch_size or ns.micro_batch_size
+    data = load_data(data_file(ns), seq_length=spec.seq_length, seed=ns.seed, vocab_size=orig_vocab,
+                     samples_needed=ns.train_iters * gbs, expected_sha256=twin.data_sha256, where=WHERE)
+    info0(fmt.megatron_padded_vocab_line(orig_vocab, padded))
+    model = TwinGPTTorch(spec, mtp_inner_name=mtp_inner_name(version))
+    names = list(model.state_dict())
+    layout = megatron_layout(names, ns.transformer_impl, grouped_gemm=ns.moe_grouped_gemm)
+    info0(f" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): "
+             f"{sum(p.numel() for p in model.parameters())}")
+    settings = OptimSettings(
+        schedule=LRSchedule(max_lr=ns.lr, min_lr=ns.min_lr, warmup_steps=ns.lr_warmup_iters,
+                            decay_steps=ns.lr_decay_iters or ns.train_iters, style=ns.lr_decay_style,
+                            init_lr=ns.lr_warmup_init),
+        weight_decay=ns.weight_decay, beta1=ns.adam_beta1, beta2=ns.adam_beta2, eps=ns.adam_eps,
+        clip_grad=ns.clip_grad, bf16_params=ns.bf16)
+    settings = faults.optimizer(settings)
+    iteration, opt_state = 0, None
+    if ns.load:
+        result = load_checkpoint(model, Path(ns.load), layout, finetune=ns.finetune, where=WHERE)
+        iteration = result.iteration
+        if not ns.finetune and not ns.no_load_optim and not result.release:
+            if result.optimizer is None:
+                raise _no_optimizer(ns.load)
+            opt_state = result.optimizer
+    model.to(device)
+    optimizer = AdamW(model, settings)
+    if opt_state is not None:
+        optimizer.load_state_dict(opt_state, where=WHERE)
+    else:
+        optimizer.round_params_to_bf16()
+    recorder = None
+    last = ns.train_iters
+    if dump is not None and dp.size > 1:
+        from alignflow.errors import ConfigError
+
+        raise ConfigError(f"{WHERE}: dumps are taken in one process; run the diagnose step with one GPU rank (dp 1)")
+    if dump is not None:
+        from alignflow.twin.torch_dump import TorchRecorder
+
+        recorder = TorchRecorder(dump, model)
+        recorder.loaded(model)
+        iteration, last = dump.step - 1, dump.step  # the dumped step, from the loaded weights
+    info0("training ...")
+    try:
+        micro = dp.micro_batches(gbs, ns.micro_batch_size)
+    except ValueError as exc:
+        from alignflow.errors import ConfigError
+
+        raise ConfigError(f"{WHERE}: {exc}") from None
+    scale = 1.0 / (micro * dp.size)  # of each micro-batch's loss: the gradients are then summed over the ranks
+    moe_layers = model.moe_layers()
+    interval, skipped, nans, out = _Interval(), 0, 0, []
+    t_interval, iters_in_interval = clock(), 0
+    for it in range(iteration + 1, last + 1):
+        model.zero_grad(set_to_none=True)
+        batch = torch.from_numpy(data.batch(it - 1, gbs)).to(device)
+        lm_sum, mtp = 0.0, np.zeros(spec.mtp_num_layers)
+        aux = np.zeros(len(moe_layers))
+        counts = [torch.zeros(spec.moe.num_experts, device=device) for _ in moe_layers] if spec.moe else []
+        for i in range(micro):
+            rows = dp.rows(batch, i, ns.micro_batch_size)
+            outputs = model(rows[:, :-1], rows[:, 1:], scale)
+            outputs.objective.backward()
+            lm_sum += float(outputs.lm_sum)
+            mtp += np.array([float(x) for x in outputs.mtp_means]) / (micro * dp.size)
+            aux += np.array([float(x) for x in outputs.aux_raw]) / (micro * dp.size)
+            counts = [c + mc for c, mc in zip(counts, outputs.counts, strict=True)]
+            if recorder is not None:
+                recorder.stop_forward()
+        if dp.size > 1:  # the whole global batch's gradient, losses and router counts on every rank
+            dp.sum_grads(model.parameters())
+            summed = dp.sum_floats([lm_sum, *mtp, *aux])
+            lm_sum, mtp, aux = summed[0], np.array(summed[1:1 + len(mtp)]), np.array(summed[1 + len(mtp):])
+            dp.sum_tensors(counts)
+        norm = float(global_norm(optimizer.params))
+        if recorder is not None:
+            recorder.grads(model)
+        if math.isfinite(norm):
+            clip = settings.clip_coeff(norm)
+            optimizer.step(settings.schedule(it - 1), it, clip)
+            if recorder is not None:
+                recorder.updated(model)
+                recorder.write(scalars={"lm_loss": lm_sum / (gbs * spec.seq_length), "grad_norm": norm,
+                                        "clip_coeff": clip, "lr": settings.schedule(it - 1)},
+                               optimizer=optimizer_json(settings))
+            losses = {"lm loss": lm_sum / (gbs * spec.seq_length)}
+            if spec.moe is not None and spec.moe.aux_loss_coeff:
+                losses["load_balancing_loss"] = float(aux.sum()) / spec.num_moe_layers_for_logging
+            losses |= {f"mtp_{k + 1} loss": float(v) for k, v in enumerate(mtp)}
+            interval.add(losses)
+        else:
+            skipped, nans = skipped + 1, nans + 1
+        model.update_expert_bias(counts)
+        iters_in_interval += 1
+        out.append({"iteration": it, "grad_norm": norm, "lr": settings.schedule(it), **dict(interval.averages())})
+        # megatron-core >= 0.16 also prints the first iteration but does not reset its accumulators then, so
+        # the next line averages the first interval including iteration 1 (with --log-interval 1: iteration 2
+        # shows the mean of iterations 1 and 2), as training.py's `should_reset = not is_first_iteration`.
+        first = first_print and it == iteration + 1
+        if it % ns.log_interval == 0 or first:
+            elapsed = (clock() - t_interval) * 1000.0 / iters_in_interval
+            info_last(megatron_line(
+                it, ns.train_iters, when=now(), microseconds=micros, consumed_samples=it * gbs,
+                elapsed_ms=elapsed, lr=settings.schedule(it), global_batch_size=gbs, losses=dict(interval.averages()),
+                grad_norm=norm if math.isfinite(norm) else None, skipped=skipped, nan_iterations=nans))
+            if not first:
+                interval, skipped, nans = _Interval(), 0, 0
+                t_interval, iters_in_interval = clock(), 0
+        if ns.save and dp.first and (it == ns.train_iters or (ns.save_interval and it % ns.save_interval == 0)):
+            model.to("cpu")
+            save_checkpoint(model, Path(ns.save), it, layout, microseconds=micros, now=now,
+                            optimizer=None if ns.no_save_optim else _cpu(optimizer.state_dict(it)))
+            model.to(device)
+    info0(f"[after training is done] datetime: {now().strftime('%Y-%m-%d %H:%M:%S')}")
+    dp.close()
+    return out
+
+
+def _check_real_parser(argv: Sequence[str], version: str) -> None:
+    """Refuse what megatron-core `version`'s own argument parser refuses (when alignflow has its table)."""
+    from alignflow.errors import ConfigError
+    from alignflow.frameworks.megatron_lm import check_flags
+
+    accepted, why = check_flags(argv, version)
+    if accepted is False:
+        raise ConfigError(f"{WHERE}: real Megatron-LM would not start: {why}")
+
+
+def _quiet(*args: object) -> None:
+    """A rank's print that Megatron only makes on another rank."""
+
+
+def _cpu(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _cpu(v) for k, v in value.items()}
+    return value.detach().cpu().clone() if hasattr(value, "detach") else value
+
+
+def _no_optimizer(load: str) -> AlignflowError:
+    from alignflow.errors import ConfigError
+
+    return ConfigError(f"{WHERE}: Unable to load optimizer from checkpoint {load}. Specify --no-load-optim or "
+                       "--finetune to prevent attempting to load the optimizer state")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`pretrain_gpt.py`-style entry point; returns the process exit code."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))  # Megatron prints plain lines
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    for name in ("alignflow.twin.torch_checkpoint",):
+        child = logging.getLogger(name)
+        child.handlers[:] = [handler]
+        child.setLevel(logging.INFO)
+        child.propagate = False
+    from alignflow.twin.megatron_flags import parse_megatron_args
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        twin = TwinSettings.from_env(os.environ)
+        ns = parse_megatron_args(args)
+        _check_real_parser(args, twin.megatron_version)
+        train(ns, twin, faults=faults_from_env(os.environ), dump=request_from_env(os.environ))
+    except AlignflowError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return exc.exit_code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Usage and configuration mistakes: exit 2, a message naming the closest valid name, and never a Prefect start.
+
+Every test runs the real command line (`python -m alignflow`, so `main()` chooses the exit code) in a fresh state
+dir; none of these may get far enough to record a run or start a server (the state dir stays without a store).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.integration  # real processes: the command line, hosts' commands
+
+
+@pytest.fixture
+def cli(repo_root: Path, tmp_path: Path, subprocess_env: dict[str, str]):  # type: ignore[no-untyped-def]
+    state = tmp_path / "state"
+    env = {k: v for k, v in subprocess_env.items() if not k.startswith("PREFECT_API")}
+    env.update(ALIGNFLOW_STATE_DIR=str(state), PREFECT_HOME=str(tmp_path / "prefect-home"))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([sys.executable, "-m", "alignflow", *args], cwd=repo_root, env=env,
+                              capture_output=True, text=True, timeout=300, check=False)
+        assert not (state / "store.sqlite").exists(), "a usage error recorded something"
+        assert not (state / "prefect").exists(), "a usage error started a Prefect server"
+        return done
+
+    return run
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["run", "demoo"], "unknown experiment 'demoo' (did you mean 'demo'?); experiments/ has: demo"),
+    (["run", "demo", "--only", "convert_megatorn"],
+     "unknown step 'convert_megatorn' (did you mean 'convert_megatron'?)"),
+    (["run", "demo", "--from", "npu_base_trian"], "(did you mean 'npu_base_train'?)"),
+    (["run", "demo", "--force", "compare", "--force", "gpu_trian"], "(did you mean 'gpu_train'?)"),
+    (["run", "demo", "--hosts", "nope.yaml"], "nope.yaml"),
+    (["run", "demo", "--quiet", "--verbose"], "--quiet and --verbose exclude each other"),
+    (["rerun", "abcd", "--step", "convert_bf1"], "(did you mean 'convert_bf16'?)"),
+    (["preflight", "demoo"], "did you mean 'demo'?"),
+])
+def test_usage_mistakes_exit_2_with_the_closest_name(cli, args: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
+    done = cli(*args)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_mistyped_yaml_key_names_the_line_and_the_key_meant(cli, repo_root: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    doc = yaml.safe_load((repo_root / "experiments" / "demo.yaml").read_text())
+    doc["training"]["base_stepz"] = doc["training"].pop("base_steps")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = cli("validate", str(bad))
+    assert done.returncode == 2
+    assert f"{bad}:" in done.stderr
+    assert "training.base_stepz: unknown key (did you mean 'base_steps'?)" in done.stderr
+    ran = cli("run", str(bad))
+    assert ran.returncode == 2
+    assert "base_stepz" in ran.stderr
+
+
+def test_an_unknown_host_in_an_experiment_names_the_closest_host(cli, repo_root: Path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    doc = yaml.safe_load((repo_root / "experiments" / "demo.yaml").read_text())
+    doc["hosts"] = {"ascend": "ascnd"}
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump(doc, sort_keys=False))
+    done = cli("run", str(exp))
+    assert done.returncode == 2
+    assert "hosts.ascend: unknown host 'ascnd' (did you mean 'ascend'?)" in done.stderr
+
+
+@pytest.mark.parametrize("args", [["show", "ffffffff"], ["history", "ffffffff"], ["rerun", "ffffffff"],
+                                  ["cancel", "ffffffff"], ["show", "not-an-id"]])
+def test_an_unknown_run_is_a_usage_error(cli, args: list[str]) -> None:  # type: ignore[no-untyped-def]
+    done = cli(*args)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_version_completion_and_flags_shown_as_flags(cli) -> None:  # type: ignore[no-untyped-def]
+    version = cli("--version")
+    assert version.returncode == 0
+    assert version.stdout.startswith("alignflow ")
+    helped = cli("--help")
+    assert "--install-completion" in helped.stdout
+    for command in ("run", "history", "doctor"):
+        text = cli(command, "--help").stdout
+        assert "--json" in text
+        assert "<bool>" not in text

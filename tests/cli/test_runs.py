@@ -1,0 +1,139 @@
+"""No orphan runs: a run whose controller died shows `interrupted` with the job it left, `cancel` kills that job.
+
+The runs are recorded by `start_run` (the tiny experiment, three local hosts) with a controller identity given to
+the store: a process that is dead, or a live `sleep` standing in for a controller. Their step's job is a real
+detached job on a local host; the commands are the real command line.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from alignflow import controller
+from alignflow.config.hosts import Host
+from alignflow.runner.run import start_run
+from alignflow.runner.session import open_run
+from alignflow.store import RunStatus, StepStatus, Store
+from alignflow.transport import JobHandle, JobSpec, JobState, open_transport
+from tests.flows.conftest import FlowEnv, make_flow_env
+
+pytestmark = pytest.mark.integration  # real processes: the command line, hosts' commands
+
+
+@dataclass
+class Recorded:
+    env: FlowEnv
+    run_id: str
+    handle: JobHandle
+    cli_env: dict[str, str]
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "alignflow", *args], cwd=self.env.root, env=self.cli_env,
+                              capture_output=True, text=True, timeout=300, check=False)
+
+    def run(self) -> object:
+        with Store.open(state_dir=self.env.state) as store:
+            return store.get_run(self.run_id)
+
+    def job_state(self) -> JobState:
+        with open_transport(_ascend(self.env, self.run_id)) as t:
+            return t.status(self.handle)
+
+
+def _dead_identity() -> controller.ControllerIdentity:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return controller.ControllerIdentity(host=socket.gethostname(), pid=proc.pid, boot_id=controller.boot_id(),
+                                         start_ticks=1)
+
+
+def _record(tmp_path: Path, repo_root: Path, subprocess_env: dict[str, str], ident: controller.ControllerIdentity
+            ) -> Recorded:
+    env = make_flow_env(tmp_path / "exp", repo_root)
+    with Store.open(state_dir=env.state, controller=ident.to_dict) as store:
+        run_id = start_run(env.experiment, env.hosts, store=store, state_dir=env.state)
+        step = store.start_step(run_id, "npu_base_train", host="ascend", command="train", cache_key="k", inputs={})
+        with open_transport(_ascend(env, run_id, store)) as t:
+            handle = t.launch(JobSpec(["sleep", "300"], name="npu_base_train"))
+        store.attach_job(step.id, job_dir=handle.job_dir, handle=handle.to_dict())
+    cli_env = {**subprocess_env, "ALIGNFLOW_STATE_DIR": str(env.state)}
+    return Recorded(env, run_id, handle, cli_env)
+
+
+def _ascend(env: FlowEnv, run_id: str, store: Store | None = None) -> Host:
+    """The run's ascend host, as recorded (its workdir under the run's state dir)."""
+    if store is None:
+        with Store.open(state_dir=env.state) as opened:
+            return _ascend(env, run_id, opened)
+    return open_run(store, run_id).inventory.get("ascend")
+
+
+@pytest.fixture
+def sleeper() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(["sleep", "300"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_run_whose_controller_died_is_shown_interrupted_with_its_job_and_cancel_kills_it(
+        tmp_path: Path, repo_root: Path, subprocess_env: dict[str, str]) -> None:
+    rec = _record(tmp_path, repo_root, subprocess_env, _dead_identity())
+    assert rec.job_state().kind == "running"
+    history = rec.cli("history")
+    assert history.returncode == 0, history.stderr
+    assert "interrupted" in history.stdout
+    assert f"{rec.run_id}: npu_base_train on ascend ({rec.handle.job_dir})" in history.stdout
+    assert f"run {rec.run_id} of tiny interrupted" in history.stderr  # said once, when it was noticed
+    assert rec.run().status == RunStatus.INTERRUPTED  # type: ignore[attr-defined]
+    assert rec.job_state().kind == "running"  # noticing kills nothing
+    assert "interrupted" not in rec.cli("history").stderr
+
+    cancelled = rec.cli("cancel", rec.run_id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert rec.handle.job_dir in cancelled.stdout
+    assert rec.job_state().kind == "cancelled"
+    run = rec.run()
+    assert run.status == RunStatus.CANCELLED  # type: ignore[attr-defined]
+    assert "controller" in (run.error or "")  # type: ignore[attr-defined]
+    again = rec.cli("cancel", rec.run_id)
+    assert again.returncode == 2
+    assert "nothing to cancel" in again.stderr
+
+
+def test_cancel_of_a_live_run_stops_its_controller_then_its_jobs(
+        tmp_path: Path, repo_root: Path, subprocess_env: dict[str, str], sleeper: subprocess.Popen[bytes]) -> None:
+    rec = _record(tmp_path, repo_root, subprocess_env, controller.current(pid=sleeper.pid))
+    assert "running" in rec.cli("history").stdout
+    refused = rec.cli("rerun", rec.run_id)
+    assert refused.returncode == 2
+    assert "still running" in refused.stderr
+    done = rec.cli("cancel", rec.run_id)
+    assert done.returncode == 0, done.stderr
+    assert sleeper.wait(timeout=30) == -15  # SIGTERM
+    assert rec.job_state().kind == "cancelled"
+    with Store.open(state_dir=rec.env.state) as store:
+        assert store.get_run(rec.run_id).status == RunStatus.CANCELLED
+        assert {s.step: s.status for s in store.steps(rec.run_id)} == {"npu_base_train": StepStatus.CANCELLED}
+
+
+def test_history_reconcile_names_runs_it_cannot_judge(tmp_path: Path, repo_root: Path,
+                                                      subprocess_env: dict[str, str]) -> None:
+    ident = controller.ControllerIdentity(host="another-controller", pid=os.getpid())
+    rec = _record(tmp_path, repo_root, subprocess_env, ident)
+    try:
+        done = rec.cli("history", "--reconcile")
+        assert done.returncode == 0
+        assert f"run {rec.run_id} is running: driven by pid {os.getpid()} on another-controller" in done.stderr
+        assert rec.run().status == RunStatus.RUNNING  # type: ignore[attr-defined]
+    finally:
+        with open_transport(_ascend(rec.env, rec.run_id)) as t:
+            t.cancel(rec.handle, grace_s=1)

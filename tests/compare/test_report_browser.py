@@ -1,0 +1,135 @@
+"""The HTML report in a real browser (Debian's Chromium, headless, driven by Playwright): at 1400 px and 800 px no
+table cell wraps a number, the curves come before the criteria and are on the first screen, nothing is fetched,
+and the curves are interactive (hover shows both sides, the legend toggles a series, the log button works).
+
+Assertions are on layout boxes and on plotly's own state, not on pixels. Screenshots of each width are written
+beside the report (`$ALIGNFLOW_SCREENSHOTS`, when set, receives copies).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from alignflow.compare.comparison import compare
+from alignflow.compare.report import write_report
+from alignflow.config.criteria import default_criteria
+from alignflow.logs import parse_log
+from tests.logfixtures import make_run, megatron_lines, mindformers_lines, perturbed
+from tests.recorded_run import snapshot
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--no-first-run"]
+VIEWPORT_HEIGHT = 900
+
+# Per numeric cell: the number of line boxes its text occupies (1 = not wrapped).
+LINES_OF_NUMBERS = """() => [...document.querySelectorAll('td.num')].map(td => {
+  const r = document.createRange(); r.selectNodeContents(td);
+  const tops = new Set([...r.getClientRects()].map(b => Math.round(b.top)));
+  return [td.textContent, tops.size];
+})"""
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from alignflow.compare.context import FingerprintRow, ReportContext, StepRow
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    ref_run = make_run(120, seed=21)
+    test_run = perturbed(ref_run, loss_noise=1e-4, loss_offset=0.003, seed=22)
+    result = compare(parse_log(mindformers_lines(test_run), source="ascend:/w/npu.log"),
+                     parse_log(megatron_lines(ref_run), source="cuda:/w/gpu.log"), default_criteria())
+    context = ReportContext(
+        run_id="5f1c0a9e2b7d", experiment="glm-mini", description="GLM mini: MindFormers on Ascend vs Megatron",
+        steps=(StepRow("npu_base_train", "ran", "ascend", 754.0, 0), StepRow("convert_bf16", "ran", "cpu", 12.5, 0),
+               StepRow("gpu_train", "ran", "cuda", 401.2, 0), StepRow("compare", "running", "controller")),
+        fingerprints=(FingerprintRow("data", "d" * 64, 4096, "cpu:/w/data.bin"),
+                      FingerprintRow("bf16_ckpt", "f" * 64, 3 * 2**30, "cpu:/w/bf16", "convert_bf16")),
+        snapshots={"NPU": snapshot("ascend", mindspore="2.10.0"), "GPU": snapshot("cuda", torch="2.6.0")})
+    out = tmp_path_factory.mktemp("report")
+    return write_report(result, out, title="GLM mini — run 5f1c0a9e2b7d", labels=("NPU", "GPU"),
+                        context=context).html
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _open(browser: Any, report: Path, width: int) -> tuple[Any, list[str]]:
+    fetched: list[str] = []
+    page = browser.new_page(viewport={"width": width, "height": VIEWPORT_HEIGHT})
+    page.on("request", lambda request: fetched.append(request.url))
+    page.goto(report.as_uri(), wait_until="load")
+    page.wait_for_function("() => document.querySelectorAll('.plot .main-svg').length >= "
+                           "document.querySelectorAll('.plot').length * 1", timeout=60_000)
+    return page, fetched
+
+
+@pytest.mark.parametrize("width", [1400, 800])
+def test_numbers_never_wrap_and_the_curves_are_on_the_first_screen(browser: Any, report: Path, width: int) -> None:
+    page, fetched = _open(browser, report, width)
+    try:
+        assert [u for u in fetched if not u.startswith(("file://", "data:", "blob:"))] == []
+        cells = page.evaluate(LINES_OF_NUMBERS)
+        assert len(cells) > 50  # criteria, metrics, performance, steps: the numbers are there and right-aligned
+        assert [c for c in cells if c[1] > 1] == []
+        assert page.evaluate("() => getComputedStyle(document.querySelector('td.num')).textAlign") == "right"
+        box = page.locator(".plot").first.bounding_box()
+        criteria = page.locator("#criteria").bounding_box()
+        assert box is not None
+        assert criteria is not None
+        assert box["y"] + box["height"] <= criteria["y"]  # the curves come before the criteria
+        assert box["y"] < VIEWPORT_HEIGHT * 0.5  # and start in the first screen's upper half
+        assert box["width"] > width * 0.85
+        assert page.evaluate("() => document.documentElement.scrollWidth") <= width  # tables scroll, not the page
+        shot = report.with_name(f"report-{width}.png")
+        page.screenshot(path=str(shot), full_page=False)
+        page.screenshot(path=str(report.with_name(f"report-{width}-full.png")), full_page=True)
+        target = os.environ.get("ALIGNFLOW_SCREENSHOTS")
+        if target:
+            for name in (shot.name, f"report-{width}-full.png"):
+                shutil.copy(report.with_name(name), Path(target) / name)
+    finally:
+        page.close()
+
+
+def test_hover_shows_both_sides_and_the_legend_and_log_buttons_work(browser: Any, report: Path) -> None:
+    page, _ = _open(browser, report, 1400)
+    try:
+        plot = page.locator("#plot-0")
+        area = page.locator("#plot-0 .nsewdrag").first.bounding_box()
+        assert area is not None
+        page.mouse.move(area["x"] + area["width"] * 0.5, area["y"] + area["height"] * 0.5)
+        page.wait_for_selector("#plot-0 .hoverlayer .legend, #plot-0 .hoverlayer .hovertext", timeout=10_000)
+        hover = plot.locator(".hoverlayer").text_content() or ""
+        assert "NPU" in hover
+        assert "GPU" in hover
+        assert page.evaluate("() => document.getElementById('plot-0').layout.yaxis.type") in ("linear", "-")
+        plot.locator(".updatemenu-button", has_text="log").click()
+        page.wait_for_function("() => document.getElementById('plot-0').layout.yaxis.type === 'log'")
+        plot.locator(".legend .traces", has_text="GPU").first.locator(".legendtoggle").click()
+        page.wait_for_function("() => document.getElementById('plot-0').data[0].visible === 'legendonly'")
+        names = page.evaluate("() => document.getElementById('plot-0').data.map(t => t.name)")
+        assert names[:2] == ["GPU", "NPU"]
+        assert "band (threshold, resolution)" in names
+        assert any((n or "").startswith("steps driving a failed criterion") for n in names)
+        shapes = page.evaluate("() => document.getElementById('plot-0').layout.shapes.map(s => s.x0)")
+        assert 1 in shapes  # the first-divergence marker at step 1
+    finally:
+        page.close()

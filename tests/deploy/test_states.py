@@ -1,0 +1,78 @@
+"""The Prefect states and names a run ends with (issue 19), built from the run's record; no Prefect server."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from alignflow.errors import AlignflowError
+from alignflow.runner.session import RunOptions, StepOutcome
+from alignflow.runview import CriterionView, RunView
+from alignflow.store.records import StepStatus
+from flows.states import NOT_ALIGNED, NotAligned, flow_run_name, run_state
+from tasks.steps import step_state
+
+CRITERION = CriterionView(label="|me(lm_loss)| < 0.001", value=2.3e-3, value_text="+2.3e-03", threshold_text="0.001",
+                          passed=False, first_outside=4, driving_steps=(4, 5), note="", source="")
+
+
+def view(**changes: Any) -> RunView:
+    base: dict[str, Any] = dict(
+        run_id="0123456789ab", experiment="demo", status="completed", verdict="pass", trigger="deployment",
+        parent_id=None, code_version="alignflow 0.1.0", started=datetime(2026, 1, 1, tzinfo=UTC), finished=None,
+        duration_s=None, error=None, report=None, steps=(), criteria=(), snapshots={})
+    return RunView(**{**base, **changes})
+
+
+def test_pass_completes_and_its_result_is_the_record() -> None:
+    state = run_state(view(criteria=(CRITERION.__class__(**{**CRITERION.to_json(), "passed": True,
+                                                              "driving_steps": ()}),)))
+    assert (state.type.value, state.name) == ("COMPLETED", "Completed")
+    assert state.message == "run 0123456789ab: aligned, 1 criteria pass"
+    assert state.result()["run_id"] == "0123456789ab"
+
+
+def test_a_failed_verdict_is_a_failed_state_named_not_aligned_with_the_reasons() -> None:
+    reason = "|me(lm_loss)| < 0.001 failed: value +2.3e-03 (driven by steps 4, 5)"
+    state = run_state(view(verdict="fail", criteria=(CRITERION,), reasons=(reason,)))
+    assert (state.type.value, state.name) == ("FAILED", NOT_ALIGNED)
+    assert state.message == f"run 0123456789ab: {reason}"
+    with pytest.raises(NotAligned) as raised:
+        state.result()
+    assert raised.value.record["verdict"] == "fail"
+    # without recorded reasons (older records), the failed criteria with their values
+    assert run_state(view(verdict="fail", criteria=(CRITERION,))).message == (
+        "run 0123456789ab: |me(lm_loss)| < 0.001: +2.3e-03")
+
+
+def test_an_error_is_a_failed_state_whose_message_is_the_cause() -> None:
+    state = run_state(view(status="failed", verdict="fail", error="gpu_train: load_return: missing keys"))
+    assert (state.type.value, state.name) == ("FAILED", "Failed")
+    assert state.message == "run 0123456789ab failed: gpu_train: load_return: missing keys"
+    with pytest.raises(AlignflowError, match="load_return"):
+        state.result()
+    long = run_state(view(status="failed", error="x" * 5000)).message
+    assert long is not None
+    assert len(long) == 2000
+
+
+def test_a_reused_step_ends_cached_naming_the_run_it_came_from() -> None:
+    cached = StepOutcome("gpu_train", StepStatus.CACHED, step_run_id="5f5f5f5f5f5f", reused_from_run="aaaaaaaaaaaa")
+    state = step_state(cached)
+    assert not isinstance(state, StepOutcome)
+    assert (state.type.value, state.name) == ("COMPLETED", "Cached")
+    assert state.message == "reused from run aaaaaaaaaaaa (step run 5f5f5f5f5f5f)"
+    assert state.result() is cached
+    ran = StepOutcome("gpu_train", StepStatus.RAN)
+    assert step_state(ran) is ran
+
+
+def test_flow_run_names_carry_the_experiment_the_run_id_and_what_kind_of_run() -> None:
+    assert flow_run_name("demo", "0123456789ab", RunOptions()) == "align-demo-0123456789ab"
+    assert flow_run_name("demo", "0123456789ab", RunOptions(parent="aaaa", force=("gpu_train",))) == (
+        "align-demo-0123456789ab-rerun-gpu_train")
+    assert flow_run_name("demo", "0123456789ab", RunOptions(parent="aaaa", reproduce_of="aaaa")) == (
+        "align-demo-0123456789ab-reproduce")
+    assert flow_run_name("demo", None, RunOptions()) == "align-demo"

@@ -1,0 +1,265 @@
+"""Fuzzing every line of the log fixtures: no input makes the parser raise anything but `LogParseError` (exit 2 with
+the file, line and reason), and no input reaches its internal-error guard (issue 15).
+
+Inputs: every line of tests/data/logs (the reference lines, the sentinel logs, the logs in the wild), one line per
+shape (digits do not change which code runs). Mutations: truncation at every byte (alone, and as the unterminated
+last line of a log), NaN/inf in every numeric field, random field order, CRLF, ANSI colour codes, 1 MB lines. Where
+a mutation must not change what a line says (field order, CRLF, colour), the parse is compared with the original's;
+where it makes a loss or grad norm non-finite, a fatal sentinel must say so. The CLI is run on the mutated logs too:
+exit 0 or 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from alignflow.compare.comparison import compare
+from alignflow.config.criteria import default_criteria
+from alignflow.errors import LogParseError
+from alignflow.logs import ParsedLog, is_loss, parse_log
+from alignflow.logs.lines import NUM
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "logs"
+SETTINGS = settings(max_examples=100, deadline=None, database=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow])
+MB = 1 << 20
+_NUMBER = re.compile(NUM)
+_DIGITS = re.compile(r"\d+")
+COUNTS: dict[str, int] = {}
+
+
+def fixture_lines() -> list[str]:
+    """One line per shape of every fixture log and reference line."""
+    lines: list[str] = []
+    for path in sorted([*DATA.glob("*.log"), *DATA.glob("wild/*.log")]):
+        lines += path.read_text(encoding="utf-8").splitlines()
+    for path in sorted(DATA.glob("*_lines.json")):
+        lines += [case["line"] for case in json.loads(path.read_text(encoding="utf-8"))]
+    shapes: dict[str, str] = {}
+    for line in lines:
+        shapes.setdefault(_DIGITS.sub("0", line), line)
+    return list(shapes.values())
+
+
+LINES = fixture_lines()
+
+
+def _parses(lines: Sequence[str]) -> ParsedLog | None:
+    """Parse; None for a refused log. Anything but a clean `LogParseError` fails the test."""
+    COUNTS["parses"] = COUNTS.get("parses", 0) + 1
+    try:
+        parsed = parse_log(lines, source="fuzz.log")
+    except LogParseError as exc:
+        message = str(exc)
+        assert "internal parser error" not in message, message
+        assert message.startswith("fuzz.log"), message
+        return None
+    assert len(parsed.frame) > 0
+    assert parsed.frame.index.is_unique
+    parsed.summary()
+    json.dumps([s.to_json() for s in parsed.sentinels])
+    return parsed
+
+
+STEP_LINES = [line for line in LINES if _parses([line]) is not None]
+
+
+def test_the_fixtures_cover_every_format() -> None:
+    variants = {p.variant for line in STEP_LINES if (p := _parses([line])) is not None}
+    assert {"megatron", "legacy", "legacy-0.6", "pynative-g1", "pynative-g2", "pynative-g3", "nemo2"} <= variants
+    assert len(LINES) > 60
+
+
+@pytest.mark.slow  # exhaustive: tens of thousands of parses (make test runs it)
+def test_truncation_at_every_byte() -> None:
+    n = 0
+    for line in LINES:
+        raw = line.encode("utf-8")
+        whole = line + "\n"
+        for cut in range(len(raw) + 1):
+            text = raw[:cut].decode("utf-8", errors="replace")
+            _parses([text])
+            # as the unterminated last line of a log (a process killed mid-write): every 8th cut
+            parsed = _parses([whole, text]) if cut % 8 == 0 and line in STEP_LINES else None
+            n += 1
+            if parsed is not None and cut < len(raw):
+                # a cut last line of a log that otherwise ends its lines is never a fatal damaged line
+                assert not [s for s in parsed.fatal_sentinels if s.kind == "malformed_step_line"]
+    COUNTS["truncations"] = n
+    print(f"fuzz: {n} truncations of {len(LINES)} line shapes")
+
+
+def _numbers(line: str) -> Iterable[re.Match[str]]:
+    return list(_NUMBER.finditer(line))
+
+
+def _finite(value: object) -> bool:
+    return bool(pd.notna(value)) and math.isfinite(float(value))  # type: ignore[arg-type]
+
+
+def _bad_values(parsed: ParsedLog, clean: ParsedLog) -> list[str]:
+    """Loss / grad-norm columns that are finite in `clean` and not in `parsed` (same step)."""
+    out = []
+    for column in parsed.frame.columns:
+        if not (is_loss(column) or column == "grad_norm") or column not in clean.frame.columns:
+            continue
+        for step in parsed.frame.index.intersection(clean.frame.index):
+            value, before = parsed.frame.loc[step, column], clean.frame.loc[step, column]
+            if _finite(before) and not _finite(value):
+                out.append(column)
+    return out
+
+
+@pytest.mark.slow  # exhaustive: tens of thousands of parses (make test runs it)
+def test_nan_and_inf_in_every_numeric_field() -> None:
+    n = 0
+    for line in STEP_LINES:
+        clean = _parses([line])
+        assert clean is not None
+        for m in _numbers(line):
+            for bad in ("nan", "inf", "-1e999"):
+                text = line[:m.start()] + bad + line[m.end():]
+                parsed = _parses([text])
+                n += 1
+                if parsed is None or len(parsed.frame) != 1:
+                    continue
+                if _bad_values(parsed, clean):  # a loss or grad norm made non-finite: the run is invalid
+                    assert parsed.fatal_sentinels, (text, parsed.sentinels)
+    COUNTS["non_finite"] = n
+    print(f"fuzz: {n} non-finite substitutions")
+
+
+def _fields(line: str) -> tuple[str, list[str], str] | None:
+    """(head, fields, tail) of a step line whose fields may be reordered without changing what it says."""
+    megatron = re.search(r"iteration\s+\d+/\s*\d+\s*\|", line)
+    if megatron and "Training epoch" not in line:
+        body = line[megatron.end():]
+        parts = body.split("|")
+        return line[:megatron.end()], parts[:-1], "|" + parts[-1]
+    nemo = re.search(r"Training epoch \d+, iteration \d+/\d+", line)
+    if nemo:
+        return line[:nemo.end()], line[nemo.end():].split(" | ")[1:], ""
+    pynative = re.search(r"\{ step:\[\s*\d+/\s*\d+\], ", line)
+    if pynative and "N/A" not in line and line.rstrip().endswith("}"):
+        body = line[pynative.end():].rstrip()[:-1].rstrip()
+        return line[:pynative.end()], body.split(", "), " }"
+    return None
+
+
+REORDERABLE = [line for line in STEP_LINES if _fields(line) is not None]
+
+
+def _same(a: ParsedLog | None, b: ParsedLog | None) -> None:
+    assert (a is None) == (b is None)
+    if a is not None and b is not None:
+        pd.testing.assert_frame_equal(a.frame, b.frame, check_like=True)
+        assert [(s.kind, s.fatal) for s in a.sentinels] == [(s.kind, s.fatal) for s in b.sentinels]
+
+
+@SETTINGS
+@given(st.sampled_from(REORDERABLE), st.randoms(use_true_random=False))
+def test_random_field_order_reads_the_same_values(line: str, rng: object) -> None:
+    split = _fields(line)
+    assert split is not None
+    head, fields, tail = split
+    shuffled = list(fields)
+    rng.shuffle(shuffled)  # type: ignore[attr-defined]
+    sep = "|" if "|" in tail else (" | " if not tail else ", ")
+    text = head + (" | " if sep == " | " else "") + sep.join(shuffled) + tail
+    _same(_parses([text]), _parses([line]))
+
+
+_ANSI = st.sampled_from(["\x1b[0m", "\x1b[32m", "\x1b[1;31m", "\x1b[2K", "\x1b[38;5;208m", "\x1bM"])
+
+
+@SETTINGS
+@given(st.sampled_from(LINES), st.lists(st.tuples(st.floats(0, 1), _ANSI), max_size=6))
+def test_ansi_colour_codes_change_nothing(line: str, codes: list[tuple[float, str]]) -> None:
+    text = line
+    for where, code in sorted(codes, reverse=True):  # positions in the original line, inserted from the end
+        at = int(where * len(line))
+        text = text[:at] + code + text[at:]
+    _same(_parses([text]), _parses([line]))
+
+
+def test_crlf_line_ends_change_nothing() -> None:
+    for path in sorted([*DATA.glob("*.log"), *DATA.glob("wild/*.log")]):
+        lf = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        _same(_parses([x.replace("\n", "\r\n") for x in lf]), _parses(lf))
+
+
+@settings(SETTINGS, max_examples=50)
+@given(st.lists(st.sampled_from(LINES), min_size=1, max_size=12), st.lists(st.sampled_from(LINES), max_size=12))
+def test_mixed_logs_parse_or_are_refused_and_compare_never_raises(a: list[str], b: list[str]) -> None:
+    test, ref = _parses(a), _parses(b or a)
+    if test is not None and ref is not None:
+        result = compare(test, ref, default_criteria())
+        json.dumps(result.to_json(), allow_nan=True)
+
+
+def _megabyte_lines(line: str) -> list[str]:
+    middle = len(line) // 2
+    return [
+        (line + " ") * (MB // (len(line) + 1) + 1),  # the line repeated to 1 MB
+        line[:middle] + line[middle] * MB + line[middle:],  # one of its characters repeated 1 MB times inside
+        line[:middle] + "x" * MB + line[middle:],
+    ]
+
+
+@pytest.mark.slow  # exhaustive: tens of thousands of parses (make test runs it)
+def test_one_megabyte_lines() -> None:
+    n = 0
+    for i, line in enumerate(STEP_LINES):
+        long = _megabyte_lines(line)[i % 3]
+        _parses([long])
+        parsed = _parses([line, long, line.replace("1", "2", 1)])
+        n += 1
+        assert parsed is None or parsed.frame.index.is_unique
+    COUNTS["megabyte"] = n
+    print(f"fuzz: {n} lines of 1 MB")
+
+
+@pytest.mark.integration  # real processes
+def test_the_cli_exits_0_or_2_on_fuzzed_logs(tmp_path: Path, subprocess_env: dict[str, str]) -> None:
+    """A real process on logs made of mutated lines: exit 0 (parsed) or 2 (refused, naming the file), no traceback."""
+    logs = []
+    for i, line in enumerate(STEP_LINES):
+        raw = line.encode("utf-8")
+        mutated = [raw[: len(raw) * k // 4].decode("utf-8", errors="replace") for k in (1, 2, 3)]
+        body = [f"\x1b[32m{line}\x1b[0m\r\n", *(m + "\n" for m in mutated), line.replace(" ", "  ") + "\n"]
+        if i % 10 == 0:
+            body.append(line[: len(line) // 2] + "|" * MB + "\n")
+        path = tmp_path / f"fuzz_{i}.log"
+        path.write_text("".join(body), encoding="utf-8", newline="")
+        logs.append(path)
+    for path in logs[:: len(logs) // 4]:
+        done = subprocess.run([sys.executable, "-m", "alignflow", "compare", str(path), str(path), "--no-plots"],
+                              env=subprocess_env, capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode in (0, 1, 2), done.stderr
+        assert "Traceback" not in done.stderr + done.stdout
+        if done.returncode == 2:
+            assert f"error: {path}" in done.stderr
+    from typer.testing import CliRunner
+
+    from alignflow.cli import app
+
+    runner = CliRunner()
+    for path in logs:
+        result = runner.invoke(app, ["logs", "parse", str(path), "--json"])
+        assert result.exit_code in (0, 2), result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    real = len(logs[:: len(logs) // 4])
+    COUNTS["cli"] = len(logs) + real
+    print(f"fuzz: {len(logs)} fuzzed logs through `logs parse`, {real} through `compare` (real process)")
+    print(f"fuzz: {COUNTS.get('parses', 0)} parse_log calls in this module so far")

@@ -1,0 +1,91 @@
+"""What a run takes from earlier runs: its parent's steps (a re-run), the cache, staged inputs on hosts."""
+
+from __future__ import annotations
+
+from alignflow.testing import FakeJob
+from alignflow.transport import JobSpec
+from tests.runner.conftest import FakeLab, twin_job
+from tests.runner.test_execute import statuses
+
+
+def test_a_rerun_takes_unchanged_steps_from_its_parent_and_executes_the_forced_one(lab: FakeLab) -> None:
+    parent = lab.run()
+    rerun = lab.run(parent=parent.run_id, reuse_parent=True, force=("compare",))
+    assert statuses(rerun) == {**dict.fromkeys(("npu_base_train", "convert_bf16", "convert_megatron", "gpu_train",
+                                                "npu_reload_train"), "cached"), "compare": "ran"}
+    parent_ids = {s.step: s.id for s in lab.store.steps(parent.run_id)}
+    for s in lab.store.steps(rerun.run_id):
+        if s.status == "cached":
+            assert s.reused_from == parent_ids[s.step]
+
+
+def test_a_rerun_after_an_edited_experiment_reexecutes_what_the_edit_reaches(lab: FakeLab) -> None:
+    # issue 16, item 3: the parent trained at lr 1e-3; a rerun of `compare` with lr 3e-3 in the file must not
+    # record lr 3e-3 beside trainings that never ran with it
+    parent = lab.run()
+    lab.edit(training__lr=3.0e-3)
+    rerun = lab.run(parent=parent.run_id, reuse_parent=True, force=("compare",))
+    got = statuses(rerun)
+    assert got["gpu_train"] == got["npu_reload_train"] == got["npu_base_train"] == "ran"
+    assert any("not taken from parent run" in m for m in lab.messages)
+    recorded = lab.store.get_run(rerun.run_id).params["experiment"]["training"]["lr"]
+    assert recorded == 3.0e-3  # and what was recorded is what trained
+
+
+def test_a_corrupted_staged_input_is_replaced_by_a_verified_copy(lab: FakeLab) -> None:
+    # issue 16, item 5: a flipped byte in a staged checkpoint directory must not wedge every later run
+    first = lab.run()
+    cuda = lab.fakes["cuda"]
+    staged = [p for p in cuda.fs.files_under(cuda.path("inputs")) if "megatron_ckpt" in p]  # type: ignore[attr-defined]
+    assert staged
+    cuda.fs.write(staged[0], b"flipped")  # type: ignore[attr-defined]
+    second = lab.run(force=("gpu_train",))
+    assert second.status == "completed", second.error
+    assert any("staged megatron_ckpt changed" in m for m in lab.messages)
+    assert first.verdict == second.verdict == "pass"
+
+
+def test_two_steps_needing_one_input_on_one_host_stage_it_once(lab: FakeLab) -> None:
+    lab.run()
+    ascend = lab.fakes["ascend"]
+    staged_data = {p.split("/inputs/")[1].split("/")[0] for p in ascend.fs.files_under(ascend.path("inputs"))  # type: ignore[attr-defined]
+                   if "/inputs/data-" in p}
+    assert len(staged_data) == 1
+
+
+def test_a_changed_data_file_reexecutes_every_training(lab: FakeLab) -> None:
+    lab.run()
+    lab.edit(data__generate__seed=8, data__path="data/other")
+    again = lab.run()
+    assert statuses(again)["npu_base_train"] == "ran"
+    assert statuses(again)["gpu_train"] == "ran"
+
+
+def test_a_failed_step_is_never_reused(lab: FakeLab) -> None:
+    def broken(spec: JobSpec) -> FakeJob:
+        return FakeJob(exit_code=3) if "convert bf16" in " ".join(spec.argv) else twin_job(spec)
+
+    lab.script = broken
+    lab.run()
+    lab.script = twin_job
+    again = lab.run()
+    assert statuses(again)["convert_bf16"] == "ran"
+    assert statuses(again)["npu_base_train"] == "cached"
+
+
+def test_only_one_step_reuses_what_it_reads_and_executes_just_that_step(lab: FakeLab) -> None:
+    lab.run()
+    launched = {h: len(f.launched) for h, f in lab.fakes.items()}
+    only = lab.run(only=("gpu_train",), force=("gpu_train",))
+    assert only.status == "completed", only.error
+    assert statuses(only) == {"npu_base_train": "cached", "convert_bf16": "cached", "convert_megatron": "cached",
+                              "gpu_train": "ran", "npu_reload_train": "skipped", "compare": "skipped"}
+    assert len(lab.fakes["cuda"].launched) == launched["cuda"] + 1
+    assert len(lab.fakes["ascend"].launched) == launched["ascend"]
+
+
+def test_only_a_step_whose_inputs_were_never_produced_fails_before_launching(lab: FakeLab) -> None:
+    only = lab.run(only=("convert_megatron",))
+    assert only.status == "failed"
+    assert "npu_base_train: no valid earlier result to reuse" in (only.error or "")
+    assert not lab.fakes.get("cpu") or not lab.fakes["cpu"].launched

@@ -1,0 +1,108 @@
+"""The pipeline's declarations and the planner: `--from`, `--only`, `--force`, optional steps, and the DAG's
+readiness rule that is the whole of the pipeline's concurrency."""
+
+from __future__ import annotations
+
+import pytest
+
+from alignflow import pipeline
+from alignflow.errors import PipelineError
+
+MAIN = ("npu_base_train", "convert_bf16", "convert_megatron", "gpu_train", "npu_reload_train", "compare")
+
+
+def test_every_input_is_data_or_the_output_of_an_earlier_step() -> None:
+    seen = {"data"}
+    for spec in pipeline.STEPS:
+        assert set(spec.inputs) <= seen, spec.name
+        assert all(a in pipeline.STEP_NAMES for a in spec.after)
+        seen |= set(spec.output_names)
+    assert seen == set(pipeline.ARTIFACTS)
+
+
+def test_a_plain_plan_has_every_non_optional_step_and_forces_none() -> None:
+    plan = pipeline.plan()
+    assert plan.steps == MAIN
+    assert plan.forced == frozenset()
+
+
+def test_from_step_forces_it_and_every_later_step() -> None:
+    plan = pipeline.plan(from_step="gpu_train")
+    assert plan.steps == MAIN
+    assert plan.forced == {"gpu_train", "npu_reload_train", "compare"}
+
+
+def test_force_reaches_exactly_what_depends_on_the_forced_step() -> None:
+    assert pipeline.plan(force=["convert_megatron"]).forced == {"convert_megatron", "gpu_train", "compare"}
+    assert pipeline.plan(force=["npu_reload_train"]).forced == {"npu_reload_train", "compare"}
+    gated = pipeline.plan(enabled_optional=["early_gate"], force=["convert_bf16"])
+    assert gated.forced == {"convert_bf16", "convert_megatron", "early_gate", "gpu_train", "npu_reload_train",
+                            "compare"}
+
+
+def test_only_executes_exactly_those_steps() -> None:
+    plan = pipeline.plan(only=["compare", "gpu_train"], force=["gpu_train"])
+    assert [s for s in plan.steps if s not in plan.reuse_only] == ["gpu_train", "compare"]
+    assert plan.forced == {"gpu_train", "compare"}
+
+
+def test_an_optional_step_must_be_enabled_to_be_asked_for() -> None:
+    with pytest.raises(PipelineError, match="optional and not enabled"):
+        pipeline.plan(only=["early_gate"])
+    assert "early_gate" in pipeline.plan(enabled_optional=["early_gate"]).steps
+
+
+def test_an_unknown_step_is_named_with_the_closest_one() -> None:
+    with pytest.raises(PipelineError, match="unknown step 'convert_megatorn'; did you mean 'convert_megatron'"):
+        pipeline.plan(force=["convert_megatorn"])
+
+
+def _waves(plan: pipeline.Plan) -> list[list[str]]:
+    """The steps that can start together, wave by wave, if every started step ends before the next wave."""
+    done: set[str] = set()
+    waves = []
+    while len(done) < len(plan.steps):
+        wave = plan.ready(done=done, started=())
+        assert wave, f"stuck after {sorted(done)}"
+        waves.append(wave)
+        done |= set(wave)
+    return waves
+
+
+def test_the_npu_reload_training_starts_beside_the_megatron_conversion() -> None:
+    assert _waves(pipeline.plan()) == [["npu_base_train"], ["convert_bf16"], ["convert_megatron", "npu_reload_train"],
+                                       ["gpu_train"], ["compare"]]
+
+
+def test_with_the_gate_the_gpu_training_waits_for_it_and_the_npu_reload_training_does_not() -> None:
+    assert _waves(pipeline.plan(enabled_optional=["early_gate"])) == [
+        ["npu_base_train"], ["convert_bf16"], ["convert_megatron", "npu_reload_train"], ["early_gate"], ["gpu_train"],
+        ["compare"]]
+    plan = pipeline.plan(enabled_optional=["early_gate"])
+    done = {"npu_base_train", "convert_bf16", "convert_megatron"}
+    assert plan.ready(done=done, started={"npu_reload_train"}) == ["early_gate"]
+
+
+def test_a_step_whose_producer_is_not_planned_does_not_wait_for_it() -> None:
+    plan = pipeline.Plan(steps=("gpu_train", "compare"), forced=frozenset())
+    assert plan.ready(done=(), started=()) == ["gpu_train"]
+    assert plan.ready(done={"gpu_train"}, started=()) == ["compare"]
+
+
+def test_started_and_done_steps_are_never_ready_again() -> None:
+    plan = pipeline.plan()
+    assert plan.ready(done=(), started={"npu_base_train"}) == []
+    assert plan.ready(done={"npu_base_train"}, started=()) == ["convert_bf16"]
+
+
+def test_only_walks_the_steps_it_reads_from_as_reuse_only() -> None:
+    plan = pipeline.plan(only=["gpu_train"], force=["gpu_train"])
+    assert plan.steps == ("npu_base_train", "convert_bf16", "convert_megatron", "gpu_train")
+    assert plan.reuse_only == {"npu_base_train", "convert_bf16", "convert_megatron"}
+    assert plan.forced == {"gpu_train"}  # a reuse-only step is never forced, even when forced downstream
+
+
+def test_upstream_closure_is_every_step_a_step_needs() -> None:
+    assert pipeline.upstream_closure(["compare"]) == ["npu_base_train", "convert_bf16", "convert_megatron",
+                                                      "gpu_train", "npu_reload_train"]
+    assert pipeline.upstream_closure(["convert_bf16"]) == ["npu_base_train"]
