@@ -43,6 +43,7 @@ import hashlib
 import logging
 import os
 import posixpath
+import re
 import secrets
 import shlex
 import shutil
@@ -263,8 +264,26 @@ def _pull(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, w
           progress: ProgressFn | None) -> None:
     ssh = _ssh(src)
     a, b = _src_dst(s_path, staging, want)
-    run_streaming([*RSYNC, "-e", ssh.rsh(), "--", ssh.remote(a), b], host=src.host.name,
+    trust, source = rsync_source(a)
+    run_streaming([*RSYNC, *trust, "-e", ssh.rsh(), "--", ssh.remote(source), b], host=src.host.name,
                   progress=progress, total=want.size)
+
+
+_WILDCARDS = frozenset("*?[")
+
+
+def rsync_source(path: str) -> tuple[list[str], str]:
+    """(extra options, operand) naming exactly `path` as the remote source of an `rsync -s`.
+
+    With -s (--secluded-args) the sending rsync expands wildcards in a source operand itself (rsync(1)): a file
+    named `*` would send every file of its directory. An operand with `*`, `?` or `[` in it is therefore escaped
+    (a backslash before each of `\\*?[]`; one without them is taken literally, backslashes included). The receiving
+    rsync then checks the names it gets against its escaped request and refuses the match ("rejecting unrequested
+    file-list name"): such a pull trusts the sender (--trust-sender, rsync >= 3.2.5) - whose bytes are checked
+    against the source's fingerprint before anything is committed."""
+    if not _WILDCARDS & set(path):
+        return [], path
+    return ["--trust-sender"], re.sub(r"([\\*?\[\]])", r"\\\1", path)
 
 
 def _on_host(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,

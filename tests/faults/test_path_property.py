@@ -26,7 +26,12 @@ from tests.faults.conftest import SECRET, Site
 
 pytestmark = pytest.mark.integration
 
-EXAMPLES = 10  # per transport; each example builds a tree and runs two operations on it (~1-2 s)
+# Per transport; each example builds a tree and runs two operations on it (~1-2 s). The suite runs the same
+# examples every time (derandomized): a property test that draws new ones on each run can fail CI at random.
+# Drawing at random found a file named `*` copied wrong, now an explicit example below. To hunt, draw N new
+# examples at random: `ALIGNFLOW_PROPERTY_EXAMPLES=400 pytest tests/faults/test_path_property.py -x`.
+HUNT = int(os.environ.get("ALIGNFLOW_PROPERTY_EXAMPLES", "0"))
+EXAMPLES = HUNT or 10
 
 NAME_CHARS = ["a", "b", " ", "'", '"', "$", "`", "\n", "\\", "é", "数", "🙂", "-", "*", ";", "#", "{", "}", "~"]
 names = st.text(alphabet=st.sampled_from(NAME_CHARS), min_size=1, max_size=6).filter(
@@ -205,7 +210,7 @@ ESCAPING_DIR_LINK = [("dir", 0, "sub dir", "inside-dir", False), ("link", 1, "ke
 
 
 @pytest.mark.parametrize("site", ["local", "ssh"], indirect=True)
-@settings(max_examples=EXAMPLES, deadline=None, database=None, report_multiple_bugs=False,
+@settings(max_examples=EXAMPLES, deadline=None, database=None, report_multiple_bugs=False, derandomize=not HUNT,
           phases=[Phase.explicit, Phase.generate],  # no shrinking: an example is cheap to read, slow to shrink
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(nodes=trees(), ops=st.lists(st.sampled_from(OPERATIONS), min_size=2, max_size=2),
@@ -213,6 +218,9 @@ ESCAPING_DIR_LINK = [("dir", 0, "sub dir", "inside-dir", False), ("link", 1, "ke
 # the escapes of issue 16, item 1, always among the examples: a link out of the workdir inside a directory
 @example(nodes=ESCAPING_FILE_LINK, ops=["sha256", "copy"], picks=[0, 0])
 @example(nodes=ESCAPING_DIR_LINK, ops=["get", "remove"], picks=[0, 0])
+# rsync -s expanded a remote source named `*` into its whole directory (drawn at random once)
+@example(nodes=[("link", 0, "l", "outside-file", False), ("file", 0, "*", "outside-file", True),
+                ("file", 0, "c\\*d", "outside-file", True)], ops=["get", "get"], picks=[2, 3])
 def test_every_path_operation_acts_on_the_right_bytes_or_is_refused(site: Site, tmp_path: Path,
                                                                     nodes: list[tuple[str, int, str, str, bool]],
                                                                     ops: list[str], picks: list[int]) -> None:

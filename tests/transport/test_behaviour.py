@@ -405,6 +405,26 @@ def test_put_and_get_round_trip_verified(transport: ShellTransport, area: str, t
     assert not any(p.name.startswith(".af-partial") for p in tmp_path.iterdir())
 
 
+def test_a_source_named_like_a_wildcard_is_copied_as_itself(transport: ShellTransport, area: str,
+                                                            tmp_path: Path) -> None:
+    """rsync -s expands wildcards in a remote source itself: `*` once sent its whole directory (found by
+    tests/faults/test_path_property.py)."""
+    names = ["*", "a", "q?", "qx", "[a]", "c\\*d", "c\\xd", "e\\f"]
+    for name in names:
+        transport.write_text(f"{area}/flat/{name}", f"content of {name!r}")
+    for sub in ("d*", "dd"):
+        transport.write_text(f"{area}/{sub}/inner", f"inside {sub}")
+    for name in names:
+        back = tmp_path / f"back-{names.index(name)}"
+        fp = transport.get(f"{area}/flat/{name}", str(back))
+        assert fp.kind == "file", name
+        assert back.read_text() == f"content of {name!r}"
+    fp = transport.get(f"{area}/d*", str(tmp_path / "dir"))
+    assert fp.kind == "dir"
+    assert sorted(p.name for p in (tmp_path / "dir").iterdir()) == ["inner"]
+    assert (tmp_path / "dir" / "inner").read_text() == "inside d*"
+
+
 def test_copy_to_existing_identical_content_moves_nothing_and_different_content_is_not_overwritten(
         transport: ShellTransport, area: str, tmp_path: Path) -> None:
     src = _tree(tmp_path / "src")
