@@ -276,14 +276,18 @@ def rsync_source(path: str) -> tuple[list[str], str]:
     """(extra options, operand) naming exactly `path` as the remote source of an `rsync -s`.
 
     With -s (--secluded-args) the sending rsync expands wildcards in a source operand itself (rsync(1)): a file
-    named `*` would send every file of its directory. An operand with `*`, `?` or `[` in it is therefore escaped
-    (a backslash before each of `\\*?[]`; one without them is taken literally, backslashes included). The receiving
-    rsync then checks the names it gets against its escaped request and refuses the match ("rejecting unrequested
-    file-list name"): such a pull trusts the sender (--trust-sender, rsync >= 3.2.5) - whose bytes are checked
+    named `*` would send every file of its directory. rsync matches an operand component by component: one with
+    `*`, `?` or `[` in it is a pattern, where a backslash escapes the next character; one without them is taken
+    literally, backslashes included (both seen with rsync 3.5.0). So each component with a wildcard character is
+    escaped (a backslash before each of `\\*?[]`), the others are left as they are. The receiving rsync then
+    checks the names it gets against its escaped request and can refuse the match ("rejecting unrequested
+    file-list name"): such a pull trusts the sender (--trust-sender, rsync >= 3.2.5), whose bytes are checked
     against the source's fingerprint before anything is committed."""
     if not _WILDCARDS & set(path):
         return [], path
-    return ["--trust-sender"], re.sub(r"([\\*?\[\]])", r"\\\1", path)
+    parts = [re.sub(r"([\\*?\[\]])", r"\\\1", part) if _WILDCARDS & set(part) else part
+             for part in path.split("/")]
+    return ["--trust-sender"], "/".join(parts)
 
 
 def _on_host(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,

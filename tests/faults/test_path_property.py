@@ -68,7 +68,7 @@ class Example:
 
 
 def _build(site: Site, nodes: list[tuple[str, int, str, str, bool]]) -> Example:
-    ex = f"ex-{secrets.token_hex(3)}"
+    ex = f"ex-{secrets.token_hex(8)}"
     root = site.root / ex
     root.mkdir()
     site.own(root)
@@ -166,11 +166,11 @@ def _check(ex: Example, op: str, target: Path, tmp: Path) -> None:
             assert got == {k: hashlib.sha256(v).hexdigest() for k, v in content.items()}
             assert not set(got.values()) & ex.outside_shas
         elif op == "get":
-            local = tmp / f"got-{secrets.token_hex(3)}"
+            local = tmp / f"got-{secrets.token_hex(8)}"
             t.get(rel, str(local))
             assert _tree(local) == content
         elif op == "copy":
-            dst = f"{ex.site.area}/copy-{secrets.token_hex(3)}"
+            dst = f"{ex.site.area}/copy-{secrets.token_hex(8)}"
             copy_between(t, rel, t, dst)
             assert _tree(ex.site.workdir / dst) == content
         elif op == "read":

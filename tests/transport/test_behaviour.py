@@ -407,9 +407,10 @@ def test_put_and_get_round_trip_verified(transport: ShellTransport, area: str, t
 
 def test_a_source_named_like_a_wildcard_is_copied_as_itself(transport: ShellTransport, area: str,
                                                             tmp_path: Path) -> None:
-    """rsync -s expands wildcards in a remote source itself: `*` once sent its whole directory (found by
+    """rsync -s expands wildcards in a remote source itself, component by component: `*` once sent its whole
+    directory, and an escaped backslash in a component without wildcards named nothing (both found by
     tests/faults/test_path_property.py)."""
-    names = ["*", "a", "q?", "qx", "[a]", "c\\*d", "c\\xd", "e\\f"]
+    names = ["*", "a", "q?", "qx", "[a]", "c\\*d", "c\\xd", "e\\f", "w*x/a\\b", "'\\{/`*-~/f"]
     for name in names:
         transport.write_text(f"{area}/flat/{name}", f"content of {name!r}")
     for sub in ("d*", "dd"):
