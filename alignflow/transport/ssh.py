@@ -166,7 +166,15 @@ class SSHTransport(ShellTransport):
                 host=h.name,
             ) from None
         except paramiko.AuthenticationException as exc:
+            transport = client.get_transport()
+            dropped = transport is None or not transport.is_active()
             client.close()
+            if dropped:
+                # paramiko reports a connection that died during authentication (sshd restarting, the connection
+                # killed) as "Authentication failed: transport shut down or saw EOF": the server never answered
+                # the key, so this is a lost connection (retryable), not a refusal.
+                raise TransportError(f"SSH connection to {where} dropped during authentication ({exc})",
+                                     host=h.name) from None
             how = f"key {ident}" if ident else "the SSH agent's keys"
             raise AuthenticationFailed(f"{h.user}@{where} refused {how}: {exc}", host=h.name) from None
         except (paramiko.SSHException, EOFError, OSError) as exc:

@@ -203,3 +203,72 @@ def test_ssh_paths_in_hosts_yaml_round_trip(ssh_lab: SSHLab, lab_hosts_yaml: Pat
         local = tmp_path / "f.txt"
         local.write_text("via hosts.yaml")
         assert t.put(str(local), "from-yaml.txt") == fingerprint(local)
+
+
+class _DropsDuringAuth:
+    """A real SSH server (paramiko's) that completes the key exchange and then drops the connection when the
+    client offers its key - what a client sees when sshd restarts or its connection is killed mid-login."""
+
+    def __init__(self) -> None:
+        import socket
+
+        import paramiko
+
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.host_key = paramiko.RSAKey.generate(2048)
+        self.offers = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import paramiko
+
+        outer = self
+
+        class Server(paramiko.ServerInterface):
+            def get_allowed_auths(self, username: str) -> str:
+                return "publickey"
+
+            def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
+                outer.offers += 1
+                transport.close()  # the connection dies before the server answers the key
+                return paramiko.AUTH_FAILED
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            transport = paramiko.Transport(conn)
+            transport.add_server_key(self.host_key)
+            try:
+                transport.start_server(server=Server())
+            except (paramiko.SSHException, EOFError, OSError):
+                continue
+
+    def known_hosts_line(self) -> str:
+        return f"[127.0.0.1]:{self.port} {self.host_key.get_name()} {self.host_key.get_base64()}\n"
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_connection_dropped_during_authentication_is_retryable_not_a_refused_key(ssh_lab: SSHLab,
+                                                                                   tmp_path: Path) -> None:
+    """paramiko says "Authentication failed: transport shut down or saw EOF" for a connection that died during
+    login; taken as a refused key it was not retried, and a job's poller gave up during an sshd restart (found by
+    tests/faults/test_held.py)."""
+    server = _DropsDuringAuth()
+    known = tmp_path / "known_hosts"
+    known.write_text(server.known_hosts_line())
+    try:
+        with _ssh(ssh_lab, "cpu", address="127.0.0.1", port=server.port, known_hosts=str(known)) as t, \
+                pytest.raises(TransportError) as info:
+            t.run(["true"])
+    finally:
+        server.close()
+    assert server.offers >= 1, "the client never reached authentication"
+    assert not isinstance(info.value, AuthenticationFailed)
+    assert info.value.retryable
+    assert "dropped during authentication" in str(info.value)
