@@ -18,6 +18,8 @@ wheel; `alembic_config()` points Alembic at them without any `alembic.ini`.
 from __future__ import annotations
 
 import logging
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -104,9 +106,9 @@ def _sqlite_engine(parsed: URL) -> Engine:
         dbapi_connection.isolation_level = None  # we issue BEGIN ourselves (see _on_begin)
         cursor = dbapi_connection.cursor()
         try:
-            if database not in ("", ":memory:"):
-                cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+            if database not in ("", ":memory:"):
+                _enter_wal(cursor)
             cursor.execute("PRAGMA foreign_keys=ON")
         finally:
             cursor.close()
@@ -117,6 +119,26 @@ def _sqlite_engine(parsed: URL) -> Engine:
         conn.exec_driver_sql("BEGIN DEFERRED" if read_only else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def _enter_wal(cursor: Any) -> None:
+    """Switch the database to WAL, waiting (up to the busy timeout) while another process holds it.
+
+    Two processes opening a new database at once both ask for WAL; the loser's `PRAGMA journal_mode=WAL` fails
+    with "database is locked" at once - SQLite does not call the busy handler for it - so this retries. A database
+    already in WAL (every open after the first) answers without locking anything.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    pause = 0.005
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
 
 
 # --- migrations ---------------------------------------------------------------------------------------------------
