@@ -82,6 +82,36 @@ def _state_dir_outside_the_checkout(tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """One Prefect test harness (a temporary API server, ~9 s to start) for the whole session."""
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    from prefect.logging.configuration import setup_logging
+    from prefect.testing.utilities import prefect_test_harness
+
+    # Prefect binds its console handlers to the sys.stderr of the moment it first configures logging; if that was
+    # inside a typer CliRunner call of an earlier test (its streams are closed afterwards), every later log line
+    # raises "I/O operation on closed file". Rebind them to this session's streams.
+    setup_logging(incremental=False)
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def prefect_api_url(prefect_harness: None) -> str:
+    """The harness server's API URL, for `alignflow` command lines run as subprocesses.
+
+    A command line given PREFECT_API_URL uses that server; without it, `alignflow run` starts a server of its own
+    for the run (~15 s of CPU on a new state dir, for its migrations). Tests about that per-run server leave the
+    variable unset; every other test's runs share this one.
+    """
+    from prefect.settings import PREFECT_API_URL
+
+    url = PREFECT_API_URL.value()
+    assert url, "the Prefect harness did not set PREFECT_API_URL"
+    return str(url)
+
+
+@pytest.fixture(scope="session")
 def repo_root() -> Path:
     return REPO_ROOT
 

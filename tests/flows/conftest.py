@@ -1,4 +1,4 @@
-"""Fixtures of the flow tests: one Prefect test harness per session, isolated state dirs, a tiny experiment.
+"""Fixtures of the flow tests: isolated state dirs, a tiny experiment (the Prefect harness is in tests/conftest.py).
 
 Every flow test runs the real pipeline: MindSpore and PyTorch twins as detached jobs on local or SSH lab hosts,
 the real converters, the store, Prefect's engine against the harness's API server.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,21 +15,6 @@ import pytest
 import yaml
 
 from alignflow.convert.registry import SPEC_DIR
-
-
-@pytest.fixture(scope="session")
-def prefect_harness() -> Iterator[None]:
-    """One Prefect test harness (a temporary API server, ~9 s to start) for the whole session."""
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    from prefect.logging.configuration import setup_logging
-    from prefect.testing.utilities import prefect_test_harness
-
-    # Prefect binds its console handlers to the sys.stderr of the moment it first configures logging; if that was
-    # inside a typer CliRunner call of an earlier test (its streams are closed afterwards), every later log line
-    # raises "I/O operation on closed file". Rebind them to this session's streams.
-    setup_logging(incremental=False)
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 @dataclass(frozen=True)

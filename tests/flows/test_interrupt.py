@@ -1,8 +1,8 @@
 """kill -9 of `alignflow run` in the middle of the trainings: the run is shown interrupted with its jobs, and
 `alignflow rerun` of it completes, reusing every step that had finished (none of them runs again).
 
-The real command line, the real flow on the three local hosts, a real kept Prefect server; the controller is killed
-with SIGKILL, so nothing of it gets to clean up.
+The real command line, the real flow on the three local hosts, a real Prefect server (the session's, which the
+command lines are pointed at); the controller is killed with SIGKILL, so nothing of it gets to clean up.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,18 +25,13 @@ TRAININGS = ("gpu_train", "npu_reload_train")
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory: pytest.TempPathFactory, repo_root: Path, subprocess_env: dict[str, str]
-        ) -> Iterator[tuple[FlowEnv, dict[str, str]]]:
+def env(tmp_path_factory: pytest.TempPathFactory, repo_root: Path, subprocess_env: dict[str, str],
+        prefect_api_url: str) -> tuple[FlowEnv, dict[str, str]]:
     flow_env = make_flow_env(tmp_path_factory.mktemp("interrupt"), repo_root)
     cli_env = {k: v for k, v in subprocess_env.items() if not k.startswith("PREFECT_API")}
     cli_env.update(ALIGNFLOW_STATE_DIR=str(flow_env.state), PREFECT_HOME=str(flow_env.root / "prefect-home"),
-                   GLOG_v="3")
-    started = _cli(flow_env, cli_env, "server", "start")
-    assert started.returncode == 0, started.stderr
-    try:
-        yield flow_env, cli_env
-    finally:
-        _cli(flow_env, cli_env, "server", "stop")
+                   PREFECT_API_URL=prefect_api_url, GLOG_v="3")
+    return flow_env, cli_env
 
 
 def _cli(env: FlowEnv, cli_env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

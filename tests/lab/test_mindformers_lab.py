@@ -55,7 +55,7 @@ def _require_lab() -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_real_mindformers_pipeline_passes_and_its_checkpoint_loads_into_megatron_core(
-        tmp_path: Path, repo_root: Path, subprocess_env: dict[str, str]) -> None:
+        tmp_path: Path, repo_root: Path, subprocess_env: dict[str, str], prefect_api_url: str) -> None:
     _require_lab()
     from alignflow.labs.mindformers_cpu.data import DEFAULT_PREFIX, write_indexed
 
@@ -70,7 +70,7 @@ def test_real_mindformers_pipeline_passes_and_its_checkpoint_loads_into_megatron
                        for role in ("ascend", "cpu", "cuda")}}
     (tmp_path / "hosts.yaml").write_text(yaml.safe_dump(hosts))
     env = subprocess_env | {"ALIGNFLOW_STATE_DIR": str(tmp_path / "state"), "PREFECT_HOME": str(tmp_path / "prefect"),
-                            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "300"}
+                            "PREFECT_API_URL": prefect_api_url}
     started = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "alignflow", "run", str(experiments / "mindformers-cpu.yaml"),
                           "--hosts", str(tmp_path / "hosts.yaml")], cwd=tmp_path, env=env, capture_output=True,
