@@ -44,15 +44,27 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 # Fixtures holding a machine-wide resource: the SSH lab binds 127.0.0.11-13, the jump lab 127.0.0.14-15, the Slurm
-# lab its network namespace and its daemons' ports. Under `pytest -n N --dist loadgroup` (make test) every test
-# using one of them runs on the same worker, one after the other; the rest spread over the others.
+# lab its network namespace and its daemons' ports. Under `pytest -n N --dist loadgroup` (make test) every module
+# using one of them runs on the same worker, one after the other; the other modules spread over the workers.
 MACHINE_WIDE = frozenset({"ssh_lab", "lab_hosts_yaml", "slurm_lab", "jump_lab"})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Group the tests for `--dist loadgroup`: every module with a test holding a machine-wide lab in the labs' group,
+    every other module as a group of its own. A module's tests share module-scoped fixtures (a team topology, a
+    trained run) and some build on each other in file order: spread over two workers, each worker built those
+    fixtures again (the deploy tests' topology and their demo runs twice)."""
+    def module(item: pytest.Item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    with_labs = {module(item) for item in items if MACHINE_WIDE.intersection(getattr(item, "fixturenames", ()))}
+    slow = {module(item) for item in items if item.get_closest_marker("slow")}
     for item in items:
-        if MACHINE_WIDE.intersection(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("machine-wide-labs"))
+        group = "machine-wide-labs" if module(item) in with_labs else module(item)
+        item.add_marker(pytest.mark.xdist_group(group))
+    # Longest first, so that no long group starts last while the other workers have run out of work: the labs' group,
+    # then the modules with slow tests, then the rest (each module's own order is kept).
+    items.sort(key=lambda item: 0 if module(item) in with_labs else 1 if module(item) in slow else 2)
 
 
 @pytest.fixture(autouse=True)
