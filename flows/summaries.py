@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from alignflow.compare.formatting import AVERAGES, fmt_percent_of, fmt_value
-from alignflow.compare.plots import THUMBNAIL_METRICS, thumbnail_name
+from alignflow.compare.names import THUMBNAIL_METRICS, thumbnail_name
 from alignflow.compare.tables import METRIC_HEADER, metric_cells
 from alignflow.config.criteria import RELATIVE_STATISTICS
 

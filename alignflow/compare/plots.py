@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ from matplotlib.ticker import FuncFormatter
 from alignflow.compare.comparison import Comparison
 from alignflow.compare.divergence import band
 from alignflow.compare.formatting import fmt_stat
+from alignflow.compare.names import THUMBNAIL_METRICS
 from alignflow.compare.statistics import FloatArray, Pairs
 
 BUCKETS = 2000  # envelope buckets per curve: about the figure's width in pixels
@@ -121,13 +121,6 @@ def metric_pngs(comparisons: Sequence[Comparison], *, labels: Sequence[str]) -> 
     return {m: png_bytes(metric_figure(comparisons, m, labels=labels)) for m in metrics}
 
 
-def png_name(metric: str) -> str:
-    return "plot_" + re.sub(r"[^A-Za-z0-9_.-]", "_", metric) + ".png"
-
-
-THUMBNAIL_METRICS = ("lm_loss", "grad_norm")
-
-
 def thumbnail_figure(c: Comparison, metric: str, *, labels: Sequence[str]) -> Figure:
     """A small picture of one metric (both curves, the error statistics in the title): what the Prefect run
     summary shows without a click, about 380 x 180 pixels."""
@@ -152,7 +145,3 @@ def thumbnail_figure(c: Comparison, metric: str, *, labels: Sequence[str]) -> Fi
 def thumbnail_pngs(c: Comparison, *, labels: Sequence[str]) -> dict[str, bytes]:
     """PNG bytes of the loss and grad-norm thumbnails (those of `THUMBNAIL_METRICS` the comparison has)."""
     return {m: png_bytes(thumbnail_figure(c, m, labels=labels)) for m in THUMBNAIL_METRICS if m in c.metrics}
-
-
-def thumbnail_name(metric: str) -> str:
-    return "thumb_" + re.sub(r"[^A-Za-z0-9_.-]", "_", metric) + ".png"

@@ -31,6 +31,7 @@ import pandas as pd
 from alignflow.compare import tables
 from alignflow.compare.comparison import Comparison
 from alignflow.compare.context import ReportContext
+from alignflow.compare.names import png_name, thumbnail_name
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def write_report(
     png_paths: dict[str, Path] = {}
     thumbs: dict[str, Path] = {}
     if plots and any(c.metrics for c in comparisons):
-        from alignflow.compare.plots import metric_pngs, png_name, thumbnail_name, thumbnail_pngs
+        from alignflow.compare.plots import metric_pngs, thumbnail_pngs
 
         for metric, data in metric_pngs(comparisons, labels=names).items():
             png_paths[metric] = _atomic_write(out / png_name(metric), data)
