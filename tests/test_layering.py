@@ -54,13 +54,14 @@ print(len(names), sorted(m for m in sys.modules if m.split(".")[0] == "prefect")
 
 
 @pytest.mark.integration
-def test_the_controller_of_a_run_loads_no_torch_and_no_matplotlib(repo_root: Path,
-                                                                   subprocess_env: dict[str, str]) -> None:
+def test_the_controller_of_a_run_loads_no_torch_matplotlib_or_pandas(repo_root: Path,
+                                                                     subprocess_env: dict[str, str]) -> None:
     # `alignflow run` imports the flow and every step's code; the steps that need torch (conversion, diagnosis's
     # tensor ops) import it when they run. Importing it up front cost every run ~2 s, a fully cached one too.
-    # matplotlib likewise (~0.45 s): only the compare step draws; the run summary reads the drawn thumbnails.
-    probe = ("import sys, alignflow.cli, flows.alignment, alignflow.runner.run; "
-             "print(sorted(m for m in ('torch', 'matplotlib') if m in sys.modules))")
+    # matplotlib likewise (~0.45 s): only the compare step draws; the run summary reads the drawn thumbnails. And
+    # pandas (~0.3 s): only a step that reads a log (a training's check, its progress, compare) parses one.
+    probe = ("import sys, alignflow.cli, flows.alignment, flows.cli, alignflow.runner.run; "
+             "print(sorted(m for m in ('torch', 'matplotlib', 'pandas') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=subprocess_env,
                           cwd=repo_root, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -10,26 +10,44 @@ other aux losses, `total_loss`, `grad_norm`, `lr`, `step_time_ms`, `consumed_sam
 `nan_iterations`, ...). `ParsedLog.resolution` keeps each column's printed resolution. For Megatron logs,
 `ParsedLog.first_interval` says which steps were de-averaged from megatron-core >= 0.16's first printed interval
 (`first_interval="auto" | "deaverage" | "raw"`; `alignflow.logs.first_interval`).
+Exports are loaded lazily, so that importing the package (or its pandas-free modules: `schema`, `sentinels`,
+`formats`) does not pull pandas: a fully cached `alignflow run` parses no log.
 """
 
-from alignflow.logs.formats import FORMAT_NAMES, known_requirements
-from alignflow.logs.parse import FormatChoice, parse_log, parse_log_file
-from alignflow.logs.schema import (
-    BOOKKEEPING_COLUMNS,
-    FIRST_INTERVAL_CHOICES,
-    FirstInterval,
-    FirstIntervalChoice,
-    FirstIntervalNote,
-    LogFormat,
-    ParsedLog,
-    Resolution,
-    Restart,
-    Sentinel,
-    column_order,
-    is_cross_entropy,
-    is_loss,
-)
-from alignflow.logs.sentinels import CHECKPOINT_LOADED, check_sentinels
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from alignflow.logs.formats import FORMAT_NAMES, known_requirements
+    from alignflow.logs.parse import FormatChoice, parse_log, parse_log_file
+    from alignflow.logs.schema import (
+        BOOKKEEPING_COLUMNS,
+        FIRST_INTERVAL_CHOICES,
+        FirstInterval,
+        FirstIntervalChoice,
+        FirstIntervalNote,
+        LogFormat,
+        ParsedLog,
+        Resolution,
+        Restart,
+        Sentinel,
+        column_order,
+        is_cross_entropy,
+        is_loss,
+    )
+    from alignflow.logs.sentinels import CHECKPOINT_LOADED, check_sentinels
+
+_EXPORTS = {
+    "FORMAT_NAMES": "formats", "known_requirements": "formats",
+    "FormatChoice": "parse", "parse_log": "parse", "parse_log_file": "parse",
+    "BOOKKEEPING_COLUMNS": "schema", "FIRST_INTERVAL_CHOICES": "schema", "FirstInterval": "schema",
+    "FirstIntervalChoice": "schema", "FirstIntervalNote": "schema", "LogFormat": "schema", "ParsedLog": "schema",
+    "Resolution": "schema", "Restart": "schema", "Sentinel": "schema", "column_order": "schema",
+    "is_cross_entropy": "schema", "is_loss": "schema",
+    "CHECKPOINT_LOADED": "sentinels", "check_sentinels": "sentinels",
+}
 
 __all__ = [
     "BOOKKEEPING_COLUMNS",
@@ -53,3 +71,10 @@ __all__ = [
     "parse_log",
     "parse_log_file",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'alignflow.logs' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"alignflow.logs.{module}"), name)

@@ -12,10 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from alignflow import pipeline
-from alignflow.compare import compare, write_report
 from alignflow.diagnose.noise import latest_noise_floor, resolve_criteria
 from alignflow.fingerprint import Fingerprinter
-from alignflow.logs import parse_log
 from alignflow.runner.artifacts import ArtifactRef, declared_inputs
 from alignflow.runner.cache import cache_key
 from alignflow.runner.engine import StepRunner
@@ -49,6 +47,10 @@ def run_compare(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping[
         if reused is not None:
             return reused
     runner.require_executable(spec.name)
+    # pandas and the report's writers: only when the step executes (a cached run reuses it without them)
+    from alignflow.compare import compare, write_report
+    from alignflow.logs.parse import parse_log
+
     parsed = {}
     for name in LOGS:
         ref = inputs[name]

@@ -22,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from alignflow.backends.template import CommandTemplate
 from alignflow.codeversion import repo_version
@@ -29,7 +30,8 @@ from alignflow.config.experiment import Experiment
 from alignflow.config.hosts import Host, Inventory
 from alignflow.config.placement import CONTROLLER, resolve_host
 from alignflow.errors import AlignflowError, FingerprintMismatch, PathMissing, PipelineError, SentinelError
-from alignflow.logs import CHECKPOINT_LOADED, FormatChoice, ParsedLog, check_sentinels, parse_log
+from alignflow.logs.schema import ParsedLog
+from alignflow.logs.sentinels import CHECKPOINT_LOADED, check_sentinels
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.placeholders import fill
 from alignflow.runner.progress import ProgressFn, ProgressTracker
@@ -37,6 +39,9 @@ from alignflow.runner.session import Events, RunContext, StepOutcome
 from alignflow.store import Store
 from alignflow.store.records import StepRunRecord, StepStatus
 from alignflow.transport import JobHandle, JobSpec, JobState, Transport, controller_transport
+
+if TYPE_CHECKING:
+    from alignflow.logs.parse import FormatChoice
 
 log = logging.getLogger(__name__)
 
@@ -354,6 +359,8 @@ class StepRunner:
         local.parent.mkdir(parents=True, exist_ok=True)
         transport.get(path, str(local), overwrite=True)
         text = local.read_text(encoding="utf-8", errors="replace")
+        from alignflow.logs.parse import parse_log  # pandas: only where a log is read, not in a cached run
+
         parsed = parse_log(text.splitlines(), fmt=template.log_format, source=f"{label}:{path}")
         # a training that loads a checkpoint must say it loaded one (`required_lines` is set exactly for those)
         check_sentinels(parsed, require=(CHECKPOINT_LOADED,) if template.required_lines else ())

@@ -11,8 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from alignflow.logs import FormatChoice, parse_log
+if TYPE_CHECKING:
+    from alignflow.logs.parse import FormatChoice
 
 SHOWN_METRICS = ("lm_loss", "grad_norm")
 
@@ -95,6 +97,8 @@ class ProgressTracker:
         lines = tail.splitlines()[1:]  # the first line of a tail may be cut
         if not lines or self.log_format is None:
             return None, {}
+        from alignflow.logs.parse import parse_log  # pandas: once a training prints, not in a cached run
+
         try:
             frame = parse_log(lines, fmt=self.log_format).frame
         except Exception:  # progress is best effort: the finished log is parsed and judged strictly
