@@ -28,7 +28,7 @@ COMMANDS = ("alignflow.cli", "alignflow.__main__", "alignflow.step_render")
 RUNNER = "alignflow.runner"
 CONFIG = "alignflow.config"
 FOUNDATION = ("alignflow.errors", "alignflow.pipeline", "alignflow.state", "alignflow.regression",
-              "alignflow.fingerprint", "alignflow.controller", "alignflow.codeversion")
+              "alignflow.fingerprint", "alignflow.controller", "alignflow.codeversion", "alignflow.lazy")
 
 
 @pytest.fixture(scope="module")

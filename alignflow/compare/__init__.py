@@ -12,8 +12,9 @@ the experiment config's (`alignflow.config.criteria`), re-exported here.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from alignflow.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from alignflow.compare.comparison import Comparison, CriterionResult, MetricComparison, StepCoverage, compare
@@ -36,9 +37,4 @@ __all__ = [
     "write_report",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'alignflow.compare' has no attribute {name!r}")
-    return getattr(importlib.import_module(module if "." in module else f"alignflow.compare.{module}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

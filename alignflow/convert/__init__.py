@@ -20,8 +20,9 @@ every problem, and writes into a temporary directory that is renamed into place 
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from alignflow.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from alignflow.convert.bf16 import convert_bf16
@@ -37,14 +38,7 @@ _LAZY = {"convert_bf16": "bf16", "convert_to_megatron": "engine", "convert_to_mi
          "Plan": "plan", "build_plan": "plan", "SpecInfo": "registry", "list_specs": "registry",
          "load_spec": "registry", "Spec": "spec", "ConversionSummary": "summary", "ProgressFn": "summary"}
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _LAZY)
 
 
 __all__ = [

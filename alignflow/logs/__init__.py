@@ -16,8 +16,9 @@ Exports are loaded lazily, so that importing the package (or its pandas-free mod
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from alignflow.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from alignflow.logs.formats import FORMAT_NAMES, known_requirements
@@ -72,9 +73,4 @@ __all__ = [
     "parse_log_file",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'alignflow.logs' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"alignflow.logs.{module}"), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
