@@ -8,9 +8,13 @@ import re
 THUMBNAIL_METRICS = ("lm_loss", "grad_norm")
 
 
+def _png(kind: str, metric: str) -> str:
+    return f"{kind}_{re.sub(r'[^A-Za-z0-9_.-]', '_', metric)}.png"
+
+
 def png_name(metric: str) -> str:
-    return "plot_" + re.sub(r"[^A-Za-z0-9_.-]", "_", metric) + ".png"
+    return _png("plot", metric)
 
 
 def thumbnail_name(metric: str) -> str:
-    return "thumb_" + re.sub(r"[^A-Za-z0-9_.-]", "_", metric) + ".png"
+    return _png("thumb", metric)
