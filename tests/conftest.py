@@ -49,11 +49,16 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 MACHINE_WIDE = frozenset({"ssh_lab", "lab_hosts_yaml", "slurm_lab", "jump_lab"})
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group the tests for `--dist loadgroup`: every module with a test holding a machine-wide lab in the labs' group,
     every other module as a group of its own. A module's tests share module-scoped fixtures (a team topology, a
     trained run) and some build on each other in file order: spread over two workers, each worker built those
-    fixtures again (the deploy tests' topology and their demo runs twice)."""
+    fixtures again (the deploy tests' topology and their demo runs twice).
+
+    `tryfirst`: xdist's worker turns the `xdist_group` markers into the node ids' `@group` suffix in its own
+    `pytest_collection_modifyitems`, which otherwise runs before this one and finds no marker: every module was then
+    spread over the workers (tests/test_xdist_groups.py)."""
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::", 1)[0]
 
