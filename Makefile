@@ -43,7 +43,7 @@ demo: $(STAMP) $(MF_STAMP)
 	$(BIN)/alignflow run experiments/demo.yaml
 
 test: $(STAMP) $(MF_STAMP)
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 # The fast tier: no real process (sshd, PostgreSQL, Prefect, trainings); under a minute on 2 cores.
 test-unit: $(STAMP)

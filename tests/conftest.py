@@ -45,31 +45,53 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 # Fixtures holding a machine-wide resource: the SSH lab binds 127.0.0.11-13, the jump lab 127.0.0.14-15, the Slurm
 # lab its network namespace and its daemons' ports. Under `pytest -n N --dist loadgroup` (make test) every module
-# using one of them runs on the same worker, one after the other; the other modules spread over the workers.
-MACHINE_WIDE = frozenset({"ssh_lab", "lab_hosts_yaml", "slurm_lab", "jump_lab"})
+# using one of a lab's fixtures runs on the same worker as the others using that lab, one after the other; the other
+# modules spread over the workers.
+LABS = {"ssh_lab": "ssh-labs", "lab_hosts_yaml": "ssh-labs", "jump_lab": "ssh-labs", "slurm_lab": "slurm-lab"}
+
+# Seconds each long group took under `make test` on the idle 2-core machine (2026-12-04), for the order alone: the
+# longest start first (longest-processing-time scheduling), so that no long group starts while the other workers run
+# out of work. A module not listed counts 30 s if it has slow tests, else 5 s.
+MEASURED_S = {
+    "slurm-lab": 300, "tests/faults/test_crash.py": 240, "tests/deploy/test_team.py": 220,
+    "tests/flows/test_alignment.py": 175, "tests/flows/test_gate.py": 130, "tests/deploy/test_ui_browser.py": 125,
+    "ssh-labs": 115, "tests/diagnose/test_seed_bugs.py": 95, "tests/lab/test_mindformers_lab.py": 75,
+    "tests/twin/test_resume.py": 70, "tests/twin/test_acceptance.py": 55, "tests/flows/test_interrupt.py": 50,
+    "tests/diagnose/test_msprobe.py": 50, "tests/transport/test_behaviour.py": 40, "tests/twin/test_entrypoints.py": 40,
+    "tests/logs/test_fuzz.py": 35, "tests/flows/test_server.py": 30,
+}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the tests for `--dist loadgroup`: every module with a test holding a machine-wide lab in the labs' group,
-    every other module as a group of its own. A module's tests share module-scoped fixtures (a team topology, a
-    trained run) and some build on each other in file order: spread over two workers, each worker built those
-    fixtures again (the deploy tests' topology and their demo runs twice).
+    """Group the tests for `--dist loadgroup`: the modules using one machine-wide lab in that lab's group, every other
+    module as a group of its own. A module's tests share module-scoped fixtures (a team topology, a trained run) and
+    some build on each other in file order: spread over two workers, each worker built those fixtures again (the
+    deploy tests' topology and their demo runs twice). Then order the groups longest first (`make test` passes
+    `--no-loadscope-reorder`, or xdist would put the groups with the most tests first instead).
 
-    `tryfirst`: xdist's worker turns the `xdist_group` markers into the node ids' `@group` suffix in its own
-    `pytest_collection_modifyitems`, which otherwise runs before this one and finds no marker: every module was then
-    spread over the workers (tests/test_xdist_groups.py)."""
+    xdist's worker turns the `xdist_group` markers into the node ids' `@group` suffix in its own
+    `pytest_collection_modifyitems`: this one must run before it (`tryfirst`), and pytest must be below 9.2, whose
+    node ids ignore that suffix (pyproject.toml; tests/test_xdist_groups.py)."""
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::", 1)[0]
 
-    with_labs = {module(item) for item in items if MACHINE_WIDE.intersection(getattr(item, "fixturenames", ()))}
-    slow = {module(item) for item in items if item.get_closest_marker("slow")}
+    lab_of: dict[str, str] = {}
     for item in items:
-        group = "machine-wide-labs" if module(item) in with_labs else module(item)
-        item.add_marker(pytest.mark.xdist_group(group))
-    # Longest first, so that no long group starts last while the other workers have run out of work: the labs' group,
-    # then the modules with slow tests, then the rest (each module's own order is kept).
-    items.sort(key=lambda item: 0 if module(item) in with_labs else 1 if module(item) in slow else 2)
+        for fixture in getattr(item, "fixturenames", ()):
+            if fixture in LABS:
+                lab_of[module(item)] = LABS[fixture]
+    slow = {module(item) for item in items if item.get_closest_marker("slow")}
+
+    def group(item: pytest.Item) -> str:
+        return lab_of.get(module(item), module(item))
+
+    def cost(name: str) -> float:
+        return MEASURED_S.get(name, 30 if name in slow else 5)
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    items.sort(key=lambda item: -cost(group(item)))  # stable: each group's own order is kept
 
 
 @pytest.fixture(autouse=True)
