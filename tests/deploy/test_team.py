@@ -220,28 +220,32 @@ def live_in_group(pgid: int) -> list[int]:
 
 def test_cancel_from_the_ui_and_sigterm_stop_runs_in_flight_and_kill_their_jobs(team: Team, demo_run: dict[str, Any]
                                                                                  ) -> None:
-    """A UI launch that re-trains the NPU base is cancelled as the UI's Cancel button does; a nightly whose
-    experiment now has a long NPU base training is still running when `alignflow serve` gets SIGTERM. Both jobs
-    are killed, both runs recorded cancelled, and the nightly's schedule stays active."""
-    # Both trainings last minutes, so each is still running when its cancel arrives (the runner notices a
-    # cancelled flow run at its next poll, seconds later): the demo's forced base training as the flow reads it
-    # at launch, then restored; the nightly's experiment, which no later test uses.
+    """A UI launch that re-runs the NPU base step is cancelled as the UI's Cancel button does; a nightly whose
+    experiment now has a long NPU base step is still running when `alignflow serve` gets SIGTERM. Both jobs are
+    killed, both runs recorded cancelled, and the nightly's schedule stays active."""
+    # Both base steps last ten minutes, so each is still running when its cancel arrives (the runner notices a
+    # cancelled flow run at its next poll, seconds later): the demo's forced base step as the flow reads it at
+    # launch, then restored; the nightly's experiment, which no later test uses. What the jobs run does not matter
+    # here, only that they are running: a command that waits costs the machine nothing, where two trainings kept
+    # both of its cores busy for the minute this test takes.
     demo_path = team.experiments / "demo.yaml"
     demo_text = demo_path.read_text()
-    _long_base_training(demo_path, "demo-long")
+    _long_base_step(demo_path)
     try:
         launch_id = launch(team, "alignment", "launch", {"experiment": "demo", "steps": {"force": ["npu_base_train"]}})
-        _long_base_training(team.experiments / "drifting.yaml", "drifting-long")
+        _long_base_step(team.experiments / "drifting.yaml")
         nightly_id = launch(team, "nightly-regression", "nightly", {"config": {"experiments": ["drifting"]}})
         _cancel_both(team, launch_id, nightly_id)
     finally:
         demo_path.write_text(demo_text)
 
 
-def _long_base_training(path: Path, data: str) -> None:
+def _long_base_step(path: Path) -> None:
+    """The experiment's NPU base step replaced by a job that waits ten minutes (preflight cannot read a replaced
+    training command, so it is off, as for any such experiment)."""
     experiment = yaml.safe_load(path.read_text())
-    experiment["training"]["base_steps"] = 2000  # minutes of training
-    experiment["data"] = {"path": f"data/{data}", "prefix": data, "generate": {"tokens": 2000 * 4 * 33 + 1, "seed": 7}}
+    experiment.setdefault("steps", {})["npu_base_train"] = {"command": ["sleep", "600"]}
+    experiment["preflight"] = False
     path.write_text(yaml.safe_dump(experiment, sort_keys=False))
 
 
