@@ -17,9 +17,9 @@ Two modes:
 - **kept** (`alignflow server start`): a detached server that every later run reuses (a cached run then costs
   seconds, not a server start); `alignflow server status` shows it, `alignflow server stop` ends it.
 - **per run** (what `alignflow run` does when no kept server is up): a server that lives as long as the run's
-  controller. It is the controller's child, told by the kernel to stop when its parent dies (Linux
-  `PR_SET_PDEATHSIG`, prctl(2)), stopped by the controller when the run ends, and - should both be killed at
-  once - stopped by the next alignflow command that looks for a Prefect server (`sweep`).
+  controller. It is the controller's child, killed by the kernel when its parent dies (Linux `PR_SET_PDEATHSIG`
+  with SIGKILL, prctl(2)), stopped by the controller when the run ends, and - should both be killed at once -
+  stopped by the next alignflow command that looks for a Prefect server (`sweep`).
 
 Telemetry is off (`PREFECT_SERVER_ANALYTICS_ENABLED=false`). The server's INFO logs go to its log file, never to
 the run's terminal.
@@ -179,9 +179,13 @@ def server_env(state: Path, environ: Mapping[str, str] | None = None) -> dict[st
 
 
 def _die_with_parent(parent: int) -> None:
-    """preexec_fn of a per-run server: SIGTERM when the controller dies, even by SIGKILL (Linux)."""
+    """preexec_fn of a per-run server: SIGKILL when the controller dies, even by SIGKILL (Linux).
+
+    Not SIGTERM: uvicorn takes SIGTERM over before Prefect's start-up (the database migrations) and finishes that
+    start-up before it stops - 13-15 s on 2 cores, during which the server outlived its controller. The server has
+    no child processes and its SQLite database survives a kill (tests/flows/test_server.py)."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(1)
 
