@@ -18,8 +18,9 @@ unexport PYTHONDONTWRITEBYTECODE
 # The unit tier runs on this many processes (its tests start none, share nothing).
 UNIT_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 # The whole suite too: its tests wait on real processes (trainings, servers, Slurm) much of the time, so two workers
-# keep two cores busy (measured: 90% busy with two, about 60% with one). Tests that hold a machine-wide lab (the
-# sshd and Slurm labs) run one after the other on one worker (tests/conftest.py MACHINE_WIDE, --dist loadgroup).
+# keep two cores busy (measured: 85-90% busy with two, about 60% with one; three on two cores were no faster). Each
+# module runs on one worker, the modules of one lab (sshd, Slurm) one after the other, longest groups first
+# (tests/conftest.py: LABS, MEASURED_S; --no-loadscope-reorder keeps that order).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -lt 2 ] && n=2; [ $$n -gt 4 ] && n=4; echo $$n)
 
 .PHONY: venv demo test test-unit lint bench clean
