@@ -71,8 +71,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     `--no-loadscope-reorder`, or xdist would put the groups with the most tests first instead).
 
     xdist's worker turns the `xdist_group` markers into the node ids' `@group` suffix in its own
-    `pytest_collection_modifyitems`: this one must run before it (`tryfirst`), and pytest must be below 9.2, whose
-    node ids ignore that suffix (pyproject.toml; tests/test_xdist_groups.py)."""
+    `pytest_collection_modifyitems`: this one runs before it (`tryfirst`), and pytest must be below 9.2, whose node
+    ids ignore that suffix (pyproject.toml; tests/test_xdist_groups.py)."""
     def module(item: pytest.Item) -> str:
         return item.nodeid.split("::", 1)[0]
 
