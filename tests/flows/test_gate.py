@@ -124,7 +124,7 @@ def test_gate_stops_a_run_whose_spec_lost_the_shared_expert_deinterleave(env: Fl
     # the failed gate was diagnosed at the tensor level, as a recorded step of the run: the layer and the cause
     # (the diagnosis reads the weights through the experiment's own spec, which here is the broken one, so both
     # sides agree with it after load; each side's SwiGLU reads the fc1 rows in another order: a conversion bug)
-    assert re.search(r"diagnose: diverged at decoder\.layers\.1\.mlp\.shared_experts\.linear_fc1 \(conversion\)",
+    assert re.search(r"diagnose: diverged at decoder\.layers\.0\.mlp\.shared_experts\.linear_fc1 \(conversion\)",
                      run.error or ""), run.error
     assert steps["diagnose"].job_handle
     assert len(steps["diagnose"].job_handle["jobs"]) == 2
