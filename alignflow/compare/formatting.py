@@ -2,7 +2,7 @@
 never with more digits than the logs resolve.
 
 - Relative statistics (`step_rel`, `mean_rel`, `max_rel`) and their thresholds are percentages, fixed-point:
-  `0.5%`, `0.00054%` (scientific only below 0.000001%).
+  `0.5%`, `0.00054%` (scientific only below 0.000001%, and then with no digit below the resolution: `2e-14%`).
 - Absolute values are fixed-point down to 0.001 and scientific below it: `0.0123`, `-2.48e-05`. A value whose
   shown digits would all be zero is written in scientific notation too, so `-0.0000` never appears; zero is `0`.
 - Digits follow the printed resolution: a per-step statistic (max error, one step's relative error) is shown to
@@ -53,7 +53,12 @@ def fmt_percent_of(fraction: float, quantum_percent: float | None = None, *, ext
     d = decimals_for(quantum_percent)
     decimals = d + extra if d is not None else max(0, 2 - math.floor(math.log10(pct)))
     if decimals > MAX_DECIMALS or pct < 10.0 ** -MAX_DECIMALS:
-        return f"{pct:.{MAX_MANTISSA - 1}e}%"
+        if quantum_percent is None or d is None:
+            return f"{pct:.{MAX_MANTISSA - 1}e}%"
+        # as `fmt_value`: the digits down to the resolution, none below it (a 2e-14% error of a metric printed to
+        # 1e-4% is float noise: `2e-14%`, not `2.20e-14%`)
+        mantissa = math.floor(math.log10(pct)) - math.floor(math.log10(quantum_percent) + 1e-9) + extra
+        return f"{pct:.{min(max(mantissa, 0), MAX_MANTISSA - 1)}e}%"
     return f"{pct:.{decimals}f}%"
 
 

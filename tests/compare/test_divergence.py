@@ -93,6 +93,10 @@ def test_drivers_of_an_extreme_are_the_extreme_steps() -> None:
     (0.5, "max_abs", None, "0.5000"),
     (4e-7, "step_rel", 1e-6, "0.00004%"),  # magnitude 5: one printed unit is 0.00002%
     (0.0123, "mean_rel", 1e-6, "1.230000%"),
+    # far below the resolution (one unit 0.00002%): float noise keeps its magnitude, not three digits
+    (2.2e-16, "max_rel", 1e-6, "2e-14%"),
+    (2.75e-17, "mean_rel", 1e-6, "3e-15%"),
+    (2.2e-16, "max_rel", None, "2.20e-14%"),  # resolution unknown: three significant digits
 ])
 def test_one_notation_relative_in_percent_small_absolute_in_scientific(value: float, statistic: str,
                                                                        quantum: float | None, text: str) -> None:
