@@ -163,7 +163,9 @@ def report_run(record: Mapping[str, Any]) -> str:
 def metric_rows(comparison: dict[str, Any]) -> list[dict[str, str]]:
     """The metrics table of the report, transposed for the UI's table (it scrolls sideways past ~6 columns in its
     box and shows 10 rows a page): one row per statistic, a column per metric, every cell the report's text (the
-    step of a maximum beside it: `2e-06 (step 2)`), so the ten rows and every column show at once. A column is
+    step of a maximum beside it, in the rows `max |e| (step)` and `max rel (step)`: `2e-06 (2)`), so the ten rows
+    and every column show at once. The step goes in brackets without the word: with `(step 2)` in every cell, five
+    metric columns filled the box to the pixel, and a wider digit made it scroll. A column is
     named by its metric alone when every metric was compared over the same steps (`metric_steps` says how many),
     else `lm_loss (n=30)`."""
     metrics = (comparison.get("summary") or {}).get("metrics") or {}
@@ -179,7 +181,8 @@ def metric_rows(comparison: dict[str, Any]) -> list[dict[str, str]]:
         column = m if uniform else f"{m} (n={cells['n']})"
         for name, text in cells.items():
             if name not in ("metric", "n", "at step"):
-                rows.setdefault(name, {"statistic": name})[column] = text
+                label = AT_STEP.get(name, name)
+                rows.setdefault(label, {"statistic": label})[column] = text
     return list(rows.values())
 
 
@@ -190,8 +193,12 @@ def metric_steps(comparison: dict[str, Any]) -> str | None:
     return next(iter(counts)) if len(counts) == 1 else None
 
 
+# the rows whose cells carry the step of their maximum, `2e-06 (2)`
+AT_STEP = {"max |e|": "max |e| (step)", "max rel": "max rel (step)"}
+
+
 def _at(step: Any) -> str:
-    return "" if step is None else f" (step {step})"
+    return "" if step is None else f" ({step})"
 
 
 def nightly_message(checks: list[dict[str, Any]]) -> str:

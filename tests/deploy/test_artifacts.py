@@ -15,6 +15,7 @@ from alignflow.compare.tables import metrics_table
 from alignflow.config.criteria import default_criteria
 from alignflow.logs import parse_log
 from flows.summaries import (
+    AT_STEP,
     NIGHTLY_COLUMNS,
     artifact_key,
     metric_rows,
@@ -117,15 +118,16 @@ def test_metric_table_is_the_reports_metrics_table_transposed_every_cell_in_its_
             if column == "statistic":
                 continue
             reported = columns[column]
-            expected = reported[row["statistic"]]
-            if row["statistic"] in ("max |e|", "max rel"):  # the report's following "at step" column, merged in
-                at = report.header.index(row["statistic"]) + 1
+            statistic = {label: name for name, label in AT_STEP.items()}.get(row["statistic"], row["statistic"])
+            expected = reported[statistic]
+            if statistic in AT_STEP:  # the report's following "at step" column, merged in
+                at = report.header.index(statistic) + 1
                 step = report.rows[list(columns).index(column)][at]
-                expected += f" (step {step})" if step else ""
+                expected += f" ({step})" if step else ""
             assert cell == expected, (column, row["statistic"])
             assert significant_digits(cell) <= 6, cell
-    assert {r["statistic"] for r in rows} == {"ME", "mean |e|", "max e", "min e", "max |e|", "mean rel", "max rel",
-                                              "step rel", "diverges at", "resolution"}
+    assert {r["statistic"] for r in rows} == {"ME", "mean |e|", "max e", "min e", "max |e| (step)", "mean rel",
+                                              "max rel (step)", "step rel", "diverges at", "resolution"}
 
 
 def test_metric_columns_are_named_by_metric_when_every_metric_has_the_same_steps(comparison: Comparison) -> None:

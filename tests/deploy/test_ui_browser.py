@@ -300,7 +300,7 @@ def test_the_failed_run_shows_its_verdict_curves_table_and_a_report_that_opens(u
     page.screenshot(path=str(ui.shots / "ui-failed-summary.png"), full_page=True)
 
     page.goto(f"{ui.server.url}/v2/artifacts/artifact/{published['strict-metrics']['id']}", wait_until="networkidle")
-    page.get_by_text("max |e|", exact=True).first.wait_for()
+    page.get_by_text("max |e| (step)", exact=True).first.wait_for()
     fits = page.evaluate("""() => { const t = document.querySelector('table'); const box = t.parentElement;
         const ths = [...t.querySelectorAll('th')]; const last = ths[ths.length - 1].getBoundingClientRect();
         return {columns: ths.map(h => h.textContent.trim()), scroll: box.scrollWidth - box.clientWidth,
