@@ -49,16 +49,18 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 # modules spread over the workers.
 LABS = {"ssh_lab": "ssh-labs", "lab_hosts_yaml": "ssh-labs", "jump_lab": "ssh-labs", "slurm_lab": "slurm-lab"}
 
-# Seconds each long group took under `make test` on the idle 2-core machine (2026-12-04), for the order alone: the
-# longest start first (longest-processing-time scheduling), so that no long group starts while the other workers run
-# out of work. A module not listed counts 30 s if it has slow tests, else 5 s.
+# Seconds each long group took under `make test` on the idle 2-core machine (2026-12-04, the tiny flow experiment
+# with one MoE layer), for the order alone: the longest start first (longest-processing-time scheduling), so that
+# no long group starts while the other workers run out of work. A module not listed counts 30 s if it has slow
+# tests, else 5 s.
 MEASURED_S = {
-    "slurm-lab": 300, "tests/faults/test_crash.py": 240, "tests/deploy/test_team.py": 220,
-    "tests/flows/test_alignment.py": 175, "tests/flows/test_gate.py": 130, "tests/deploy/test_ui_browser.py": 125,
-    "ssh-labs": 115, "tests/diagnose/test_seed_bugs.py": 95, "tests/lab/test_mindformers_lab.py": 75,
-    "tests/twin/test_resume.py": 70, "tests/twin/test_acceptance.py": 55, "tests/flows/test_interrupt.py": 50,
-    "tests/diagnose/test_msprobe.py": 50, "tests/transport/test_behaviour.py": 40, "tests/twin/test_entrypoints.py": 40,
-    "tests/logs/test_fuzz.py": 35, "tests/flows/test_server.py": 30,
+    "tests/deploy/test_team.py": 295, "slurm-lab": 245, "tests/faults/test_crash.py": 210,
+    "tests/flows/test_alignment.py": 130, "tests/deploy/test_ui_browser.py": 125,
+    "tests/diagnose/test_seed_bugs.py": 90, "tests/twin/test_acceptance.py": 80, "ssh-labs": 75,
+    "tests/twin/test_resume.py": 70,
+    "tests/lab/test_mindformers_lab.py": 60, "tests/diagnose/test_msprobe.py": 60, "tests/flows/test_interrupt.py": 60,
+    "tests/flows/test_gate.py": 55, "tests/transport/test_behaviour.py": 45, "tests/flows/test_server.py": 40,
+    "tests/logs/test_fuzz.py": 35, "tests/twin/test_entrypoints.py": 30,
 }
 
 
