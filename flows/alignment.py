@@ -28,7 +28,7 @@ from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.session import RunOptions, StepOutcome
 from alignflow.runner.walk import WalkResult, walk
 from flows.artifacts import publish_run_artifacts
-from flows.hooks import kill_remote_jobs, remember_run
+from flows.hooks import kill_remote_jobs, remember_run, stop_running_jobs
 from flows.states import flow_run_name, name_current_flow_run, not_started_state, run_state
 from tasks.context import run_context, state_dir
 from tasks.steps import data_task, finish_task, preflight_task, start_run_task, step_task
@@ -113,6 +113,9 @@ def alignment(
         error = str(exc)
     except Exception as exc:  # a task failed: Prefect re-raises the original error
         error = f"{type(exc).__name__}: {exc}"
+    except BaseException as exc:  # stopped (`alignflow serve` got SIGTERM, Ctrl-C): see stop_running_jobs
+        stop_running_jobs(run_id, exc)
+        raise
     if error is not None:
         logger.error("run %s failed: %s", run_id, error)
     view = finish_task(run_id, result.outcomes, error=error)

@@ -6,10 +6,14 @@ Hooks are called with the keyword arguments `flow, flow_run, state`
 job handles recorded in the store even when the flow process is gone.
 """
 
+import logging
 from typing import Any
 
 from alignflow.runner.control import cancel_run_jobs
+from alignflow.store.records import RunStatus
 from tasks.context import open_store, state_dir, transport_factory
+
+log = logging.getLogger(__name__)
 
 
 def _marker(flow_run_id: str) -> Any:
@@ -26,9 +30,26 @@ def remember_run(ctx: Any, run_id: str) -> None:
 
 
 def kill_remote_jobs(flow: Any, flow_run: Any, state: Any) -> None:
-    """Cancel every job of the run that is still recorded as running."""
+    """Cancel every job of the run that is still recorded as running (unless the flow did so as it stopped)."""
     marker = _marker(flow_run.id)
     if not marker.exists():
         return
     run_id = marker.read_text().strip()
-    cancel_run_jobs(open_store(), run_id, transport_factory=transport_factory())
+    store = open_store()
+    if store.get_run(run_id).status == RunStatus.RUNNING:
+        cancel_run_jobs(store, run_id, transport_factory=transport_factory())
+
+
+def stop_running_jobs(run_id: str, stopped_by: BaseException) -> None:
+    """The flow is being stopped in its main thread (TerminationSignal on SIGTERM, KeyboardInterrupt): kill the run's
+    jobs and record it cancelled at once, as `execute_pipeline` does. Prefect's task runner then waits for the step
+    threads before the process may exit, and a step thread ends when its job does: without this, a stopped nightly
+    waited out the runner's 30 s grace for a job nobody had killed, and then was SIGKILLed. A failure here is logged,
+    never raised over the interruption (the cancellation hooks try again)."""
+    try:
+        store = open_store()
+        if store.get_run(run_id).status == RunStatus.RUNNING:
+            cancel_run_jobs(store, run_id, transport_factory=transport_factory(),
+                            why=f"the flow run was stopped ({type(stopped_by).__name__})")
+    except Exception:
+        log.exception("run %s: killing its jobs as the flow stopped failed", run_id)

@@ -20,9 +20,10 @@ def recorded_jobs(doc: Mapping[str, Any]) -> list[JobHandle]:
     return [JobHandle.from_dict(d) for d in doc["jobs"]] if "jobs" in doc else [JobHandle.from_dict(doc)]
 
 
-def cancel_run_jobs(store: Store, run_id: str, *, transport_factory: TransportFactory) -> list[str]:
-    """Kill the process group of every job of `run_id` still recorded as running, record those steps and the run
-    cancelled; returns the job dirs."""
+def cancel_run_jobs(store: Store, run_id: str, *, transport_factory: TransportFactory,
+                    why: str = "the run was cancelled") -> list[str]:
+    """Kill the process group of every job of `run_id` still recorded as running, record those steps (`why` in
+    their error) and the run cancelled; returns the job dirs."""
     inventory = open_run(store, run_id).inventory
     killed = []
     for sr in store.steps(run_id):
@@ -36,6 +37,6 @@ def cancel_run_jobs(store: Store, run_id: str, *, transport_factory: TransportFa
             finally:
                 transport.close()
         store.finish_step(sr.id, status=StepStatus.CANCELLED, exit_code=None, stdout_tail="", stderr_tail="",
-                          error="cancelled: the run was cancelled; its remote job was killed")
+                          error=f"cancelled: {why}; its remote job was killed")
     store.finish_run(run_id, status=RunStatus.CANCELLED, verdict=None, report=None, error="cancelled")
     return killed

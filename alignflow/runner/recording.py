@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from alignflow.errors import AlignflowError, PipelineError
+from alignflow.errors import AlignflowError, ImmutableRecord, PipelineError
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.store import Store
 from alignflow.store.records import StepRunRecord, StepStatus
@@ -67,14 +67,29 @@ class StepRecord:
         self.finished = True
 
     def end(self, status: StepStatus, error: str) -> None:
-        """Finish as failed or cancelled; a store error here is logged, never raised over the original one."""
+        """Finish as failed or cancelled; a store error here is logged, never raised over the original one. A step
+        run already recorded cancelled (its run was cancelled from outside the step, which killed the job this
+        step then saw end) keeps that record, and says so without alarm."""
         try:
             self.record = self.store.finish_step(self.id, status=status, exit_code=self.exit_code,
                                                  stdout_tail=self.stdout_tail, stderr_tail=self.stderr_tail,
                                                  error=error)
+        except ImmutableRecord:
+            current = self._current()
+            if current is not None and current.status == StepStatus.CANCELLED:
+                self.record = current
+                log.info("step run %s (%s): recorded cancelled already (%s)", self.id, current.step, current.error)
+            else:
+                log.exception("step run %s (%s): could not record it %s", self.id, self.record.step, status.value)
         except AlignflowError:
             log.exception("step run %s (%s): could not record it %s", self.id, self.record.step, status.value)
         self.finished = True
+
+    def _current(self) -> StepRunRecord | None:
+        try:
+            return self.store.get_step(self.id)
+        except AlignflowError:
+            return None
 
 
 @contextmanager

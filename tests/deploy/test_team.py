@@ -287,6 +287,11 @@ def _cancel_both(team: Team, launch_id: str, nightly_id: str) -> None:
             step = next(s for s in store.steps(run.id) if s.step == "npu_base_train")
             assert step.status == "cancelled"  # neither ran nor failed: the run was cancelled while it trained
             assert "cancelled" in (step.error or ""), step.error
+        # the nightly's flow run killed its job itself on the SIGTERM `alignflow serve` passed on (and so could
+        # exit): not the cancellation hook after Prefect's 30 s grace and a SIGKILL, its step waiting all along
+        nightly_step = next(s for s in store.steps(store.list_runs(experiment="drifting", limit=1)[0].id)
+                            if s.step == "npu_base_train")
+        assert "the flow run was stopped (TerminationSignal)" in (nightly_step.error or ""), nightly_step.error
     nightly = team.server.deployment("nightly-regression", "nightly")
     assert nightly is not None
     assert nightly["paused"] is False
