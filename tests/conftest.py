@@ -50,11 +50,11 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 LABS = {"ssh_lab": "ssh-labs", "lab_hosts_yaml": "ssh-labs", "jump_lab": "ssh-labs", "slurm_lab": "slurm-lab"}
 
 # Seconds each long group took under `make test` on the idle 2-core machine (2026-12-04, the tiny flow experiment
-# with one MoE layer), for the order alone: the longest start first (longest-processing-time scheduling), so that
-# no long group starts while the other workers run out of work. A module not listed counts 30 s if it has slow
-# tests, else 5 s.
+# with one MoE layer; test_team measured alone after its SIGTERM fix), for the order alone: the longest start first
+# (longest-processing-time scheduling), so that no long group starts while the other workers run out of work. A
+# module not listed counts 30 s if it has slow tests, else 5 s.
 MEASURED_S = {
-    "tests/deploy/test_team.py": 295, "slurm-lab": 245, "tests/faults/test_crash.py": 210,
+    "slurm-lab": 245, "tests/faults/test_crash.py": 210, "tests/deploy/test_team.py": 145,
     "tests/flows/test_alignment.py": 130, "tests/deploy/test_ui_browser.py": 125,
     "tests/diagnose/test_seed_bugs.py": 90, "tests/twin/test_acceptance.py": 80, "ssh-labs": 75,
     "tests/twin/test_resume.py": 70,
