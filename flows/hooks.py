@@ -10,7 +10,6 @@ import logging
 from typing import Any
 
 from alignflow.runner.control import cancel_run_jobs
-from alignflow.store.records import RunStatus
 from tasks.context import open_store, state_dir, transport_factory
 
 log = logging.getLogger(__name__)
@@ -30,14 +29,12 @@ def remember_run(ctx: Any, run_id: str) -> None:
 
 
 def kill_remote_jobs(flow: Any, flow_run: Any, state: Any) -> None:
-    """Cancel every job of the run that is still recorded as running (unless the flow did so as it stopped)."""
+    """Cancel every job of the run that is still recorded as running (none if the flow did so as it stopped)."""
     marker = _marker(flow_run.id)
     if not marker.exists():
         return
     run_id = marker.read_text().strip()
-    store = open_store()
-    if store.get_run(run_id).status == RunStatus.RUNNING:
-        cancel_run_jobs(store, run_id, transport_factory=transport_factory())
+    cancel_run_jobs(open_store(), run_id, transport_factory=transport_factory())
 
 
 def stop_running_jobs(run_id: str, stopped_by: BaseException) -> None:
@@ -47,9 +44,7 @@ def stop_running_jobs(run_id: str, stopped_by: BaseException) -> None:
     waited out the runner's 30 s grace for a job nobody had killed, and then was SIGKILLed. A failure here is logged,
     never raised over the interruption (the cancellation hooks try again)."""
     try:
-        store = open_store()
-        if store.get_run(run_id).status == RunStatus.RUNNING:
-            cancel_run_jobs(store, run_id, transport_factory=transport_factory(),
-                            why=f"the flow run was stopped ({type(stopped_by).__name__})")
+        cancel_run_jobs(open_store(), run_id, transport_factory=transport_factory(),
+                        why=f"the flow run was stopped ({type(stopped_by).__name__})")
     except Exception:
         log.exception("run %s: killing its jobs as the flow stopped failed", run_id)

@@ -25,7 +25,6 @@ from alignflow.export import NothingToExport
 from alignflow.regression import DriftPolicy, not_started
 from alignflow.runner.control import cancel_run_jobs
 from alignflow.runner.session import RunOptions
-from alignflow.store.records import RunStatus
 from flows.alignment import alignment
 from flows.artifacts import nightly_message, publish_nightly_artifacts
 from flows.launch import experiment_enum
@@ -66,9 +65,7 @@ def stop_current_experiment(flow: Any, flow_run: Any, state: Any) -> None:
         return
     run_id = marker.read_text().strip()
     try:
-        store = open_store()
-        if store.get_run(run_id).status == RunStatus.RUNNING:
-            cancel_run_jobs(store, run_id, transport_factory=transport_factory())
+        cancel_run_jobs(open_store(), run_id, transport_factory=transport_factory())
     finally:
         marker.unlink(missing_ok=True)
 

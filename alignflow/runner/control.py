@@ -23,7 +23,10 @@ def recorded_jobs(doc: Mapping[str, Any]) -> list[JobHandle]:
 def cancel_run_jobs(store: Store, run_id: str, *, transport_factory: TransportFactory,
                     why: str = "the run was cancelled") -> list[str]:
     """Kill the process group of every job of `run_id` still recorded as running, record those steps (`why` in
-    their error) and the run cancelled; returns the job dirs."""
+    their error) and the run cancelled; returns the job dirs. A run no longer running has nothing to cancel (its
+    controller may have cancelled it as it stopped, between a caller's look and this call): []."""
+    if store.get_run(run_id).status != RunStatus.RUNNING:
+        return []
     inventory = open_run(store, run_id).inventory
     killed = []
     for sr in store.steps(run_id):

@@ -10,7 +10,7 @@ from alignflow.config import load_hosts
 from alignflow.errors import RemoteJobError
 from alignflow.runner.control import cancel_run_jobs
 from alignflow.runner.recording import recording
-from alignflow.store.records import StepStatus
+from alignflow.store.records import RunStatus, StepStatus
 from alignflow.transport import JobSpec
 from tests.runner.conftest import FakeLab
 
@@ -37,3 +37,14 @@ def test_a_step_whose_run_was_cancelled_meanwhile_keeps_its_cancelled_record_wit
     assert step.error == "cancelled: the flow run was stopped (X); its remote job was killed"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     assert "recorded cancelled already" in caplog.text
+
+
+def test_cancelling_a_run_that_its_controller_already_cancelled_kills_nothing_and_keeps_its_record(
+        lab: FakeLab) -> None:
+    # `alignflow cancel` SIGTERMs a run's controller, which cancels the run as it stops; the command's own
+    # cancellation that follows, and a flow's cancellation hooks, find nothing left to do
+    run_id = lab.start()
+    assert cancel_run_jobs(lab.store, run_id, transport_factory=lab.transport, why="the flow run was stopped (X)") == []
+    assert cancel_run_jobs(lab.store, run_id, transport_factory=lab.transport) == []
+    run = lab.store.get_run(run_id)
+    assert (run.status, run.error) == (RunStatus.CANCELLED, "cancelled")
