@@ -160,6 +160,10 @@ def report_run(record: Mapping[str, Any]) -> str:
     return str(source or record["run_id"])
 
 
+# the rows whose cells carry the step of their maximum, `2e-06 (2)`
+AT_STEP = {"max |e|": "max |e| (step)", "max rel": "max rel (step)"}
+
+
 def metric_rows(comparison: dict[str, Any]) -> list[dict[str, str]]:
     """The metrics table of the report, transposed for the UI's table (it scrolls sideways past ~6 columns in its
     box and shows 10 rows a page): one row per statistic, a column per metric, every cell the report's text (the
@@ -191,10 +195,6 @@ def metric_steps(comparison: dict[str, Any]) -> str | None:
     metrics = (comparison.get("summary") or {}).get("metrics") or {}
     counts = {dict(zip(METRIC_HEADER, metric_cells(m, stats), strict=True))["n"] for m, stats in metrics.items()}
     return next(iter(counts)) if len(counts) == 1 else None
-
-
-# the rows whose cells carry the step of their maximum, `2e-06 (2)`
-AT_STEP = {"max |e|": "max |e| (step)", "max rel": "max rel (step)"}
 
 
 def _at(step: Any) -> str:

@@ -53,12 +53,10 @@ def fmt_percent_of(fraction: float, quantum_percent: float | None = None, *, ext
     d = decimals_for(quantum_percent)
     decimals = d + extra if d is not None else max(0, 2 - math.floor(math.log10(pct)))
     if decimals > MAX_DECIMALS or pct < 10.0 ** -MAX_DECIMALS:
-        if quantum_percent is None or d is None:
-            return f"{pct:.{MAX_MANTISSA - 1}e}%"
         # as `fmt_value`: the digits down to the resolution, none below it (a 2e-14% error of a metric printed to
         # 1e-4% is float noise: `2e-14%`, not `2.20e-14%`)
-        mantissa = math.floor(math.log10(pct)) - math.floor(math.log10(quantum_percent) + 1e-9) + extra
-        return f"{pct:.{min(max(mantissa, 0), MAX_MANTISSA - 1)}e}%"
+        mantissa = MAX_MANTISSA - 1 if d is None or quantum_percent is None else _mantissa(pct, quantum_percent, extra)
+        return f"{pct:.{min(mantissa, MAX_MANTISSA - 1)}e}%"
     return f"{pct:.{decimals}f}%"
 
 
@@ -76,12 +74,13 @@ def fmt_value(value: float | None, quantum: float | None = None, *, extra: int =
         text = f"{value:{sign}.{min(decimals, MAX_DECIMALS)}f}"
         if any(c in "123456789" for c in text):
             return text
-    if d is None:
-        mantissa = MAX_MANTISSA - 1
-    else:
-        assert quantum is not None
-        mantissa = math.floor(math.log10(size)) - math.floor(math.log10(quantum) + 1e-9) + extra
-    return f"{value:{sign}.{min(max(mantissa, 0), MAX_MANTISSA)}e}"
+    mantissa = MAX_MANTISSA - 1 if d is None or quantum is None else _mantissa(size, quantum, extra)
+    return f"{value:{sign}.{min(mantissa, MAX_MANTISSA)}e}"
+
+
+def _mantissa(size: float, quantum: float, extra: int) -> int:
+    """Digits after the point of `size` in scientific notation down to one unit of `quantum` (plus `extra`)."""
+    return max(0, math.floor(math.log10(size)) - math.floor(math.log10(quantum) + 1e-9) + extra)
 
 
 def fmt_threshold(criterion: Criterion) -> str:
