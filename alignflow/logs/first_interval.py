@@ -63,8 +63,9 @@ _NO_STAMP = ("no timestamp (Megatron-Bridge or a filtered log): the megatron-cor
 class ProcessStarts:
     """Non-step lines that show where a Megatron process starts training, and the rank's unreadable step lines."""
 
-    training: tuple[int, ...] = ()  # line numbers of `training ...` / `[before the start of training step]`
-    loaded: tuple[tuple[int, int], ...] = ()  # (line, N) of `successfully loaded checkpoint ... at iteration N`
+    # where: the line number (a late marker settled before an earlier step line sits half a line above it)
+    training: tuple[float, ...] = ()  # where `training ...` / `[before the start of training step]` was printed
+    loaded: tuple[tuple[float, int], ...] = ()  # (where, N) of `successfully loaded checkpoint ... at iteration N`
     unreadable: tuple[tuple[int, int | None], ...] = ()  # (line, iteration or None) of unreadable step lines
 
     @classmethod
@@ -81,7 +82,42 @@ class ProcessStarts:
             loaded=tuple(sorted(loaded)), unreadable=tuple(sorted((n, megatron.step_of(t)) for n, t in unreadable)),
         )
 
-    def in_between(self, after: int, before: int) -> tuple[bool, int | None, list[tuple[int, int | None]]]:
+    def settled(self, steps: Sequence[int], line_nos: Sequence[int]) -> ProcessStarts:
+        """The markers, each moved above the step line it announces when another rank's line came after it.
+
+        Megatron prints `training ...` and the load line on rank 0 (`print_rank_0`) and the iteration lines on the
+        last rank; where the ranks' outputs are merged (torchrun `--tee`, a shared Slurm output file) the order
+        between two ranks is only as good as each stream's flushing. A marker announces the step its process
+        prints first (1 when fresh, N + 1 after loading iteration N): found after that step's line, with the step
+        counter still going up to the next line, it is late, not a new process whose first line is missing.
+        """
+        if not steps:
+            return self
+        lines = np.asarray(line_nos, dtype=np.float64)
+        rising = np.diff(np.asarray(steps, dtype=np.int64)) > 0  # rising[i]: line i + 1 continues line i's process
+
+        def settle(where: float, first: int) -> float:
+            j = int(np.searchsorted(lines, where))  # the first step line after the marker
+            if j == 0 or j == len(steps) or steps[j] == first:
+                return where
+            i = j - 1
+            while i > 0 and steps[i] != first and rising[i - 1]:
+                i -= 1
+            if steps[i] != first or not rising[i:j].all():
+                return where
+            return float(lines[i]) - 0.5
+
+        loaded = tuple(sorted((settle(where, n + 1), n) for where, n in self.loaded))
+
+        def first_of_training(where: float) -> int:
+            """A process that loaded iteration N printed its load line before `training ...`: it starts at N + 1."""
+            before = [n for line, n in self.loaded if line < where]
+            return before[-1] + 1 if before else 1
+
+        return ProcessStarts(training=tuple(sorted(settle(where, first_of_training(where)) for where in self.training)),
+                             loaded=loaded, unreadable=self.unreadable)
+
+    def in_between(self, after: float, before: float) -> tuple[bool, int | None, list[tuple[int, int | None]]]:
         """Between two lines: whether training started, the last loaded iteration, the unreadable step lines."""
         started = any(after < line < before for line in self.training)
         loaded = [n for line, n in self.loaded if after < line < before]
@@ -108,6 +144,7 @@ def deaverage(records: StepRecords, starts: ProcessStarts, *, mode: FirstInterva
     """Undo the first-interval averaging of each process in `records` (its rows are replaced in place)."""
     intervals: list[FirstInterval] = []
     warnings: list[Sentinel] = []
+    starts = starts.settled(records.steps, records.line_nos)
     firsts = process_firsts(records.steps, records.line_nos, starts)
     for f, end in zip(firsts, [*firsts[1:], len(records.steps)], strict=True):
         interval = _one_process(records, f, end, starts, mode)
@@ -127,8 +164,8 @@ def process_firsts(steps: Sequence[int], line_nos: Sequence[int], starts: Proces
     """Indices of the step lines that begin a process: the first, after a training-start or load line, a restart."""
     if not steps:
         return []
-    marks = np.asarray(sorted([*starts.training, *(line for line, _ in starts.loaded)]), dtype=np.int64)
-    before = np.searchsorted(marks, np.asarray(line_nos, dtype=np.int64))  # start lines before each step line
+    marks = np.asarray(sorted([*starts.training, *(line for line, _ in starts.loaded)]), dtype=np.float64)
+    before = np.searchsorted(marks, np.asarray(line_nos, dtype=np.float64))  # start lines before each step line
     new = np.diff(before, prepend=0) > 0
     new[1:] |= np.diff(np.asarray(steps, dtype=np.int64)) <= 0
     new[0] = True
@@ -139,7 +176,7 @@ def _one_process(records: StepRecords, f: int, end: int, starts: ProcessStarts,
                  mode: FirstIntervalChoice) -> FirstInterval | None:
     steps, lines = records.steps, records.line_nos
     s = steps[f]
-    started, loaded, bad = starts.in_between(lines[f - 1] if f else 0, lines[f])
+    started, loaded, bad = starts.in_between(lines[f - 1] if f else -math.inf, lines[f])
     expected = loaded + 1 if loaded is not None else (1 if started else None)
     averaged, why = _decide("auto" if mode == "raw" else mode, records.stamps[f], steps[f:min(end, f + 3)])
     if expected is not None and s != expected and averaged and mode != "raw":

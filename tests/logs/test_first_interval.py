@@ -289,6 +289,29 @@ def test_multi_rank_log_finds_the_training_start_on_rank_zero() -> None:
     assert_recovered(parse_log(lines), 2, its[1], factor=3)
 
 
+@pytest.mark.parametrize("late", [1, 2])
+def test_rank_zero_start_lines_merged_after_the_last_ranks_first_lines_are_late_not_a_new_process(late: int) -> None:
+    # torchrun --tee merges each rank's stream as it is flushed: rank 0's `training ...` can land after rank 1's
+    # first iteration lines (seen in CI with the twin's two-rank run); the step counter goes on, so no new process
+    its = iterations(5)
+    steps = [f"[1]:{line}" for line in training_log(its, banner=False)]
+    lines = ["[0]:> building GPT model ...\n", *steps[:late], *(f"[0]:{line}" for line in BANNER), *steps[late:]]
+    parsed = parse_log(lines)
+    assert parsed.rank == 1
+    assert_recovered(parsed, 2, its[1], factor=3)
+    assert parsed.frame.loc[3, "lm_loss"] == printed(its[2]["lm loss"])
+    (interval,) = parsed.first_interval.intervals  # type: ignore[union-attr]
+    assert (interval.first_step, interval.step, interval.corrected) == (1, 2, True)
+    assert parsed.sentinels == ()
+    # resumed from iteration 3: the load line, late too, still names the process's first iteration (4)
+    resumed = [f"[1]:{line}" for line in training_log(iterations(7)[3:], start=3, banner=False)]
+    load = f"[0]:{training_log(its[:1], start=3)[0]}"
+    parsed = parse_log([*resumed[:late], load, *(f"[0]:{line}" for line in BANNER), *resumed[late:]])
+    (interval,) = parsed.first_interval.intervals  # type: ignore[union-attr]
+    assert (interval.first_step, interval.step, interval.corrected) == (4, 5, True)
+    assert parsed.sentinels == ()
+
+
 def test_mindformers_logs_have_no_first_interval_note_and_bad_choices_are_rejected() -> None:
     from tests.logfixtures import make_run, mindformers_lines
 
