@@ -74,15 +74,13 @@ class StepRecord:
             self.record = self.store.finish_step(self.id, status=status, exit_code=self.exit_code,
                                                  stdout_tail=self.stdout_tail, stderr_tail=self.stderr_tail,
                                                  error=error)
-        except ImmutableRecord:
-            current = self._current()
+        except AlignflowError as exc:
+            current = self._current() if isinstance(exc, ImmutableRecord) else None
             if current is not None and current.status == StepStatus.CANCELLED:
                 self.record = current
                 log.info("step run %s (%s): recorded cancelled already (%s)", self.id, current.step, current.error)
             else:
                 log.exception("step run %s (%s): could not record it %s", self.id, self.record.step, status.value)
-        except AlignflowError:
-            log.exception("step run %s (%s): could not record it %s", self.id, self.record.step, status.value)
         self.finished = True
 
     def _current(self) -> StepRunRecord | None:
