@@ -25,12 +25,13 @@ from prefect.futures import PrefectFuture, as_completed
 from alignflow.config.placement import resolve_host
 from alignflow.errors import AlignflowError
 from alignflow.runner.artifacts import ArtifactRef
+from alignflow.runner.control import cancel_interrupted
 from alignflow.runner.session import RunOptions, StepOutcome
 from alignflow.runner.walk import WalkResult, walk
 from flows.artifacts import publish_run_artifacts
-from flows.hooks import kill_remote_jobs, remember_run, stop_running_jobs
+from flows.hooks import kill_remote_jobs, remember_run
 from flows.states import flow_run_name, name_current_flow_run, not_started_state, run_state
-from tasks.context import run_context, state_dir
+from tasks.context import open_store, run_context, state_dir, transport_factory
 from tasks.steps import data_task, finish_task, preflight_task, start_run_task, step_task
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,8 @@ def alignment(
         error = str(exc)
     except Exception as exc:  # a task failed: Prefect re-raises the original error
         error = f"{type(exc).__name__}: {exc}"
-    except BaseException as exc:  # stopped (`alignflow serve` got SIGTERM, Ctrl-C): see stop_running_jobs
-        stop_running_jobs(run_id, exc)
+    except BaseException as exc:  # stopped (`alignflow serve` got SIGTERM, Ctrl-C): kill the jobs, as the CLI does
+        cancel_interrupted(open_store(), run_id, exc, transport_factory=transport_factory(), what="the flow run")
         raise
     if error is not None:
         logger.error("run %s failed: %s", run_id, error)

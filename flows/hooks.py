@@ -6,13 +6,10 @@ Hooks are called with the keyword arguments `flow, flow_run, state`
 job handles recorded in the store even when the flow process is gone.
 """
 
-import logging
 from typing import Any
 
 from alignflow.runner.control import cancel_run_jobs
 from tasks.context import open_store, state_dir, transport_factory
-
-log = logging.getLogger(__name__)
 
 
 def _marker(flow_run_id: str) -> Any:
@@ -36,15 +33,3 @@ def kill_remote_jobs(flow: Any, flow_run: Any, state: Any) -> None:
     run_id = marker.read_text().strip()
     cancel_run_jobs(open_store(), run_id, transport_factory=transport_factory())
 
-
-def stop_running_jobs(run_id: str, stopped_by: BaseException) -> None:
-    """The flow is being stopped in its main thread (TerminationSignal on SIGTERM, KeyboardInterrupt): kill the run's
-    jobs and record it cancelled at once, as `execute_pipeline` does. Prefect's task runner then waits for the step
-    threads before the process may exit, and a step thread ends when its job does: without this, a stopped nightly
-    waited out the runner's 30 s grace for a job nobody had killed, and then was SIGKILLed. A failure here is logged,
-    never raised over the interruption (the cancellation hooks try again)."""
-    try:
-        cancel_run_jobs(open_store(), run_id, transport_factory=transport_factory(),
-                        why=f"the flow run was stopped ({type(stopped_by).__name__})")
-    except Exception:
-        log.exception("run %s: killing its jobs as the flow stopped failed", run_id)

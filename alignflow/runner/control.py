@@ -43,3 +43,17 @@ def cancel_run_jobs(store: Store, run_id: str, *, transport_factory: TransportFa
                           error=f"cancelled: {why}; its remote job was killed")
     store.finish_run(run_id, status=RunStatus.CANCELLED, verdict=None, report=None, error="cancelled")
     return killed
+
+
+def cancel_interrupted(store: Store, run_id: str, interruption: BaseException, *, transport_factory: TransportFactory,
+                       what: str = "the run") -> None:
+    """The walk of `run_id` was interrupted in the controller's main thread (Ctrl-C; Prefect's TerminationSignal when
+    `alignflow serve` gets SIGTERM): kill the run's jobs and record it cancelled at once. The step threads end when
+    their jobs do, so the process can exit: otherwise Prefect's task runner waits for a step polling a job nobody
+    killed, and a stopped nightly was SIGKILLed after the runner's 30 s grace. A failure here is logged, never
+    raised over the interruption (a flow's cancellation hooks try again)."""
+    try:
+        cancel_run_jobs(store, run_id, transport_factory=transport_factory,
+                        why=f"{what} was stopped ({type(interruption).__name__})")
+    except Exception:
+        log.exception("run %s: killing its jobs as %s stopped failed", run_id, what)

@@ -23,7 +23,7 @@ from alignflow.errors import AlignflowError, ConfigError, PreflightError, Record
 from alignflow.fingerprint import HashMemo
 from alignflow.preflight import PreflightReport, check_experiment
 from alignflow.runner.artifacts import ArtifactRef
-from alignflow.runner.control import cancel_run_jobs
+from alignflow.runner.control import cancel_interrupted
 from alignflow.runner.engine import StepRunner, TransportFactory
 from alignflow.runner.session import (
     Events,
@@ -238,8 +238,8 @@ def execute_pipeline(
     scheduler = ThreadScheduler(run_one, workers=workers)
     try:
         result = walk(ctx.plan, {"data": data}, scheduler)
-    except BaseException:  # interrupted: kill the jobs still running (their threads then end), record it cancelled
-        cancel_run_jobs(store, run_id, transport_factory=transport_factory)
+    except BaseException as exc:  # interrupted: kill the jobs still running (their threads then end)
+        cancel_interrupted(store, run_id, exc, transport_factory=transport_factory)
         raise
     finally:
         scheduler.close()
