@@ -98,14 +98,12 @@ class ProcessStarts:
 
         def settle(where: float, first: int) -> float:
             j = int(np.searchsorted(lines, where))  # the first step line after the marker
-            if j == 0 or j == len(steps) or steps[j] == first:
+            if j == 0 or j == len(steps) or steps[j] == first or not rising[j - 1]:
                 return where
-            i = j - 1
+            i = j - 1  # back along the rising steps to the one the marker announces
             while i > 0 and steps[i] != first and rising[i - 1]:
                 i -= 1
-            if steps[i] != first or not rising[i:j].all():
-                return where
-            return float(lines[i]) - 0.5
+            return float(lines[i]) - 0.5 if steps[i] == first else where
 
         loaded = tuple(sorted((settle(where, n + 1), n) for where, n in self.loaded))
 
