@@ -112,13 +112,14 @@ def test_metric_table_is_the_reports_metrics_table_transposed_every_cell_in_its_
     assert metric_steps({"summary": comparison.to_json()}) is None
     columns = {f"{r[0]} (n={r[1]})": dict(zip(report.header, r, strict=True)) for r in report.rows}
     assert set(rows[0]) == {"statistic", *columns}
+    named = {label: name for name, label in AT_STEP.items()}  # the report's statistic of each UI row
     for row in rows:
         assert set(row) == set(rows[0])  # every row has every column
+        statistic = named.get(row["statistic"], row["statistic"])
         for column, cell in row.items():
             if column == "statistic":
                 continue
             reported = columns[column]
-            statistic = {label: name for name, label in AT_STEP.items()}.get(row["statistic"], row["statistic"])
             expected = reported[statistic]
             if statistic in AT_STEP:  # the report's following "at step" column, merged in
                 at = report.header.index(statistic) + 1
