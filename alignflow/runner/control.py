@@ -6,6 +6,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from alignflow.errors import ImmutableRecord
 from alignflow.runner.engine import TransportFactory
 from alignflow.runner.session import open_run
 from alignflow.store import Store
@@ -39,9 +40,15 @@ def cancel_run_jobs(store: Store, run_id: str, *, transport_factory: TransportFa
                 killed.append(handle.job_dir)
             finally:
                 transport.close()
-        store.finish_step(sr.id, status=StepStatus.CANCELLED, exit_code=None, stdout_tail="", stderr_tail="",
-                          error=f"cancelled: {why}; its remote job was killed")
-    store.finish_run(run_id, status=RunStatus.CANCELLED, verdict=None, report=None, error="cancelled")
+        try:
+            store.finish_step(sr.id, status=StepStatus.CANCELLED, exit_code=None, stdout_tail="", stderr_tail="",
+                              error=f"cancelled: {why}; its remote job was killed")
+        except ImmutableRecord:  # the step's own thread saw its job end, killed, and recorded it first
+            log.info("step run %s (%s): recorded by its own step as its job ended", sr.id, sr.step)
+    try:
+        store.finish_run(run_id, status=RunStatus.CANCELLED, verdict=None, report=None, error="cancelled")
+    except ImmutableRecord:  # its walker saw the cancelled steps and closed the run first (`run.finish`)
+        log.info("run %s: recorded %s by its own walker meanwhile", run_id, store.get_run(run_id).status)
     return killed
 
 

@@ -96,6 +96,10 @@ def _finish_job(runner: StepRunner, spec: pipeline.StepSpec, host: Host, transpo
             # over (recorded failed), the task's retry launches a new job
             rec.end(StepStatus.FAILED, f"{error}; retried (steps.{spec.name}.retry_on)")
             error.retryable = True
+        elif state.kind == "cancelled":
+            # killed by a cancellation from outside this step (the run's cancel, `alignflow cancel`, scancel): the
+            # step was cancelled, not failed, whether this thread or the canceller records it first
+            rec.end(StepStatus.CANCELLED, f"cancelled: {error}")
         raise error
     outputs = command.outputs(spec)
     if spec.log_source is not None:

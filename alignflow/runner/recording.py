@@ -7,6 +7,8 @@ decides how a step run ends:
 - an `AlignflowError` that is `retryable` (a transport error) while a detached job of the step may still be
   running: the step run stays `running`, so that the task's retry re-attaches to that job instead of launching
   it again;
+- the executor ended the step run itself before raising (a job cancelled from outside: `cancelled`; a job the
+  scheduler ended that `retry_on` runs again: `failed`): that record;
 - any other `AlignflowError`: `failed`, with its message (and the exit code and tails the executor learned);
 - another exception (a bug): `failed`, with its type and message;
 - an interruption (KeyboardInterrupt, cancellation): `cancelled`.
@@ -110,7 +112,7 @@ def recording(
     try:
         yield rec
     except AlignflowError as exc:
-        if not (exc.retryable and rec.resumable):
+        if not (rec.finished or (exc.retryable and rec.resumable)):
             rec.end(StepStatus.FAILED, str(exc))
         raise
     except Exception as exc:

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from alignflow import pipeline
 from alignflow.codeversion import alignflow_version
 from alignflow.config.experiment import Experiment
-from alignflow.errors import AlignflowError, ConfigError, PreflightError, RecordNotFound
+from alignflow.errors import AlignflowError, ConfigError, ImmutableRecord, PreflightError, RecordNotFound
 from alignflow.fingerprint import HashMemo
 from alignflow.preflight import PreflightReport, check_experiment
 from alignflow.runner.artifacts import ArtifactRef
@@ -39,7 +39,7 @@ from alignflow.runner.steps import run_step
 from alignflow.runner.walk import ThreadScheduler, walk
 from alignflow.runview import RunView, run_view
 from alignflow.store import Store
-from alignflow.store.records import RunStatus
+from alignflow.store.records import RunStatus, StepStatus
 
 log = logging.getLogger(__name__)
 
@@ -191,9 +191,23 @@ def data_artifact(ctx: RunContext, *, state_dir: Path) -> ArtifactRef:
 
 def finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, error: str | None = None,
            cancelled: bool = False) -> RunView:
-    """Close the run: status, verdict, report; steps that never ran are recorded as skipped."""
+    """Close the run: status, verdict, report; steps that never ran are recorded as skipped. A run with a step
+    cancelled from outside (its job killed by `cancel_run_jobs`) is cancelled, not failed; when that cancel has
+    recorded the run already, its record stands."""
+    try:
+        return _finish(store, run_id, outcomes, error=error, cancelled=cancelled)
+    except ImmutableRecord:
+        if store.get_run(run_id).status != RunStatus.CANCELLED:
+            raise
+        return show(store, run_id)
+
+
+def _finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, error: str | None,
+            cancelled: bool) -> RunView:
     plan = open_run(store, run_id).plan
-    recorded = {s.step for s in store.steps(run_id)}
+    steps = store.steps(run_id)
+    cancelled = cancelled or any(s.status == StepStatus.CANCELLED for s in steps)
+    recorded = {s.step for s in steps}
     for name in pipeline.STEP_NAMES:
         if name not in recorded and (name in plan.steps or not pipeline.step(name).optional):
             store.skip_step(run_id, name, reason="not reached: an earlier step failed" if error else "not planned")

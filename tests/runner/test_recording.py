@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -10,9 +13,10 @@ from alignflow.config import load_hosts
 from alignflow.errors import RemoteJobError
 from alignflow.runner.control import cancel_interrupted, cancel_run_jobs
 from alignflow.runner.recording import recording
-from alignflow.store.records import RunStatus, StepStatus
-from alignflow.transport import JobSpec
-from tests.runner.conftest import FakeLab
+from alignflow.store.records import RunStatus, StepRunRecord, StepStatus
+from alignflow.testing import FakeJob
+from alignflow.transport import JobHandle, JobSpec, JobState
+from tests.runner.conftest import FakeLab, twin_job
 
 
 def _step_whose_job_the_run_cancel_killed(lab: FakeLab, run_id: str) -> list[str]:
@@ -67,3 +71,49 @@ def test_a_failure_to_cancel_an_interrupted_run_is_logged_not_raised_over_the_in
     # the controller is stopping (Ctrl-C, SIGTERM): what it re-raises must stay the interruption, not a store error
     cancel_interrupted(lab.store, "no-such-run", KeyboardInterrupt(), transport_factory=lab.transport)
     assert "run no-such-run: killing its jobs as the run stopped failed" in caplog.text
+
+
+def test_a_step_that_sees_its_job_killed_before_the_run_cancel_records_it_is_cancelled_and_the_cancel_goes_on(
+        lab: FakeLab, caplog: pytest.LogCaptureFixture) -> None:
+    # The other order of the race above (seen in the team test): the cancel marks the job and kills it; the step's
+    # own thread polls, sees the job `cancelled` and records its step before the cancel does. The step must say
+    # cancelled (not failed), and the cancel must go on to record the run cancelled, not stop on the closed step.
+    lab.script = lambda spec: FakeJob(running_polls=10**6) if spec.name.endswith("npu_base_train") else twin_job(spec)
+    run_id = lab.start()
+    ascend = lab.transport(load_hosts(lab.hosts).get("ascend"))
+    polled = ascend.status
+
+    def slow_status(handle: JobHandle) -> JobState:
+        time.sleep(0.005)  # a job that trains until someone cancels it, polled as the runner polls
+        return polled(handle)
+
+    def step_record() -> StepRunRecord | None:
+        return next((s for s in lab.store.steps(run_id) if s.step == "npu_base_train"), None)
+
+    killed_by_cancel = ascend.cancel
+
+    def cancel_then_let_the_step_record_first(handle: JobHandle, *, grace_s: float = 10.0) -> JobState:
+        state = killed_by_cancel(handle, grace_s=grace_s)
+        _until(lambda: (rec := step_record()) is not None and rec.status != StepStatus.RUNNING)
+        return state
+
+    ascend.status = slow_status  # type: ignore[method-assign]
+    ascend.cancel = cancel_then_let_the_step_record_first  # type: ignore[method-assign]
+    walk = ThreadPoolExecutor(1).submit(lab.execute, run_id)
+    _until(lambda: (rec := step_record()) is not None and rec.job_handle is not None)
+    caplog.set_level(logging.INFO)
+    assert len(cancel_run_jobs(lab.store, run_id, transport_factory=lab.transport, why="stopped (X)")) == 1
+    assert walk.result(timeout=30).status == RunStatus.CANCELLED  # its walker, too, closes the run cancelled
+    step = step_record()
+    assert step is not None
+    assert step.status == StepStatus.CANCELLED, step
+    assert (step.error or "").startswith("cancelled: ascend: step npu_base_train cancelled"), step.error
+    assert lab.store.get_run(run_id).status == RunStatus.CANCELLED
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+
+
+def _until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
