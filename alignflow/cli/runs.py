@@ -2,11 +2,13 @@
 
 Every command that reads or writes runs (`run`, `rerun`, `reproduce`, `show`, `history`, `cancel`) opens the store
 through `open_store()`: running runs whose controller is provably dead are marked `interrupted` on the way in
-(`alignflow.store.interruptions`), and a note on stderr says which, with their jobs and what to do.
+(`alignflow.store.interruptions`), and a note on stderr says which, with their jobs and what to do. The staging
+leftovers such a controller left in its run's own directory (a copy it was making when it died) are removed then.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,6 +18,7 @@ if TYPE_CHECKING:
     from alignflow.store import Store
     from alignflow.store.interruptions import Reconciliation
 
+log = logging.getLogger(__name__)
 
 def open_store(state: Path | None = None, *, quiet: bool = False, reconciled: bool = True,
                existing: bool = False) -> Store:
@@ -39,9 +42,37 @@ def open_store(state: Path | None = None, *, quiet: bool = False, reconciled: bo
     except BaseException:
         store.close()
         raise
+    for item in result.interrupted:
+        remove_staging_leftovers(state or state_dir(), item.run.id)
     if not quiet:
         report(result, verbose=False)
     return store
+
+
+def remove_staging_leftovers(state: Path, run_id: str) -> list[Path]:
+    """Remove what a controller killed in the middle of a copy left in its run's own directory (`runs/<id>/`: the
+    fetched logs, reports): staging names (`.af-partial-*`) and half-written files (`*.partial`). A later copy
+    removes such leftovers beside its own destination, but no later copy goes to a dead run's directory; once the
+    run is known interrupted, nothing of it writes there any more. Returns what was removed."""
+    import shutil
+
+    from alignflow.transport.transfer import STAGING_PREFIX
+
+    run_dir = state / "runs" / run_id
+    removed: list[Path] = []
+    if not run_dir.is_dir():
+        return removed
+    for path in sorted(run_dir.rglob("*")):
+        if not (path.name.startswith(STAGING_PREFIX) or path.name.endswith(".partial")) or \
+                any(parent in removed for parent in path.parents):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+        log.info("removed %s, left by the interrupted run %s's controller in the middle of a copy", path, run_id)
+    return removed
 
 
 def report(result: Reconciliation, *, verbose: bool) -> None:

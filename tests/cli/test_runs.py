@@ -88,6 +88,13 @@ def test_a_run_whose_controller_died_is_shown_interrupted_with_its_job_and_cance
         tmp_path: Path, repo_root: Path, subprocess_env: dict[str, str]) -> None:
     rec = _record(tmp_path, repo_root, subprocess_env, _dead_identity())
     assert rec.job_state().kind == "running"
+    # the controller died while it fetched the GPU log into the run's directory (seen in the crash test): the
+    # staging name of that copy; the log fetched before it stays
+    logs = rec.env.state / "runs" / rec.run_id / "logs"
+    staging = logs / ".af-partial-gpu_train.log-9398d073-1be895ac"
+    staging.mkdir(parents=True)
+    (staging / "payload").write_text("iteration 1/8 |")
+    (logs / "npu_base_train.log").write_text("kept")
     history = rec.cli("history")
     assert history.returncode == 0, history.stderr
     assert "interrupted" in history.stdout
@@ -95,6 +102,7 @@ def test_a_run_whose_controller_died_is_shown_interrupted_with_its_job_and_cance
     assert f"run {rec.run_id} of tiny interrupted" in history.stderr  # said once, when it was noticed
     assert rec.run().status == RunStatus.INTERRUPTED  # type: ignore[attr-defined]
     assert rec.job_state().kind == "running"  # noticing kills nothing
+    assert sorted(p.name for p in logs.iterdir()) == ["npu_base_train.log"]  # ... and removes the dead copy's staging
     assert "interrupted" not in rec.cli("history").stderr
 
     cancelled = rec.cli("cancel", rec.run_id)
