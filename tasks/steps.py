@@ -93,7 +93,6 @@ def step_task(run_id: str, step: str, available: Mapping[str, ArtifactRef]) -> S
 
 
 @task(name="finish-run", task_run_name="finish-run", **_COMMON)
-def finish_task(run_id: str, outcomes: Mapping[str, StepOutcome], error: str | None = None,
-                cancelled: bool = False) -> RunView:
+def finish_task(run_id: str, outcomes: Mapping[str, StepOutcome], error: str | None = None) -> RunView:
     """Close the run in the store; returns what `alignflow show` shows of it."""
-    return finish(open_store(), run_id, outcomes, error=error, cancelled=cancelled)
+    return finish(open_store(), run_id, outcomes, error=error)

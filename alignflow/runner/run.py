@@ -189,24 +189,21 @@ def data_artifact(ctx: RunContext, *, state_dir: Path) -> ArtifactRef:
         memo.close()
 
 
-def finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, error: str | None = None,
-           cancelled: bool = False) -> RunView:
+def finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, error: str | None = None) -> RunView:
     """Close the run: status, verdict, report; steps that never ran are recorded as skipped. A run with a step
-    cancelled from outside (its job killed by `cancel_run_jobs`) is cancelled, not failed; when that cancel has
-    recorded the run already, its record stands."""
+    cancelled from outside (its job killed by `cancel_run_jobs`) is cancelled, without a verdict, as that cancel
+    records it; when the cancel has recorded the run already, its record stands."""
     try:
-        return _finish(store, run_id, outcomes, error=error, cancelled=cancelled)
+        return _finish(store, run_id, outcomes, error=error)
     except ImmutableRecord:
         if store.get_run(run_id).status != RunStatus.CANCELLED:
             raise
         return show(store, run_id)
 
 
-def _finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, error: str | None,
-            cancelled: bool) -> RunView:
+def _finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, error: str | None) -> RunView:
     plan = open_run(store, run_id).plan
     steps = store.steps(run_id)
-    cancelled = cancelled or any(s.status == StepStatus.CANCELLED for s in steps)
     recorded = {s.step for s in steps}
     for name in pipeline.STEP_NAMES:
         if name not in recorded and (name in plan.steps or not pipeline.step(name).optional):
@@ -216,9 +213,13 @@ def _finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, e
     report = None
     if compare is not None and "report" in compare.artifacts:
         report = str(Path(compare.artifacts["report"].path) / "report.html")
-    status = RunStatus.CANCELLED if cancelled else (RunStatus.FAILED if error else RunStatus.COMPLETED)
-    store.finish_run(run_id, status=status, verdict=verdict if not error else (verdict or "fail"), report=report,
-                     error=error)
+    if any(s.status == StepStatus.CANCELLED for s in steps):
+        status, verdict = RunStatus.CANCELLED, None
+    elif error:
+        status, verdict = RunStatus.FAILED, verdict or "fail"
+    else:
+        status = RunStatus.COMPLETED
+    store.finish_run(run_id, status=status, verdict=verdict, report=report, error=error)
     return show(store, run_id)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -16,6 +15,7 @@ from alignflow.runner.recording import recording
 from alignflow.store.records import RunStatus, StepRunRecord, StepStatus
 from alignflow.testing import FakeJob
 from alignflow.transport import JobHandle, JobSpec, JobState
+from tests.deploy.team import wait_until
 from tests.runner.conftest import FakeLab, twin_job
 
 
@@ -94,26 +94,22 @@ def test_a_step_that_sees_its_job_killed_before_the_run_cancel_records_it_is_can
 
     def cancel_then_let_the_step_record_first(handle: JobHandle, *, grace_s: float = 10.0) -> JobState:
         state = killed_by_cancel(handle, grace_s=grace_s)
-        _until(lambda: (rec := step_record()) is not None and rec.status != StepStatus.RUNNING)
+        wait_until("the step to record its cancelled job", lambda: (rec := step_record()) is not None
+                   and rec.status != StepStatus.RUNNING, timeout_s=30, every_s=0.005)
         return state
 
     ascend.status = slow_status  # type: ignore[method-assign]
     ascend.cancel = cancel_then_let_the_step_record_first  # type: ignore[method-assign]
     walk = ThreadPoolExecutor(1).submit(lab.execute, run_id)
-    _until(lambda: (rec := step_record()) is not None and rec.job_handle is not None)
+    wait_until("the step's job", lambda: (rec := step_record()) is not None and rec.job_handle is not None,
+               timeout_s=30, every_s=0.005)
     caplog.set_level(logging.INFO)
     assert len(cancel_run_jobs(lab.store, run_id, transport_factory=lab.transport, why="stopped (X)")) == 1
-    assert walk.result(timeout=30).status == RunStatus.CANCELLED  # its walker, too, closes the run cancelled
+    view = walk.result(timeout=30)  # its walker, too, closes the run cancelled, without a verdict
+    assert (view.status, view.verdict) == (RunStatus.CANCELLED, None)
     step = step_record()
     assert step is not None
     assert step.status == StepStatus.CANCELLED, step
     assert (step.error or "").startswith("cancelled: ascend: step npu_base_train cancelled"), step.error
     assert lab.store.get_run(run_id).status == RunStatus.CANCELLED
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
-
-
-def _until(condition: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
