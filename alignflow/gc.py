@@ -18,11 +18,15 @@ Sizes and ages are measured on the host by a small probe (standard library only;
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
+import os
 import posixpath
+import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from alignflow.config.hosts import Host, Inventory
@@ -34,10 +38,37 @@ log = logging.getLogger(__name__)
 
 Kind = Literal["output", "input", "job", "staging"]
 
-_PROBE = r"""
+STAGING_PREFIXES = (".af-partial-", ".af-write.", ".af-replaced-")
+
+
+def is_staging(name: str) -> bool:
+    """A staging name: a copy's (`.af-partial-*`), an atomic write's (`.af-write.*`, `.af-replaced-*`) or a
+    conversion's (`.<name>.XXXXXXXX.partial`). The hosts' probe below runs this very function."""
+    return name.startswith(STAGING_PREFIXES) or (name.startswith(".") and name.endswith(".partial"))
+
+
+def remove_run_staging(state: Path, run_id: str) -> list[Path]:
+    """Remove the staging names in a run's own directory on the controller (`runs/<id>/`: its fetched logs and
+    reports), left by a controller killed in the middle of a copy or a write; returns what was removed. A later
+    copy removes such leftovers beside its own destination, but none goes to a dead run's directory: call this
+    once the run is known interrupted (nothing of it writes there any more)."""
+    removed: list[Path] = []
+    for dirpath, dirnames, filenames in os.walk(state / "runs" / run_id):
+        for name in [n for n in dirnames + filenames if is_staging(n)]:
+            path = Path(dirpath) / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+            log.info("removed %s, left by the interrupted run %s's controller in the middle of a copy", path, run_id)
+        dirnames[:] = [d for d in dirnames if not is_staging(d)]
+    return removed
+
+
+_PROBE = f"STAGING_PREFIXES = {STAGING_PREFIXES!r}\n" + inspect.getsource(is_staging) + r"""
 import fcntl, json, os, stat, sys, time
 root = sys.argv[1]
-STAGING = (".af-partial-", ".af-write.", ".af-replaced-")
 
 def usage(path):
     st = os.lstat(path)
@@ -67,9 +98,6 @@ def held(path):
     finally:
         os.close(fd)
 
-def staging(name):
-    return name.startswith(STAGING) or (name.startswith(".") and name.endswith(".partial"))
-
 def entries(rel):
     try:
         return sorted(os.listdir(os.path.join(root, rel)))
@@ -83,13 +111,13 @@ def add(kind, rel):
                 "held": kind == "staging" and held(os.path.join(root, rel))})
 
 for step in entries("artifacts"):
-    if staging(step):
+    if is_staging(step):
         add("staging", f"artifacts/{step}")
         continue
     for name in entries(f"artifacts/{step}"):
-        add("staging" if staging(name) else "output", f"artifacts/{step}/{name}")
+        add("staging" if is_staging(name) else "output", f"artifacts/{step}/{name}")
 for name in entries("inputs"):
-    add("staging" if staging(name) else "input", f"inputs/{name}")
+    add("staging" if is_staging(name) else "input", f"inputs/{name}")
 for name in entries("jobs"):
     add("job", f"jobs/{name}")
 # leftovers inside outputs (a conversion's `.<name>.XXXXXXXX.partial` beside its destination), two levels down
@@ -97,9 +125,9 @@ for step in entries("artifacts"):
     for name in entries(f"artifacts/{step}"):
         for dirpath, dirnames, filenames in os.walk(os.path.join(root, "artifacts", step, name)):
             rel = os.path.relpath(dirpath, os.path.join(root, "artifacts", step, name))
-            for leftover in [n for n in dirnames + filenames if staging(n)]:
+            for leftover in [n for n in dirnames + filenames if is_staging(n)]:
                 add("staging", os.path.relpath(os.path.join(dirpath, leftover), root))
-            dirnames[:] = [d for d in dirnames if not staging(d)] if rel == "." else []
+            dirnames[:] = [d for d in dirnames if not is_staging(d)] if rel == "." else []
 json.dump(out, sys.stdout)
 """
 

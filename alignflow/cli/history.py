@@ -73,9 +73,8 @@ def register(app: typer.Typer) -> None:
         """Runs recorded in the store, newest first; `history RUN` is `show RUN`. Runs whose controller died are
         marked interrupted first, and listed with the jobs they left."""
         from alignflow.cli import runs as cli_runs
-        from alignflow.state import database_url
+        from alignflow.state import database_url, state_dir
         from alignflow.store import database
-        from alignflow.store.interruptions import reconcile as reconcile_runs
 
         if run_id is not None:
             from alignflow.cli.show import show_run
@@ -89,7 +88,7 @@ def register(app: typer.Typer) -> None:
             return
         with cli_runs.open_store(reconciled=not reconcile) as store:
             if reconcile:  # the same pass, saying also which running runs it could not judge
-                cli_runs.report(reconcile_runs(store), verbose=True)
+                cli_runs.report(cli_runs.reconcile_store(store, state_dir()), verbose=True)
             runs = store.list_runs(experiment=experiment, limit=limit)
             if as_json:
                 typer.echo(json.dumps([run_summary(r) for r in runs], indent=2))

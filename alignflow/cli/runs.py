@@ -8,7 +8,6 @@ leftovers such a controller left in its run's own directory (a copy it was makin
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +17,6 @@ if TYPE_CHECKING:
     from alignflow.store import Store
     from alignflow.store.interruptions import Reconciliation
 
-log = logging.getLogger(__name__)
 
 def open_store(state: Path | None = None, *, quiet: bool = False, reconciled: bool = True,
                existing: bool = False) -> Store:
@@ -28,7 +26,6 @@ def open_store(state: Path | None = None, *, quiet: bool = False, reconciled: bo
     from alignflow.errors import RecordNotFound
     from alignflow.state import database_url, state_dir
     from alignflow.store import Store, database
-    from alignflow.store.interruptions import reconcile
 
     url = database_url(state or state_dir())
     missing = database.missing_sqlite_file(url) if existing else None
@@ -38,41 +35,27 @@ def open_store(state: Path | None = None, *, quiet: bool = False, reconciled: bo
     if not reconciled:
         return store
     try:
-        result = reconcile(store)
+        result = reconcile_store(store, state or state_dir())
     except BaseException:
         store.close()
         raise
-    for item in result.interrupted:
-        remove_staging_leftovers(state or state_dir(), item.run.id)
     if not quiet:
         report(result, verbose=False)
     return store
 
 
-def remove_staging_leftovers(state: Path, run_id: str) -> list[Path]:
-    """Remove what a controller killed in the middle of a copy left in its run's own directory (`runs/<id>/`: the
-    fetched logs, reports): staging names (`.af-partial-*`) and half-written files (`*.partial`). A later copy
-    removes such leftovers beside its own destination, but no later copy goes to a dead run's directory; once the
-    run is known interrupted, nothing of it writes there any more. Returns what was removed."""
-    import shutil
+def reconcile_store(store: Store, state: Path) -> Reconciliation:
+    """Reconcile the store (`alignflow.store.interruptions.reconcile`), then remove the staging that the newly
+    interrupted runs' controllers left in their run directories under `state` (`alignflow.gc.remove_run_staging`)."""
+    from alignflow.store.interruptions import reconcile
 
-    from alignflow.transport.transfer import STAGING_PREFIX
+    result = reconcile(store)
+    if result.interrupted:
+        from alignflow.gc import remove_run_staging
 
-    run_dir = state / "runs" / run_id
-    removed: list[Path] = []
-    if not run_dir.is_dir():
-        return removed
-    for path in sorted(run_dir.rglob("*")):
-        if not (path.name.startswith(STAGING_PREFIX) or path.name.endswith(".partial")) or \
-                any(parent in removed for parent in path.parents):
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-        removed.append(path)
-        log.info("removed %s, left by the interrupted run %s's controller in the middle of a copy", path, run_id)
-    return removed
+        for item in result.interrupted:
+            remove_run_staging(state, item.run.id)
+    return result
 
 
 def report(result: Reconciliation, *, verbose: bool) -> None:

@@ -94,6 +94,7 @@ def test_a_run_whose_controller_died_is_shown_interrupted_with_its_job_and_cance
     staging = logs / ".af-partial-gpu_train.log-9398d073-1be895ac"
     staging.mkdir(parents=True)
     (staging / "payload").write_text("iteration 1/8 |")
+    (logs / ".af-write.Xq81Zt").write_text("{")  # and a write it had begun
     (logs / "npu_base_train.log").write_text("kept")
     history = rec.cli("history")
     assert history.returncode == 0, history.stderr
