@@ -62,7 +62,7 @@ _ASKS_FOR_A_LAB = re.compile(r"""getfixturevalue\(["'](\w+)["']\)""")
 MEASURED_S = {
     "slurm-lab": 245, "tests/faults/test_crash.py": 210, "tests/deploy/test_team.py": 145,
     "tests/flows/test_alignment.py": 130, "tests/deploy/test_ui_browser.py": 125,
-    "tests/diagnose/test_seed_bugs.py": 90, "tests/twin/test_acceptance.py": 80,
+    "tests/diagnose/test_seed_bugs.py": 45, "tests/twin/test_acceptance.py": 80,
     "ssh-labs": 140,  # 75 s, and now the [ssh] cases of test_behaviour, test_staging, test_path_property
     "tests/twin/test_resume.py": 70,
     "tests/lab/test_mindformers_lab.py": 60, "tests/diagnose/test_msprobe.py": 60, "tests/flows/test_interrupt.py": 60,

@@ -19,7 +19,6 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from alignflow.backends import CommandTemplate, Side, TrainSpec, render_training
 from alignflow.config.experiment import Experiment
@@ -66,7 +65,7 @@ class DiagnoseResult:
 
     diagnosis: Diagnosis
     out_dir: Path
-    dumps: dict[str, Path]
+    dumps: dict[Side, Path]
     json_path: Path
     html_path: Path
 
@@ -124,13 +123,43 @@ def run_diagnosis(
     missing = [s for s in SIDES if s not in transports]
     if missing:
         raise ConfigError(f"{STEP}: no transport for the {', '.join(missing)} side")
-    jobs: list[tuple[Side, Transport, Any, str]] = []
+    runs = {side: SideRun(transports[side], checkpoints.npu if side == "npu" else checkpoints.gpu,
+                          data.npu if side == "npu" else data.gpu) for side in SIDES}
+    dumps = dump_step(experiment, runs, data_sha256=data.sha256, out_dir=out_dir, step=step,
+                      budget_bytes=budget_bytes, poll_s=poll_s, timeout_s=timeout_s, on_launch=on_launch)
+    diagnosis = diagnose_dumps(read_dump(dumps["npu"]), read_dump(dumps["gpu"]), mapping, tolerance)
+    return write_outputs(diagnosis, out_dir, dumps)
+
+
+@dataclass(frozen=True, slots=True)
+class SideRun:
+    """One side's training of a dumped step: where it runs, and its checkpoint and data as paths on that host."""
+
+    transport: Transport
+    checkpoint: str
+    data: str
+
+
+def dump_step(
+    experiment: Experiment,
+    runs: Mapping[Side, SideRun],
+    *,
+    data_sha256: str,
+    out_dir: Path,
+    step: int,
+    budget_bytes: int = DEFAULT_BUDGET_BYTES,
+    poll_s: float = 0.5,
+    timeout_s: float | None = 3600.0,
+    on_launch: Callable[[list[JobHandle]], None] | None = None,
+) -> dict[Side, Path]:
+    """Train step `step` of the experiment with dumping on, on the sides in `runs` (all launched before any is
+    waited for), and fetch each side's dump to `out_dir/dumps/<side>`; raises for a failed job (cancelling the
+    others). `run_diagnosis` dumps both sides with it."""
+    jobs: list[tuple[Side, Transport, JobHandle, str]] = []
     try:
-        for side in SIDES:
-            t = transports[side]
-            load = checkpoints.npu if side == "npu" else checkpoints.gpu
-            path = data.npu if side == "npu" else data.gpu
-            jobs.append((side, t, *_launch(experiment, side, t, load, path, data.sha256, step, budget_bytes)))
+        for side, run in runs.items():
+            jobs.append((side, run.transport, *_launch(experiment, side, run.transport, run.checkpoint, run.data,
+                                                       data_sha256, step, budget_bytes)))
         if on_launch is not None:
             on_launch([handle for _, _, handle, _ in jobs])
         for side, t, handle, _ in jobs:
@@ -149,25 +178,23 @@ def run_diagnosis(
             except AlignflowError:
                 continue
         raise
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dumps: dict[str, Path] = {}
+    dumps: dict[Side, Path] = {}
     for side, t, _, remote in jobs:
-        local = out_dir / "dumps" / side
+        local = Path(out_dir) / "dumps" / side
         local.parent.mkdir(parents=True, exist_ok=True)
         t.get(remote, str(local))
         dumps[side] = local
-    diagnosis = diagnose_dumps(read_dump(dumps["npu"]), read_dump(dumps["gpu"]), mapping, tolerance)
-    return write_outputs(diagnosis, out_dir, dumps)
+    return dumps
 
 
-def write_outputs(diagnosis: Diagnosis, out_dir: Path, dumps: dict[str, Path]) -> DiagnoseResult:
+def write_outputs(diagnosis: Diagnosis, out_dir: Path, dumps: Mapping[Side, Path]) -> DiagnoseResult:
     """`diagnosis.json` and `diagnosis.html` next to the dumps."""
     from alignflow.diagnose.report import html_page
 
     json_path, html_path = out_dir / "diagnosis.json", out_dir / "diagnosis.html"
     json_path.write_text(json.dumps(diagnosis.to_json(), indent=1), encoding="utf-8")
     html_path.write_text(html_page(diagnosis), encoding="utf-8")
-    return DiagnoseResult(diagnosis, out_dir, dumps, json_path, html_path)
+    return DiagnoseResult(diagnosis, out_dir, dict(dumps), json_path, html_path)
 
 
 def fill_placeholders(text: str, values: Mapping[str, str]) -> str:
@@ -182,13 +209,20 @@ def fill_placeholders(text: str, values: Mapping[str, str]) -> str:
     return _PLACEHOLDER.sub(sub, text)
 
 
-def _launch(experiment: Experiment, side: Side, t: Transport, load: str, data: str, sha256: str, step: int,
-            budget_bytes: int) -> tuple[Any, str]:
-    """Render the side's training of the experiment (all its steps: the schedule is the experiment's), ask it to
-    dump `step` only, and launch it detached; (handle, remote dump path)."""
+def side_training(experiment: Experiment, side: Side, data_sha256: str) -> CommandTemplate:
+    """The side's training of the experiment that a diagnosis dumps (all its steps: the schedule is the
+    experiment's), before host paths are filled in: two dumps of a side with the same template, checkpoint and
+    data are the same training."""
     data_arg = "{in:data}" + (f"/{experiment.data.prefix}" if experiment.data.prefix else "")
-    spec = TrainSpec(STEP, side, experiment.training.steps, data_arg, sha256, "{in:checkpoint}", None)
-    template: CommandTemplate = render_training(experiment, spec)
+    spec = TrainSpec(STEP, side, experiment.training.steps, data_arg, data_sha256, "{in:checkpoint}", None)
+    return render_training(experiment, spec)
+
+
+def _launch(experiment: Experiment, side: Side, t: Transport, load: str, data: str, sha256: str, step: int,
+            budget_bytes: int) -> tuple[JobHandle, str]:
+    """Launch the side's training (`side_training`) detached, asking it to dump `step` only; (handle, remote dump
+    path)."""
+    template = side_training(experiment, side, sha256)
     out = str(t.path(f"artifacts/{STEP}/{side}-{uuid.uuid4().hex[:12]}"))
     values = {"python": t.python(), "out": out, "in:data": data, "in:checkpoint": load}
     t.mkdir(out)

@@ -73,9 +73,14 @@ def experiment(converted: Converted, spec: str = SPEC, **sides: Any) -> Experime
     })
 
 
-@pytest.fixture
-def hosts(tmp_path: Path, subprocess_env: dict[str, str]) -> dict[str, Host]:
+def local_hosts(root: Path, subprocess_env: dict[str, str]) -> dict[str, Host]:
+    """The two sides' hosts: local ones with their workdirs under `root`."""
     env = {"PYTHONPATH": subprocess_env["PYTHONPATH"], "GLOG_v": "3"}
-    return {side: Host(name=name, role=role, transport="local", workdir=str(tmp_path / name), python=sys.executable,
+    return {side: Host(name=name, role=role, transport="local", workdir=str(root / name), python=sys.executable,
                        env=env)
             for side, name, role in (("npu", "ascend", "ascend"), ("gpu", "cuda", "cuda"))}
+
+
+@pytest.fixture
+def hosts(tmp_path: Path, subprocess_env: dict[str, str]) -> dict[str, Host]:
+    return local_hosts(tmp_path, subprocess_env)

@@ -4,6 +4,10 @@ the optimizer) and the cause class — and the clean twin passes.
 Real MindSpore and PyTorch trainings (one dumped step each), launched through local transports exactly as the
 pipeline launches them; conversion bugs are written into the converted Megatron checkpoint, the others are the
 twin's injection switches in one side's environment (`ALIGNFLOW_TWIN_INJECT`).
+
+The clean case is `run_diagnosis` end to end. A bug touches one side: the other side's training is then the clean
+one (the same rendered command, checkpoint and data), whose dump the cases share (`SideDumps`) instead of training
+it again: 4 MindSpore and 6 PyTorch trainings for the 9 cases instead of 9 and 9.
 """
 
 from __future__ import annotations
@@ -16,14 +20,27 @@ from typing import Any
 import pytest
 import torch
 
+from alignflow.backends import Side
+from alignflow.config.experiment import Experiment
 from alignflow.config.hosts import Host
 from alignflow.convert.engine import convert_to_megatron
 from alignflow.convert.layout import checkpoint_path
 from alignflow.convert.ops import InterleaveRows
 from alignflow.convert.registry import SPEC_DIR
-from alignflow.diagnose.core import Checkpoints, DataRef, run_diagnosis
+from alignflow.diagnose.compare import diagnose_dumps
+from alignflow.diagnose.core import (
+    Checkpoints,
+    DataRef,
+    SideRun,
+    dump_step,
+    run_diagnosis,
+    side_training,
+    write_outputs,
+)
+from alignflow.diagnose.mapping import mapping_for
+from alignflow.frameworks.dumpfile import read_dump
 from alignflow.transport import open_transport
-from tests.diagnose.conftest import Converted, experiment
+from tests.diagnose.conftest import Converted, experiment, local_hosts
 
 pytestmark = pytest.mark.slow
 
@@ -67,8 +84,54 @@ CASES: dict[str, tuple[tuple[str, Callable[[torch.Tensor], torch.Tensor]] | None
 BROKEN_SPEC = "spec_without_shared_deinterleave"  # converted and diagnosed through the broken spec itself
 
 
+class SideDumps:
+    """Each side's dump of step 1, made once per distinct training: the side's rendered command
+    (`side_training`) and the checkpoint it loads (the data is the fixture's). The twin is deterministic, so a
+    case reading the clean side's dump reads what training that side again would dump."""
+
+    def __init__(self, root: Path, hosts: dict[str, Host], converted: Converted) -> None:
+        self.root, self.converted = root, converted
+        self.transports = {side: open_transport(host) for side, host in hosts.items()}
+        self.made: dict[tuple[Side, str, str], Path] = {}
+
+    def key(self, exp: Experiment, side: Side, checkpoint: Path) -> tuple[Side, str, str]:
+        return side, repr(side_training(exp, side, self.converted.sha256)), str(checkpoint)
+
+    def get(self, exp: Experiment, side: Side, checkpoint: Path) -> Path:
+        key = self.key(exp, side, checkpoint)
+        if key not in self.made:
+            run = SideRun(self.transports[side], str(checkpoint), str(self.converted.data))
+            out = self.root / f"dump-{len(self.made)}"
+            self.made[key] = dump_step(exp, {side: run}, data_sha256=self.converted.sha256, out_dir=out, step=1)[side]
+        return self.made[key]
+
+
+@pytest.fixture(scope="module")
+def side_dumps(tmp_path_factory: pytest.TempPathFactory, subprocess_env: dict[str, str],
+               converted: Converted) -> SideDumps:
+    root = tmp_path_factory.mktemp("side-dumps")
+    return SideDumps(root, local_hosts(root, subprocess_env), converted)
+
+
+def test_the_clean_twin_passes_through_run_diagnosis(converted: Converted, hosts: dict[str, Host],
+                                                     side_dumps: SideDumps, tmp_path: Path) -> None:
+    exp = experiment(converted)
+    transports = {side: open_transport(host) for side, host in hosts.items()}
+    result = run_diagnosis(exp, checkpoints=Checkpoints(npu=str(converted.bf16), gpu=str(converted.megatron)),
+                           data=DataRef(str(converted.data), str(converted.data), converted.sha256),
+                           transport=transports, out_dir=tmp_path / "out", step=1)
+    d = result.diagnosis
+    assert (d.verdict, d.cause) == ("pass", None)
+    assert result.json_path.is_file()
+    assert result.html_path.is_file()
+    assert sorted(p.name for p in (tmp_path / "out" / "dumps").iterdir()) == ["gpu", "npu"]
+    made: dict[Side, Path] = {"npu": converted.bf16, "gpu": converted.megatron}
+    for side, checkpoint in made.items():  # the bug cases share these two
+        side_dumps.made.setdefault(side_dumps.key(exp, side, checkpoint), result.dumps[side])
+
+
 @pytest.mark.parametrize("case", [*CASES, BROKEN_SPEC])
-def test_diagnose_names_module_and_cause(case: str, converted: Converted, hosts: dict[str, Host],
+def test_diagnose_names_module_and_cause(case: str, converted: Converted, side_dumps: SideDumps,
                                          tmp_path: Path) -> None:
     if case == BROKEN_SPEC:  # what tests/flows/test_gate.py breaks: the weights agree through it after load
         spec = tmp_path / "twin-moe.yaml"
@@ -87,10 +150,11 @@ def test_diagnose_names_module_and_cause(case: str, converted: Converted, hosts:
             shutil.copytree(converted.megatron, megatron)
             corrupt(megatron, *corruption)
         exp = experiment(converted, **sides)
-    transports = {side: open_transport(host) for side, host in hosts.items()}
-    result = run_diagnosis(exp, checkpoints=Checkpoints(npu=str(converted.bf16), gpu=str(megatron)),
-                           data=DataRef(str(converted.data), str(converted.data), converted.sha256),
-                           transport=transports, out_dir=tmp_path / "out", step=1)
+    dumps: dict[Side, Path] = {"npu": side_dumps.get(exp, "npu", converted.bf16),
+                                "gpu": side_dumps.get(exp, "gpu", megatron)}
+    (tmp_path / "out").mkdir()
+    result = write_outputs(diagnose_dumps(read_dump(dumps["npu"]), read_dump(dumps["gpu"]), mapping_for(exp)),
+                           tmp_path / "out", dumps)
     d = result.diagnosis
     found = (d.cause.kind, d.cause.module) if d.cause else (None, None)
     assert found == (kind, module), d.cause
