@@ -102,9 +102,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     def cost(name: str) -> float:
         return MEASURED_S.get(name, 30 if name in slow else 5)
 
+    # A `last_in_group` test waits on something its module's fixture started (the Slurm time limit's job): its
+    # module starts the group and the test ends it, so that the rest of the group runs while it waits.
+    last = {item.nodeid for item in items if item.get_closest_marker("last_in_group")}
+    starts = {module(item) for item in items if item.nodeid in last}
     for item in items:
         item.add_marker(pytest.mark.xdist_group(group(item)))
-    items.sort(key=lambda item: -cost(group(item)))  # stable: each group's own order is kept
+    items.sort(key=lambda item: (-cost(group(item)), item.nodeid in last, module(item) not in starts))  # stable
 
 
 @pytest.fixture(autouse=True)
@@ -208,7 +212,8 @@ def lab_hosts_yaml(ssh_lab: SSHLab, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture(scope="session")
 def slurm_lab() -> Iterator[SlurmLab]:
-    """A real one-node Slurm cluster (munged, slurmctld, slurmd; 2 CPUs) in a private network namespace.
+    """A real Slurm cluster (munged, slurmctld, two slurmds: a 2-CPU node, and a node of its own for jobs waiting
+    out a time limit) in a private network namespace.
 
     Needs root and Debian's slurm-wlm + munge; fails (never skips) without them, because these tests must run in CI.
     """

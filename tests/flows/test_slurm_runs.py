@@ -70,7 +70,7 @@ def test_a_run_on_an_unknown_partition_fails_in_preflight_and_submits_nothing(en
         steps = store.steps(run_id)
     assert view.status == "failed"
     assert view.error is not None
-    assert "cuda: slurm.partition 'nosuch' does not exist; the cluster has: debug, urgent" in view.error
+    assert "cuda: slurm.partition 'nosuch' does not exist; the cluster has: clock, debug, urgent" in view.error
     assert {s.status for s in steps} == {"skipped"}
     assert slurm_lab.jobs() == before
 

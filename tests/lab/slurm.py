@@ -1,10 +1,12 @@
-"""The Slurm lab: a real one-node Slurm cluster on this machine (munged, slurmctld, slurmd), for the tests.
+"""The Slurm lab: a real Slurm cluster on this machine (munged, slurmctld, a slurmd per node), for the tests.
 
 ```
-<lab>/slurm.conf        generated; cgroup-free (proctrack/linuxproc, task/none), 2 CPUs, no accounting daemon
+<lab>/slurm.conf        generated; cgroup-free (proctrack/linuxproc, task/none), no accounting daemon
 <lab>/munge/            munged's key and socket (AuthInfo=socket=...)
-<lab>/state, spool, log slurmctld's state, slurmd's spool, both daemons' logs
-partitions              debug (default, PriorityTier 1), urgent (PriorityTier 2: preempts debug, PreemptMode=CANCEL)
+<lab>/state, spool, log slurmctld's state, the slurmds' spools, the daemons' logs
+nodes                   aflab-node (2 CPUs), aflab-clock (1 CPU, for jobs that wait out a time limit)
+partitions              debug (default, PriorityTier 1), urgent (PriorityTier 2: preempts debug, PreemptMode=CANCEL),
+                        both on aflab-node; clock, on aflab-clock alone
 ```
 
 The daemons run in a private network namespace (`tests.lab.netns`): Slurm 22.05 binds every interface and has
@@ -37,6 +39,10 @@ from tests.lab.netns import NetNamespace, reap_stale
 
 NODE = "aflab-node"
 CPUS = 2
+# A second node, alone in its partition, for jobs that must wait out Slurm's clock (a one-minute time limit is the
+# shortest there is) while the other tests use NODE: its own slurmd (`slurmd -N`), port and spool.
+CLOCK_NODE, CLOCK_PARTITION = "aflab-clock", "clock"
+MAIN_PARTITIONS = ("debug", "urgent")  # NODE's
 BINARIES = ("slurmctld", "slurmd", "munged", "mungekey", "sbatch", "squeue", "scontrol", "scancel", "sacct",
             "sinfo", "unshare", "nsenter", "ip")
 _PREFIX = "alignflow-slurmlab-"
@@ -95,7 +101,8 @@ class SlurmLab:
             lab.conf.chmod(0o644)
             lab._start("slurmctld", ["slurmctld", "-D", "-f", str(lab.conf)])
             ns.forward("127.0.0.1", lab.port, ("127.0.0.1", lab.port))
-            lab._start("slurmd", ["slurmd", "-D", "-f", str(lab.conf), "-N", NODE])
+            for node in (NODE, CLOCK_NODE):
+                lab._start(f"slurmd-{node}", ["slurmd", "-D", "-f", str(lab.conf), "-N", node])
             lab.wait_idle()
         except BaseException:
             lab.close()
@@ -138,22 +145,21 @@ class SlurmLab:
         r = self.root
         munge_socket = r / "munge" / "munge.socket"
         return "\n".join([
-            "# alignflow Slurm lab: one node, no cgroups, no accounting daemon",
+            "# alignflow Slurm lab: two nodes, no cgroups, no accounting daemon",
             "ClusterName=aflab",
             f"SlurmctldHost={socket.gethostname().split('.')[0]}(127.0.0.1)",
             f"SlurmctldPort={self.port}",
-            f"SlurmdPort={self.port + 1}",
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
             f"AuthInfo=socket={munge_socket}",
             f"StateSaveLocation={r / 'state'}",
-            f"SlurmdSpoolDir={r / 'spool'}",
+            f"SlurmdSpoolDir={r / 'spool' / '%n'}",
             f"SlurmctldPidFile={r / 'slurmctld.pid'}",
-            f"SlurmdPidFile={r / 'slurmd.pid'}",
+            f"SlurmdPidFile={r / 'slurmd-%n.pid'}",
             f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}",
-            f"SlurmdLogFile={r / 'log' / 'slurmd.log'}",
+            f"SlurmdLogFile={r / 'log' / 'slurmd-%n.log'}",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
@@ -174,10 +180,13 @@ class SlurmLab:
             "KillWait=5",
             "Waittime=0",
             "DebugFlags=NO_CONF_HASH",
-            f"NodeName={NODE} NodeHostname={socket.gethostname()} NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory=2000 "
-            "State=UNKNOWN",
-            f"PartitionName=debug Nodes={NODE} Default=YES MaxTime=INFINITE PriorityTier=1 State=UP",
-            f"PartitionName=urgent Nodes={NODE} MaxTime=INFINITE PriorityTier=2 State=UP",
+            f"NodeName={NODE} NodeHostname={socket.gethostname()} NodeAddr=127.0.0.1 Port={self.port + 1} CPUs={CPUS} "
+            "RealMemory=2000 State=UNKNOWN",
+            f"NodeName={CLOCK_NODE} NodeHostname={socket.gethostname()} NodeAddr=127.0.0.1 Port={self.port + 2} "
+            "CPUs=1 RealMemory=500 State=UNKNOWN",
+            f"PartitionName={MAIN_PARTITIONS[0]} Nodes={NODE} Default=YES MaxTime=INFINITE PriorityTier=1 State=UP",
+            f"PartitionName={MAIN_PARTITIONS[1]} Nodes={NODE} MaxTime=INFINITE PriorityTier=2 State=UP",
+            f"PartitionName={CLOCK_PARTITION} Nodes={CLOCK_NODE} MaxTime=INFINITE PriorityTier=1 State=UP",
             "",
         ])
 
@@ -212,12 +221,12 @@ class SlurmLab:
         while time.monotonic() < deadline:
             for name in self.daemons:
                 self._check_alive(name)
-            done = self.client(["sinfo", "-h", "-n", NODE, "-o", "%T"], check=False)
+            done = self.client(["sinfo", "-h", "-n", f"{NODE},{CLOCK_NODE}", "-o", "%T"], check=False)
             state = done.stdout.strip()
             if done.returncode == 0 and state == "idle":
                 return
             time.sleep(0.3)
-        raise LabUnavailable(f"node {NODE} is not idle after {timeout_s:g} s (state {state!r}); see "
+        raise LabUnavailable(f"nodes {NODE}, {CLOCK_NODE} are not idle after {timeout_s:g} s (state {state!r}); see "
                              f"{self.root / 'log'}")
 
     def hold_node(self) -> None:
@@ -227,17 +236,20 @@ class SlurmLab:
     def release_node(self) -> None:
         self.client(["scontrol", "update", f"nodename={NODE}", "state=resume"])
 
-    def jobs(self) -> list[str]:
-        out = self.client(["squeue", "-h", "-o", "%i %T"]).stdout
+    def jobs(self, *, every: bool = False) -> list[str]:
+        """`<id> <state>` of the jobs Slurm knows on the node the tests share (`every`: the clock node's too, whose
+        job runs beside them)."""
+        where = [] if every else ["-p", ",".join(MAIN_PARTITIONS)]
+        out = self.client(["squeue", "-h", "-o", "%i %T", *where]).stdout
         return [line for line in out.splitlines() if line.strip()]
 
     def scancel_all(self) -> None:
-        ids = [line.split()[0] for line in self.jobs()]
+        ids = [line.split()[0] for line in self.jobs(every=True)]
         if ids:
             self.client(["scancel", *ids], check=False)
             deadline = time.monotonic() + 30
-            while self.jobs() and time.monotonic() < deadline:
-                if all(line.split()[1] not in ("RUNNING", "PENDING", "COMPLETING") for line in self.jobs()):
+            while self.jobs(every=True) and time.monotonic() < deadline:
+                if all(line.split()[1] not in ("RUNNING", "PENDING", "COMPLETING") for line in self.jobs(every=True)):
                     break
                 time.sleep(0.2)
 

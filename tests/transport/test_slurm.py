@@ -1,4 +1,4 @@
-"""Slurm hosts on a real Slurm (the lab's one-node cluster, tests/lab/slurm.py): what a job goes through.
+"""Slurm hosts on a real Slurm (the lab's cluster, tests/lab/slurm.py): what a job goes through.
 
 Every test submits real sbatch jobs through a `LocalTransport` of a `scheduler: slurm` host and reads their
 state back from scontrol, as a step of a run does.
@@ -12,6 +12,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,7 +23,7 @@ from alignflow.errors import RemoteJobError
 from alignflow.transport import JobHandle, JobSpec, JobState, open_transport
 from alignflow.transport.shell import ShellTransport
 from alignflow.transport.slurm_check import check_slurm_host
-from tests.lab.slurm import SlurmLab
+from tests.lab.slurm import CLOCK_PARTITION, SlurmLab
 
 pytestmark = pytest.mark.integration
 
@@ -143,12 +146,31 @@ def test_a_preempted_job_fails_as_preempted(slurm_lab: SlurmLab, tmp_path: Path)
     slurm_lab.client(["scancel", urgent], check=False)
 
 
-@pytest.mark.slow
-def test_a_job_past_its_time_limit_fails_as_timeout(slurm_lab: SlurmLab, tmp_path: Path) -> None:
-    t = _transport(slurm_lab, tmp_path, time_limit="1")
+@pytest.fixture(scope="session", autouse=True)
+def too_long_job(slurm_lab: SlurmLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TooLong]:
+    """A job past its one-minute time limit (Slurm's shortest), on the lab's clock node, launched when this module's
+    first test starts and waited for by a thread as the controller would: the time-limit test runs last in the
+    Slurm group (`last_in_group`), when Slurm has long ended the job, instead of idling 60-90 s for it."""
+    t = _transport(slurm_lab, tmp_path_factory.mktemp("too-long"), partition=CLOCK_PARTITION, time_limit="1")
     handle = t.launch(JobSpec(["sleep", "600"], name="too-long", time_limit_s=3600))
-    assert "#SBATCH --time=00:01:00\n" in (Path(handle.job_dir) / "job.sbatch").read_text()
-    state = t.wait(handle, poll_s=1.0, timeout_s=60)  # the controller waits for Slurm past its own deadline
+    with ThreadPoolExecutor(1, thread_name_prefix="too-long") as pool:
+        # the controller waits for Slurm past its own deadline
+        yield TooLong(handle, pool.submit(t.wait, handle, poll_s=1.0, timeout_s=60))
+        if not t.status(handle).finished:
+            t.cancel(handle)
+
+
+@dataclass(frozen=True)
+class TooLong:
+    handle: JobHandle
+    state: Future[JobState]
+
+
+@pytest.mark.slow
+@pytest.mark.last_in_group
+def test_a_job_past_its_time_limit_fails_as_timeout(too_long_job: TooLong) -> None:
+    assert "#SBATCH --time=00:01:00\n" in (Path(too_long_job.handle.job_dir) / "job.sbatch").read_text()
+    state = too_long_job.state.result(timeout=300)
     assert state.kind == "timeout"
     assert state.note.startswith("Slurm TIMEOUT: ran 00:01:")
     assert state.note.endswith("of its 00:01:00 time limit")
@@ -197,8 +219,8 @@ def test_a_slurm_host_without_sacct_is_a_preflight_error(slurm_lab: SlurmLab, tm
                             "it); install Slurm's client tools there, or fix PATH with the host's env/setup"]
     full = check_slurm_host(_transport(slurm_lab, tmp_path))
     assert full.errors == []
-    assert full.partitions == ["debug", "urgent"]
+    assert full.partitions == ["debug", "urgent", "clock"]
     assert full.warnings
     assert "accounting is disabled" in full.warnings[0]
     wrong = check_slurm_host(_transport(slurm_lab, tmp_path, partition="gpu"))
-    assert wrong.errors == ["cuda: slurm.partition 'gpu' does not exist; the cluster has: debug, urgent"]
+    assert wrong.errors == ["cuda: slurm.partition 'gpu' does not exist; the cluster has: clock, debug, urgent"]
