@@ -60,7 +60,7 @@ _ASKS_FOR_A_LAB = re.compile(r"""getfixturevalue\(["'](\w+)["']\)""")
 # (longest-processing-time scheduling), so that no long group starts while the other workers run out of work. A
 # module not listed counts 30 s if it has slow tests, else 5 s.
 MEASURED_S = {
-    "slurm-lab": 245, "tests/faults/test_crash.py": 210, "tests/deploy/test_team.py": 145,
+    "slurm-lab": 170, "tests/faults/test_crash.py": 175, "tests/deploy/test_team.py": 145,
     "tests/flows/test_alignment.py": 130, "tests/deploy/test_ui_browser.py": 125,
     "tests/diagnose/test_seed_bugs.py": 45, "tests/twin/test_acceptance.py": 80,
     "ssh-labs": 140,  # 75 s, and now the [ssh] cases of test_behaviour, test_staging, test_path_property
