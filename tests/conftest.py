@@ -43,31 +43,32 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
-# Fixtures holding a machine-wide resource: the SSH lab binds 127.0.0.11-13, the jump lab 127.0.0.14-15, the Slurm
-# lab its network namespace and its daemons' ports. Under `pytest -n N --dist loadgroup` (make test) every module
-# using one of a lab's fixtures runs on the same worker as the others using that lab, one after the other; the other
-# modules spread over the workers.
+# Fixtures holding a machine-wide resource (and one worth sharing, below): the SSH lab binds 127.0.0.11-13, the jump
+# lab 127.0.0.14-15, the Slurm lab its network namespace and its daemons' ports. Under `pytest -n N --dist loadgroup`
+# (make test) every module using one of a lab's fixtures runs on the same worker as the others using that lab, one
+# after the other; the other modules spread over the workers.
 # `site` (tests/faults) and `make_transport` (tests/transport) take the SSH lab for their `ssh` parameter through
 # `request.getfixturevalue("ssh_lab")`, as does a test that asks for it so itself: none of them names the lab, and
 # left out of its group they started a second SSH lab on the other worker while the first one ran (two CI rehearsals
 # lost an SSH connection mid-command in such a module).
 LABS = {"ssh_lab": "ssh-labs", "lab_hosts_yaml": "ssh-labs", "jump_lab": "ssh-labs", "site": "ssh-labs",
-        "make_transport": "ssh-labs", "slurm_lab": "slurm-lab"}
+        "make_transport": "ssh-labs", "slurm_lab": "slurm-lab",
+        # not a lab, but a session fixture worth sharing: a MindSpore base training (11 s) that three twin modules
+        # read; on one worker it is trained once, spread over two it was trained on each
+        "ms_base": "twin-ms-base"}
 _ASKS_FOR_A_LAB = re.compile(r"""getfixturevalue\(["'](\w+)["']\)""")
 
-# Seconds each long group took under `make test` on the idle 2-core machine (2026-12-04, the tiny flow experiment
-# with one MoE layer; test_team measured alone after its SIGTERM fix), for the order alone: the longest start first
-# (longest-processing-time scheduling), so that no long group starts while the other workers run out of work. A
-# module not listed counts 30 s if it has slow tests, else 5 s.
+# Seconds each long group took under `make test` on the idle 2-core machine (2026-12-05: junit times summed per
+# module), for the order alone: the longest start first (longest-processing-time scheduling), so that no long group
+# starts while the other workers run out of work. A module not listed counts 30 s if it has slow tests, else 5 s.
 MEASURED_S = {
-    "slurm-lab": 170, "tests/faults/test_crash.py": 175, "tests/deploy/test_team.py": 145,
-    "tests/flows/test_alignment.py": 130, "tests/deploy/test_ui_browser.py": 125,
-    "tests/diagnose/test_seed_bugs.py": 45, "tests/twin/test_acceptance.py": 80,
-    "ssh-labs": 140,  # 75 s, and now the [ssh] cases of test_behaviour, test_staging, test_path_property
-    "tests/twin/test_resume.py": 70,
-    "tests/lab/test_mindformers_lab.py": 60, "tests/diagnose/test_msprobe.py": 60, "tests/flows/test_interrupt.py": 60,
-    "tests/flows/test_gate.py": 55, "tests/flows/test_server.py": 40,
-    "tests/logs/test_fuzz.py": 35, "tests/twin/test_entrypoints.py": 30,
+    "slurm-lab": 160, "tests/deploy/test_team.py": 158, "tests/faults/test_crash.py": 145,
+    "ssh-labs": 150,  # test_behaviour 39 s, test_alignment_ssh 37 s, test_held 28 s, and the rest of the lab's
+    "twin-ms-base": 140,  # test_resume 61 s, test_acceptance 53 s, test_entrypoints 23 s
+    "tests/flows/test_alignment.py": 112, "tests/deploy/test_ui_browser.py": 92, "tests/flows/test_gate.py": 61,
+    "tests/diagnose/test_seed_bugs.py": 52, "tests/lab/test_mindformers_lab.py": 46,
+    "tests/diagnose/test_msprobe.py": 43, "tests/flows/test_interrupt.py": 40, "tests/flows/test_server.py": 28,
+    "tests/logs/test_fuzz.py": 27,
 }
 
 
