@@ -123,8 +123,7 @@ def run_diagnosis(
     missing = [s for s in SIDES if s not in transports]
     if missing:
         raise ConfigError(f"{STEP}: no transport for the {', '.join(missing)} side")
-    runs = {side: SideRun(transports[side], checkpoints.npu if side == "npu" else checkpoints.gpu,
-                          data.npu if side == "npu" else data.gpu) for side in SIDES}
+    runs = {side: SideRun(transports[side], getattr(checkpoints, side), getattr(data, side)) for side in SIDES}
     dumps = dump_step(experiment, runs, data_sha256=data.sha256, out_dir=out_dir, step=step,
                       budget_bytes=budget_bytes, poll_s=poll_s, timeout_s=timeout_s, on_launch=on_launch)
     diagnosis = diagnose_dumps(read_dump(dumps["npu"]), read_dump(dumps["gpu"]), mapping, tolerance)
@@ -180,7 +179,7 @@ def dump_step(
         raise
     dumps: dict[Side, Path] = {}
     for side, t, _, remote in jobs:
-        local = Path(out_dir) / "dumps" / side
+        local = out_dir / "dumps" / side
         local.parent.mkdir(parents=True, exist_ok=True)
         t.get(remote, str(local))
         dumps[side] = local

@@ -7,7 +7,7 @@ twin's injection switches in one side's environment (`ALIGNFLOW_TWIN_INJECT`).
 
 The clean case is `run_diagnosis` end to end. A bug touches one side: the other side's training is then the clean
 one (the same rendered command, checkpoint and data), whose dump the cases share (`SideDumps`) instead of training
-it again: 4 MindSpore and 6 PyTorch trainings for the 9 cases instead of 9 and 9.
+it again: 4 MindSpore and 6 PyTorch trainings for the clean twin and the 8 bugs instead of 9 and 9.
 """
 
 from __future__ import annotations
@@ -65,10 +65,9 @@ def inject(text: str) -> dict[str, Any]:
     return {"env": {"ALIGNFLOW_TWIN_INJECT": text}}
 
 
-# name: (checkpoint corruption, experiment sides, expected cause kind, expected module)
-CASES: dict[str, tuple[tuple[str, Callable[[torch.Tensor], torch.Tensor]] | None, dict[str, Any], str | None,
-                       str | None]] = {
-    "clean": (None, {}, None, None),
+# name: (checkpoint corruption, experiment sides, expected cause kind, expected module); the clean twin is the test
+# before them
+CASES: dict[str, tuple[tuple[str, Callable[[torch.Tensor], torch.Tensor]] | None, dict[str, Any], str, str]] = {
     "shared_fc1_not_deinterleaved": ((SHARED_FC1, not_deinterleaved), {}, "conversion",
                                      "decoder.layers.2.mlp.shared_experts.linear_fc1"),
     "expert_weight1_not_transposed": ((EXPERT_FC1, lambda t: t.T), {}, "conversion",
@@ -158,8 +157,7 @@ def test_diagnose_names_module_and_cause(case: str, converted: Converted, side_d
     d = result.diagnosis
     found = (d.cause.kind, d.cause.module) if d.cause else (None, None)
     assert found == (kind, module), d.cause
-    assert d.verdict == ("pass" if kind is None else "diverged")
+    assert d.verdict == "diverged"
     assert result.json_path.is_file()
     assert result.html_path.is_file()
-    if kind is not None:
-        assert 'id="af-first-divergence"' in result.html_path.read_text()
+    assert 'id="af-first-divergence"' in result.html_path.read_text()
