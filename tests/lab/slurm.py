@@ -248,7 +248,7 @@ class SlurmLab:
         if ids:
             self.client(["scancel", *ids], check=False)
             deadline = time.monotonic() + 30
-            while self.jobs(every=True) and time.monotonic() < deadline:
+            while time.monotonic() < deadline:
                 if all(line.split()[1] not in ("RUNNING", "PENDING", "COMPLETING") for line in self.jobs(every=True)):
                     break
                 time.sleep(0.2)
