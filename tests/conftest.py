@@ -58,17 +58,19 @@ LABS = {"ssh_lab": "ssh-labs", "lab_hosts_yaml": "ssh-labs", "jump_lab": "ssh-la
         "ms_base": "twin-ms-base"}
 _ASKS_FOR_A_LAB = re.compile(r"""getfixturevalue\(["'](\w+)["']\)""")
 
-# Seconds each long group took under `make test` on the idle 2-core machine (2026-12-05: junit times summed per
-# module), for the order alone: the longest start first (longest-processing-time scheduling), so that no long group
-# starts while the other workers run out of work. A module not listed counts 30 s if it has slow tests, else 5 s.
+# Seconds each long group took under `make test` on the idle 2-core machine (2026-12-05, 129f977: junit times
+# summed per group), for the order alone: the longest start first (longest-processing-time scheduling), so that no
+# long group starts while the other workers run out of work. A module not listed counts 30 s if it has slow tests,
+# else 5 s.
 MEASURED_S = {
-    "slurm-lab": 160, "tests/deploy/test_team.py": 158, "tests/faults/test_crash.py": 145,
-    "ssh-labs": 150,  # test_behaviour 39 s, test_alignment_ssh 37 s, test_held 28 s, and the rest of the lab's
-    "twin-ms-base": 140,  # test_resume 61 s, test_acceptance 53 s, test_entrypoints 23 s
-    "tests/flows/test_alignment.py": 112, "tests/deploy/test_ui_browser.py": 92, "tests/flows/test_gate.py": 61,
-    "tests/diagnose/test_seed_bugs.py": 52, "tests/lab/test_mindformers_lab.py": 46,
-    "tests/diagnose/test_msprobe.py": 43, "tests/flows/test_interrupt.py": 40, "tests/flows/test_server.py": 28,
-    "tests/logs/test_fuzz.py": 27,
+    "tests/deploy/test_team.py": 146, "slurm-lab": 144,  # test_slurm_runs 118 s, test_slurm 26 s
+    "tests/faults/test_crash.py": 137,
+    "ssh-labs": 135,  # test_behaviour 41 s, test_alignment_ssh 27 s, test_held 23 s, test_staging 13 s, 7 more
+    "twin-ms-base": 117,  # test_resume 48 s, test_acceptance 44 s, test_entrypoints 25 s
+    "tests/flows/test_alignment.py": 98, "tests/deploy/test_ui_browser.py": 93, "tests/flows/test_gate.py": 71,
+    "tests/lab/test_mindformers_lab.py": 51, "tests/diagnose/test_seed_bugs.py": 50,
+    "tests/diagnose/test_msprobe.py": 45, "tests/flows/test_interrupt.py": 44, "tests/flows/test_server.py": 28,
+    "tests/logs/test_fuzz.py": 25,
 }
 
 
