@@ -43,20 +43,18 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
-# Fixtures holding a machine-wide resource (and one worth sharing, below): the SSH lab binds 127.0.0.11-13, the jump
-# lab 127.0.0.14-15, the Slurm lab its network namespace and its daemons' ports. Under `pytest -n N --dist loadgroup`
-# (make test) every module using one of a lab's fixtures runs on the same worker as the others using that lab, one
-# after the other; the other modules spread over the workers.
-# `site` (tests/faults) and `make_transport` (tests/transport) take the SSH lab for their `ssh` parameter through
-# `request.getfixturevalue("ssh_lab")`, as does a test that asks for it so itself: none of them names the lab, and
-# left out of its group they started a second SSH lab on the other worker while the first one ran (two CI rehearsals
-# lost an SSH connection mid-command in such a module).
-LABS = {"ssh_lab": "ssh-labs", "lab_hosts_yaml": "ssh-labs", "jump_lab": "ssh-labs", "site": "ssh-labs",
-        "make_transport": "ssh-labs", "slurm_lab": "slurm-lab",
-        # not a lab, but a session fixture worth sharing: a MindSpore base training (11 s) that three twin modules
-        # read; on one worker it is trained once, spread over two it was trained on each
-        "ms_base": "twin-ms-base"}
-_ASKS_FOR_A_LAB = re.compile(r"""getfixturevalue\(["'](\w+)["']\)""")
+# Fixtures whose users run as one xdist group, one module after the other on the same worker (make test:
+# `pytest -n N --dist loadgroup`); the other modules spread over the workers.
+# - The labs hold machine-wide resources: the SSH lab binds 127.0.0.11-13, the jump lab 127.0.0.14-15, the Slurm lab
+#   its network namespace and its daemons' ports. `site` (tests/faults) and `make_transport` (tests/transport) take
+#   the SSH lab for their `ssh` parameter through `request.getfixturevalue("ssh_lab")`, as does a test that asks for
+#   it so itself: none of them names the lab, and left out of its group they started a second SSH lab on the other
+#   worker while the first one ran (two CI rehearsals lost an SSH connection mid-command in such a module).
+# - `ms_base` is a session fixture worth sharing: a MindSpore base training (11 s) that three twin modules read; on
+#   one worker it is trained once, spread over two it was trained on each.
+GROUP_OF_FIXTURE = {"ssh_lab": "ssh-labs", "lab_hosts_yaml": "ssh-labs", "jump_lab": "ssh-labs", "site": "ssh-labs",
+                    "make_transport": "ssh-labs", "slurm_lab": "slurm-lab", "ms_base": "twin-ms-base"}
+_ASKS_FOR_A_FIXTURE = re.compile(r"""getfixturevalue\(["'](\w+)["']\)""")
 
 # Seconds each long group took under `make test` on the idle 2-core machine (2026-12-05, 129f977: junit times
 # summed per group), for the order alone: the longest start first (longest-processing-time scheduling), so that no
@@ -76,10 +74,10 @@ MEASURED_S = {
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group the tests for `--dist loadgroup`: the modules using one machine-wide lab in that lab's group, every other
-    module as a group of its own. A module's tests share module-scoped fixtures (a team topology, a trained run) and
-    some build on each other in file order: spread over two workers, each worker built those fixtures again (the
-    deploy tests' topology and their demo runs twice). Then order the groups longest first (`make test` passes
+    """Group the tests for `--dist loadgroup`: the modules using a fixture of `GROUP_OF_FIXTURE` in its group, every
+    other module as a group of its own. A module's tests share module-scoped fixtures (a team topology, a trained
+    run) and some build on each other in file order: spread over two workers, each worker built those fixtures again
+    (the deploy tests' topology and their demo runs twice). Then order the groups longest first (`make test` passes
     `--no-loadscope-reorder`, or xdist would put the groups with the most tests first instead).
 
     xdist's worker turns the `xdist_group` markers into the node ids' `@group` suffix in its own
@@ -89,18 +87,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return item.nodeid.split("::", 1)[0]
 
     asked: dict[Path, list[str]] = {}
-    lab_of: dict[str, str] = {}
+    shared_group: dict[str, str] = {}
     for item in items:
         if item.path not in asked:
-            asked[item.path] = _ASKS_FOR_A_LAB.findall(item.path.read_text(encoding="utf-8")) \
+            asked[item.path] = _ASKS_FOR_A_FIXTURE.findall(item.path.read_text(encoding="utf-8")) \
                 if item.path.suffix == ".py" else []
         for fixture in [*getattr(item, "fixturenames", ()), *asked[item.path]]:
-            if fixture in LABS:
-                lab_of[module(item)] = LABS[fixture]
+            if fixture in GROUP_OF_FIXTURE:
+                shared_group[module(item)] = GROUP_OF_FIXTURE[fixture]
     slow = {module(item) for item in items if item.get_closest_marker("slow")}
 
     def group(item: pytest.Item) -> str:
-        return lab_of.get(module(item), module(item))
+        return shared_group.get(module(item), module(item))
 
     def cost(name: str) -> float:
         return MEASURED_S.get(name, 30 if name in slow else 5)
