@@ -255,11 +255,17 @@ class SSHTransport(ShellTransport):
             chan.shutdown_write()
         while True:
             busy = False
-            if pending is not None and chan.send_ready():
-                sent = chan.send(bytes(pending[:_CHUNK]))
-                pending = pending[sent:] if sent < len(pending) else None
-                if pending is None:
-                    chan.shutdown_write()
+            if pending is not None and chan.send_ready():  # paramiko: a closed channel is "ready" (and refuses)
+                try:
+                    sent = chan.send(bytes(pending[:_CHUNK]))
+                except OSError:
+                    if not chan.closed:
+                        raise
+                    pending = None  # the command ended without reading all of its input: its exit is the answer
+                else:
+                    pending = pending[sent:] if sent < len(pending) else None
+                    if pending is None:
+                        chan.shutdown_write()
                 busy = True
             while chan.recv_ready():
                 out.append(chan.recv(_CHUNK))

@@ -272,3 +272,14 @@ def test_a_connection_dropped_during_authentication_is_retryable_not_a_refused_k
     assert not isinstance(info.value, AuthenticationFailed)
     assert info.value.retryable
     assert "dropped during authentication" in str(info.value)
+
+
+def test_a_command_that_exits_without_reading_its_input_is_its_exit_not_a_lost_connection(ssh_lab: SSHLab) -> None:
+    """The host's fingerprinting refuses a path before it reads its program from stdin (it exits 3 at once): the
+    channel closes while the controller is still sending, which was reported as "connection lost during a
+    command: Socket is closed" (three `make test` runs failed so) instead of the command's own exit."""
+    with _ssh(ssh_lab, "ascend") as t:
+        for _ in range(3):
+            done = t.run(["bash", "-c", "sleep 0.3; echo refused >&2; exit 3"], input=b"x" * (16 << 20), check=False)
+            assert (done.exit_code, done.stderr.strip()) == (3, "refused")
+            assert t.run(["echo", "still connected"]).stdout == "still connected\n"
