@@ -327,7 +327,10 @@ def test_prefect_yaml_deploys_to_a_process_pool_whose_worker_runs_the_ui_form(te
         flow_run_id = launch(team, "alignment", "launch", {"experiment": "demo"})
         done_run = team.server.wait_final(flow_run_id, timeout_s=600, proc=worker)
     finally:
-        worker.stop()
+        # Prefect's process worker turns the SIGTERM into a SIGINT to itself and then, after a completed flow run,
+        # at times sits a minute in its teardown (seen in 2 of 3 make test runs: the test took 72 s instead of 12 s).
+        # How it stops is not what this test is about: 10 s, then SIGKILL to its group.
+        worker.stop(grace_s=10)
     assert done_run["state_type"] == "COMPLETED", (worker.tail(), team.server.logs(flow_run_id))
     assert done_run["work_pool_name"] == "alignflow"
     with Store.open(team.db_url, upgrade=False) as store:
