@@ -216,23 +216,21 @@ def test_the_flow_with_a_two_process_torchrun_training_on_a_slurm_host(env: Flow
 
 
 @pytest.mark.slow
-def test_the_demo_passes_with_its_cuda_host_on_slurm(slurm_lab: SlurmLab, tmp_path: Path, repo_root: Path,
-                                                     subprocess_env: dict[str, str], prefect_api_url: str) -> None:
-    """`alignflow run experiments/demo.yaml` as committed, its GPU side submitted to Slurm (the twin, CPU)."""
+def test_alignflow_run_passes_with_its_cuda_host_on_slurm(env: FlowEnv, slurm_lab: SlurmLab,
+                                                          subprocess_env: dict[str, str], prefect_api_url: str) -> None:
+    """`alignflow run` as a user types it, its GPU side one Slurm job of one process (the twin, CPU). The tiny
+    experiment: what runs on Slurm is the same at any depth, and the committed demo itself runs end to end in
+    tests/deploy/test_team.py (its 4 layers and 30 steps cost 40 CPU-s more here)."""
     import json
     import subprocess
     import sys
 
-    demo = yaml.safe_load((repo_root / "experiments" / "demo.yaml").read_text())
-    demo["data"]["path"] = "data/demo"  # generated here (demo.bin + demo.idx), with the committed sha256
-    experiment = tmp_path / "demo.yaml"
-    experiment.write_text(yaml.safe_dump(demo, sort_keys=False))
-    hosts = _hosts(tmp_path, slurm_lab, {"cuda": {}})
-    env = {**subprocess_env, "ALIGNFLOW_STATE_DIR": str(tmp_path / "state"), "GLOG_v": "3",
-           "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": prefect_api_url}
+    hosts = _hosts(env.root, slurm_lab, {"cuda": {}})
+    cli_env = {**subprocess_env, "ALIGNFLOW_STATE_DIR": str(env.state), "GLOG_v": "3",
+               "PREFECT_HOME": str(env.root / "prefect"), "PREFECT_API_URL": prefect_api_url}
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "alignflow", "run", str(experiment), "--hosts", str(hosts),
-                           "--json"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3600,
+    done = subprocess.run([sys.executable, "-m", "alignflow", "run", str(env.experiment), "--hosts", str(hosts),
+                           "--json"], cwd=env.root, env=cli_env, capture_output=True, text=True, timeout=3600,
                           check=False)
     wall = time.monotonic() - started
     assert done.returncode == 0, done.stderr[-3000:]
@@ -240,8 +238,8 @@ def test_the_demo_passes_with_its_cuda_host_on_slurm(slurm_lab: SlurmLab, tmp_pa
     assert (record["status"], record["verdict"]) == ("completed", "pass")
     gpu = next(s for s in record["steps"] if s["step"] == "gpu_train")
     assert gpu["host"] == "cuda"
-    with Store.open(state_dir=tmp_path / "state", upgrade=False) as store:
+    with Store.open(state_dir=env.state, upgrade=False) as store:
         handle = next(s for s in store.steps(record["run_id"]) if s.step == "gpu_train").job_handle
     assert handle is not None
     assert handle["scheduler_id"].isdigit()
-    print(f"demo on Slurm: {wall:.0f} s, verdict {record['verdict']}")
+    print(f"alignflow run on Slurm: {wall:.0f} s, verdict {record['verdict']}")
