@@ -79,6 +79,15 @@ MEASURED_S = {
 }
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadgroup` with a lane for the groups that mostly wait (tests/scheduling.py)."""
+    if config.getoption("dist", None) != "loadgroup":
+        return None
+    from tests.scheduling import LaneScheduling
+
+    return LaneScheduling(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group the tests for `--dist loadgroup`: the modules using a fixture of `GROUP_OF_FIXTURE` in its group, every
