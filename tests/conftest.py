@@ -63,19 +63,16 @@ GROUP_OF_FIXTURE = {"ssh_lab": "ssh-labs", "lab_hosts_yaml": "ssh-labs", "jump_l
                     "make_transport": "ssh-labs", "slurm_lab": "slurm-lab", "ms_base": "twin-ms-base"}
 _ASKS_FOR_A_FIXTURE = re.compile(r"""getfixturevalue\(["'](\w+)["']\)""")
 
-# Seconds each long group took under `make test` on the idle 2-core machine (2026-12-05, 129f977: junit times
-# summed per group), for the order alone: the longest start first (longest-processing-time scheduling), so that no
-# long group starts while the other workers run out of work. A module not listed counts 30 s if it has slow tests,
-# else 5 s.
+# Seconds each long group took under `make test` on the idle 2-core machine (2026-12-05, 6ba0160, three workers with
+# the lane of tests/scheduling.py: junit times summed per group), for the order alone: within each kind of group the
+# longest start first (longest-processing-time scheduling), so that no long group starts while the other workers run
+# out of work. A module not listed counts 30 s if it has slow tests, else 5 s.
 MEASURED_S = {
-    "tests/deploy/test_team.py": 146, "slurm-lab": 144,  # test_slurm_runs 118 s, test_slurm 26 s
-    "tests/faults/test_crash.py": 137,
-    "ssh-labs": 135,  # test_behaviour 41 s, test_alignment_ssh 27 s, test_held 23 s, test_staging 13 s, 7 more
-    "twin-ms-base": 117,  # test_resume 48 s, test_acceptance 44 s, test_entrypoints 25 s
-    "tests/flows/test_alignment.py": 98, "tests/deploy/test_ui_browser.py": 93, "tests/flows/test_gate.py": 71,
-    "tests/lab/test_mindformers_lab.py": 51, "tests/diagnose/test_seed_bugs.py": 50,
-    "tests/diagnose/test_msprobe.py": 45, "tests/flows/test_interrupt.py": 44, "tests/flows/test_server.py": 28,
-    "tests/logs/test_fuzz.py": 25,
+    "ssh-labs": 212, "slurm-lab": 179, "tests/deploy/test_team.py": 149, "tests/flows/test_server.py": 37,  # the lane's
+    "tests/faults/test_crash.py": 182, "twin-ms-base": 179, "tests/flows/test_alignment.py": 178,
+    "tests/deploy/test_ui_browser.py": 124, "tests/flows/test_gate.py": 107, "tests/lab/test_mindformers_lab.py": 73,
+    "tests/diagnose/test_seed_bugs.py": 70, "tests/flows/test_interrupt.py": 62, "tests/diagnose/test_msprobe.py": 54,
+    "tests/logs/test_fuzz.py": 46, "tests/store/test_concurrency.py": 30,
 }
 
 
