@@ -18,7 +18,7 @@ unexport PYTHONDONTWRITEBYTECODE
 # The unit tier runs on this many processes (its tests start none, share nothing).
 UNIT_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 # The whole suite: one worker per core (two to four) and one more, the lane of the groups that mostly wait on sshd,
-# Slurm or servers (tests/scheduling.py): measured on 2 cores, two workers kept them 86% busy, this 99%. Each module
+# Slurm or servers (tests/scheduling.py): measured on 2 cores, two workers kept them 89% busy, this 97%. Each module
 # runs on one worker, the modules of one lab (sshd, Slurm) one after the other, longest groups first
 # (tests/conftest.py: GROUP_OF_FIXTURE, MEASURED_S; --no-loadscope-reorder keeps that order).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -lt 2 ] && n=2; [ $$n -gt 4 ] && n=4; echo $$((n + 1)))

@@ -1,10 +1,10 @@
 """`make test`'s xdist scheduling: `--dist loadgroup`, with one worker as the lane of the groups that mostly wait.
 
-On the 2-core machine two workers left the cores 14% idle over a whole `make test` (vmstat, 5 s samples): the groups
+On the 2-core machine two workers left the cores 11% idle over a whole `make test` (vmstat, 5 s samples): the groups
 that wait on sshd, Slurm, a team's servers or a Prefect server's start-up ran beside a training group and the
 second core had nothing to do. `TEST_WORKERS` is one worker more than the cores (Makefile); the last worker takes
 `WAITING_GROUPS` while any is left, the other workers take the rest, and a worker out of its kind of group takes the
-other kind, so that none idles at the end. Measured on the idle 2-core machine: the cores 99% busy instead of 86%.
+other kind, so that none idles at the end. Measured on the idle 2-core machine: the cores 97% busy instead of 89%.
 With fewer than three workers the order is loadgroup's own (tests/conftest.py orders the groups longest first).
 """
 

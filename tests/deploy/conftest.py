@@ -49,10 +49,10 @@ def write_workspace(root: Path, repo_root: Path) -> None:
 
     `demo` is the repository's demo (its data made under the state dir and checked against its sha256, its
     criteria, its learning-rate schedule) at the depth of tests/data/flow/tiny.yaml: one MoE layer and 4 + 8 steps
-    instead of 4 layers and 10 + 30, which cost 40 CPU-s more per run on the 2-core machine and change nothing the
-    deployment does (the demo itself is `make demo`'s, which CI runs). `drifting` is the same experiment under
-    another name: the nightly finds its trainings already made by the UI's demo run, and its test then makes it
-    regress.
+    instead of 4 layers and 10 + 30, whose trainings cost about 30 CPU-s more per run (process accounting: 54
+    against 21) and change nothing the deployment does (the demo itself is `make demo`'s, which CI runs).
+    `drifting` is the same experiment under another name: the nightly finds its trainings already made by the UI's
+    demo run, and its test then makes it regress.
     """
     (root / "experiments").mkdir(parents=True)
     demo = yaml.safe_load((repo_root / "experiments" / "demo.yaml").read_text())

@@ -219,8 +219,9 @@ def test_the_flow_with_a_two_process_torchrun_training_on_a_slurm_host(env: Flow
 def test_alignflow_run_passes_with_its_cuda_host_on_slurm(env: FlowEnv, slurm_lab: SlurmLab,
                                                           subprocess_env: dict[str, str], prefect_api_url: str) -> None:
     """`alignflow run` as a user types it, its GPU side one Slurm job of one process (the twin, CPU). The tiny
-    experiment: what runs on Slurm is the same at any depth, and the committed demo itself runs end to end in
-    tests/deploy/test_team.py (its 4 layers and 30 steps cost 40 CPU-s more here)."""
+    experiment: what runs on Slurm is the same at any depth, and the committed demo's 4 layers and 30 steps cost
+    about 30 CPU-s more of trainings here (51 against 19 by process accounting); CI runs the demo itself
+    (`make demo` in .ci/run)."""
     import json
     import subprocess
     import sys
