@@ -274,8 +274,10 @@ class SSHTransport(ShellTransport):
                 err.append(chan.recv_stderr(_CHUNK))
                 busy = True
             # OpenSSH sends exit-status as the process ends, and the rest of its output, EOF and CLOSE after:
-            # done once the status and the end of the output are both in (paramiko's closed implies both).
-            if chan.exit_status_ready() and (chan.eof_received or chan.closed):
+            # done once the status and the end of the output are both in. A closed channel is done too: paramiko
+            # sets `closed` a moment before it sets the status event (`_set_closed`), so a channel seen closed right
+            # after its status was seen missing still has its status, which `recv_exit_status` waits for (-1 if none).
+            if chan.closed or (chan.exit_status_ready() and chan.eof_received):
                 _drain(chan, out, err)
                 code = chan.recv_exit_status()
                 if code == -1:  # paramiko's "no exit-status came": the channel closed without one
@@ -286,8 +288,8 @@ class SSHTransport(ShellTransport):
                     err.append(b"\nalignflow: the command ended without an exit status (killed by a signal?)\n")
                 return b"".join(out), b"".join(err), code
             tr = chan.get_transport()
-            if chan.closed or tr is None or not tr.is_active():
-                raise EOFError("channel closed before the command's exit status arrived")
+            if tr is None or not tr.is_active():
+                raise EOFError("the connection closed before the command's exit status arrived")
             now = time.perf_counter()
             if deadline is not None and now >= deadline:
                 raise CommandTimeout(f"command timed out after {timeout_s:g} s and was killed",
