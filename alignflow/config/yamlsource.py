@@ -9,7 +9,10 @@ quietly become one).
 Hostile input fails closed with `file:line` (issue 16): a file that is not UTF-8 names the line of the first bad
 byte; aliases are followed, but an alias that contains itself (`&n [*n]`) is refused, and so is a document whose
 aliases expand past `MAX_NODES` nodes (a "billion laughs" bomb of 9 anchors of 9 aliases each would otherwise
-build 9^9 nodes); nesting too deep for the parser is refused rather than raising `RecursionError`.
+build 9^9 nodes); nesting deeper than `MAX_DEPTH` is refused at the line where it goes too deep, before the parser
+reads further (PyYAML's scanner does work quadratic in the depth, and how deep it got before a `RecursionError` depended
+on the process's recursion limit: a 5,000-deep flow list took 0.8 s at Python's default limit, 6.4 s at the 10,000 that
+importing MindSpore sets).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from yaml.events import Event
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from alignflow.errors import ConfigError, did_you_mean
@@ -32,6 +36,9 @@ M = TypeVar("M", bound=BaseModel)
 # Nodes a document may expand to, aliases included. Real configurations have a few hundred (a MindFormers
 # template about 300); the cap only stops alias bombs, long before they cost memory or time.
 MAX_NODES = 100_000
+# Collections inside collections a document may nest. Real configurations nest under ten deep (a MindFormers
+# template six); the cap keeps the parser's recursion far below Python's default limit of 1,000 frames.
+MAX_DEPTH = 100
 
 
 @dataclass(frozen=True)
@@ -73,7 +80,10 @@ def parse_yaml(text: str, path: str | Path = "<string>") -> YamlDocument:
     """Parse YAML text (see `load_yaml`)."""
     path = Path(path)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_DepthLimitedLoader)
+    except _TooDeep as exc:
+        raise ConfigError([(str(path), exc.line, f"malformed YAML: nested too deeply (more than {MAX_DEPTH} "
+                            "levels)")]) from None
     except RecursionError:
         raise ConfigError([(str(path), None, "malformed YAML: nested too deeply")]) from None
     except yaml.MarkedYAMLError as exc:
@@ -94,6 +104,39 @@ def parse_yaml(text: str, path: str | Path = "<string>") -> YamlDocument:
     if problems:
         raise ConfigError(problems)
     return YamlDocument(path=path, data=data, lines=lines)
+
+
+class _TooDeep(Exception):
+    def __init__(self, line: int | None) -> None:
+        super().__init__(line)
+        self.line = line
+
+
+class _DepthLimitedLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a collection nested more than `MAX_DEPTH` deep as soon as the composer
+    reaches its start."""
+
+    _depth = 0
+
+    def _enter(self) -> None:
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            event: Event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise _TooDeep(event.start_mark.line + 1 if event.start_mark is not None else None)
+
+    def compose_sequence_node(self, anchor: dict[Any, Node]) -> SequenceNode:
+        self._enter()
+        try:
+            return super().compose_sequence_node(anchor)
+        finally:
+            self._depth -= 1
+
+    def compose_mapping_node(self, anchor: dict[Any, Node]) -> MappingNode:
+        self._enter()
+        try:
+            return super().compose_mapping_node(anchor)
+        finally:
+            self._depth -= 1
 
 
 class _Expansion:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from alignflow.config import load_experiment, load_hosts, validate_file
+from alignflow.config.yamlsource import parse_yaml
 from alignflow.errors import ConfigError
 
 pytestmark = pytest.mark.integration
@@ -62,8 +63,21 @@ def test_ordinary_aliases_still_work(tmp_path: Path) -> None:
 def test_nesting_too_deep_for_the_parser_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "deep.yaml"
     path.write_text("name: " + "[" * 5000 + "]" * 5000 + "\n")
-    with pytest.raises(ConfigError, match="nested too deeply"):
+    with pytest.raises(ConfigError, match=rf"{path}:1: malformed YAML: nested too deeply \(more than 100 levels\)"):
         validate_file(path)
+
+
+def test_block_nesting_too_deep_names_the_line_where_it_goes_too_deep(tmp_path: Path) -> None:
+    """The cap does not hang on Python's recursion limit (which importing MindSpore raises tenfold): a document 101
+    levels deep is refused at the line of its 101st level, one 100 deep is read."""
+    def nested(levels: int) -> str:
+        return "".join("  " * i + f"k{i}:\n" for i in range(levels - 1)) + "  " * (levels - 1) + "v: 1\n"
+
+    path = tmp_path / "deep.yaml"
+    path.write_text(nested(101))
+    with pytest.raises(ConfigError, match=rf"{path}:101: malformed YAML: nested too deeply"):
+        parse_yaml(path.read_text(), path)
+    assert parse_yaml(nested(100), path).line_of(tuple(f"k{i}" for i in range(99)) + ("v",)) == 100
 
 
 @pytest.mark.parametrize("section", ["npu", "gpu", "steps.gpu_train"])
