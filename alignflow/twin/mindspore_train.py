@@ -28,6 +28,7 @@ from typing import Any
 
 from alignflow.errors import AlignflowError, ConfigError
 from alignflow.frameworks.dumpfile import DumpRequest, request_from_env
+from alignflow.frameworks.mindspore_host import run_host_tasks_inline
 from alignflow.twin.faults import Faults, faults_from_env, optimizer_json
 from alignflow.twin.mindformers_yaml import MindFormersConfig
 
@@ -251,6 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--mode", type=int, default=1, choices=[1], help="1 = PyNative (the only mode)")
     args = parser.parse_args(argv)
     _configure_logging()
+    run_host_tasks_inline()  # the twin runs MindSpore on a CPU (alignflow.frameworks.mindspore_host)
     try:
         from alignflow.twin.mindformers_yaml import load_mindformers_config
 
