@@ -258,3 +258,28 @@ def test_parse_log_file_reads_and_reports_unreadable_inputs(tmp_path: Path) -> N
 def test_unknown_format_name_is_refused() -> None:
     with pytest.raises(LogParseError, match=r"unknown log format 'torch'"):
         parse_log([], fmt="torch")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("steps", [5, 1500])
+def test_the_frame_is_the_same_whichever_reader_builds_its_columns(monkeypatch: pytest.MonkeyPatch,
+                                                                    steps: int) -> None:
+    """Short logs' columns are read in numpy, long ones' with pandas' record reader (alignflow.logs.steps): the
+    same log gives the same frame, dtypes included, either way (a column missing on some lines, a NaN count, an
+    integer column)."""
+    import pandas as pd
+
+    from alignflow.logs import steps as steps_module
+
+    lines = []
+    for s in range(1, steps + 1):
+        line = megatron_line(s, steps, consumed_samples=8 * s, elapsed_ms=650.0, lr=1e-4, global_batch_size=8,
+                             losses={"lm loss": 2.0 + 1.0 / s, **({"mtp_1 loss": 2.5} if s % 3 else {})},
+                             grad_norm=1.5, throughput_tflops=120.0)
+        lines.append(line)
+    frames = []
+    for records_from in (0, 10**9):
+        monkeypatch.setattr(steps_module, "_RECORDS_FROM", records_from)
+        frames.append(parse_log(lines).frame)
+    pd.testing.assert_frame_equal(frames[0], frames[1], check_exact=True)
+    assert str(frames[0]["consumed_samples"].dtype) == "Int64"
+    assert frames[0]["mtp_1_loss"].isna().sum() == steps // 3
