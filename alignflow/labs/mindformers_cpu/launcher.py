@@ -20,6 +20,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from alignflow.frameworks.mindspore_host import run_host_tasks_inline
 from alignflow.labs.mindformers_cpu import REQUIRED_MINDFORMERS
 
 
@@ -64,6 +65,7 @@ def prepare() -> None:
     # MindFormers builds its dataset helpers (helpers.cpp) on first use with a Makefile that runs
     # `python3 -m pybind11`: that must be this interpreter, whose environment has pybind11
     os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    run_host_tasks_inline()  # MindSpore on a CPU host (alignflow.frameworks.mindspore_host)
     import mindspore
 
     # Synchronous op launch: the same numbers (checked: identical loss lines), but ~25x faster on a 2-core host,
