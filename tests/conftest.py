@@ -38,6 +38,10 @@ UNIT_TIER = os.environ.get("ALIGNFLOW_TEST_TIER") == "unit"
 # busy processes on the 2-core machine a tiny twin training took 4.9 CPU-s with two threads and 3.4 with one, its
 # checkpoint byte for byte the same. A value set outside (OMP_NUM_THREADS=2 make test) is kept.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# MindSpore in the test processes themselves (tests/twin/test_mindspore_side.py imports it, the msprobe dump scripts
+# run it) runs each PyNative task inline, as the twin and the MindFormers lab do (alignflow.frameworks.mindspore_host):
+# its default queue waits in a busy loop. With the lab, msprobe and MindSpore-side tests it took 71 CPU-s, 80 without.
+os.environ.setdefault("MS_DEV_HOST_BLOCKING_RUN", "1")
 
 _MODULE_TIER = re.compile(r"^pytestmark = .*\b(integration|slow)\b", re.M)
 
