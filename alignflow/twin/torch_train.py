@@ -71,6 +71,19 @@ class TwinSettings:
         return cls(env.get(TWIN_MEGATRON_VERSION, "0.16"), env.get(TWIN_DATA_SHA256) or None, device)
 
 
+def _deterministic_eager_kernels(torch: Any) -> None:
+    """`torch.use_deterministic_algorithms(True, warn_only=True)` for the eager kernels the twin runs.
+
+    The public call also sets `torch._inductor.config.deterministic`, for `torch.compile`d graphs, which the twin
+    never builds; importing that config imports inductor and dynamo, 1.35 s of the twin's 3.3 CPU-s on the 2-core
+    machine (cProfile of an 8-step run). The eager flag is the same either way."""
+    set_flag = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if set_flag is None:  # a torch without it: the public call
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        set_flag(True, warn_only=True)
+
+
 def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
           clock: Callable[[], float] = time.perf_counter, now: Callable[[], datetime] = datetime.now,
           faults: Faults | None = None, dump: DumpRequest | None = None) -> list[dict[str, float]]:
@@ -108,7 +121,7 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
         # cuBLAS needs a fixed workspace for reproducible GEMMs (read when the first handle is created); ops
         # without a deterministic kernel warn instead of ending the run
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        _deterministic_eager_kernels(torch)
     torch.manual_seed(ns.seed)
     dp = DataParallel.from_env(cuda=device.type == "cuda")
     info0 = log.info if dp.first else _quiet  # Megatron's print_rank_0 ...
