@@ -107,7 +107,8 @@ class PrefectServer:
     def start(cls, *, database_url: str, home: Path, env: dict[str, str], log: Path) -> PrefectServer:
         port = free_port()
         server_env = {**env, "PREFECT_HOME": str(home), "PREFECT_SERVER_DATABASE_CONNECTION_URL": database_url,
-                      "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api"}
+                      "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+                      "PREFECT_SERVER_LOG_RETRYABLE_ERRORS": "true"}  # a 503's cause in the server log
         proc = Proc.start("prefect server", [sys.executable, "-m", "prefect", "server", "start", "--host",
                                              "127.0.0.1", "--port", str(port)], env=server_env, cwd=home, log=log)
         server = cls(proc, port)
