@@ -6,15 +6,20 @@ it needs a result, waits for the queue to drain in a busy loop (`AsyncRQueue::Wa
 the waiting thread burns a core that the queue's own worker needs. `MS_DEV_HOST_BLOCKING_RUN=1`, read by
 `AsyncRQueue::Push` at its first call, makes each task run where it is pushed.
 
-Measured with the twin (4 layers, MoE, 2-core machine; logs and checkpoints byte for byte the same either way):
+Measured with the twin (4 layers, MoE, 2-core machine; logs and checkpoints byte for byte the same either way;
+CPU-s over repeated runs, which vary by 10-20% on this machine):
 
-| run | default | blocking |
+| run | default | inline |
 |---|---|---|
-| 4 steps, idle | 10.6 CPU-s | 8.6-9.0 CPU-s |
-| 30 steps, idle | 17.2 CPU-s, 13.0 s | 11.8 CPU-s, 10.2 s |
-| 8 steps, beside two busy processes | 21.6 CPU-s, 38-48 s | 10.0 CPU-s, 20 s |
+| 4 steps, idle | 10.6-10.8 CPU-s | 8.6-9.4 CPU-s |
+| 8 steps, idle | 11.8-14.4 CPU-s | 12.2-12.7 CPU-s |
+| 30 steps, idle | 17.2-28.7 CPU-s | 11.8-14.9 CPU-s |
+| 8 steps, beside two busy processes | 20.1-22.2 CPU-s, 38-48 s | 10.0-12.0 CPU-s, 19-38 s |
 
-perf put 89% of the busy run's samples in `AsyncRQueue::Wait`.
+The default costs most in longer runs and whenever the cores are shared (perf put 89% of a busy run's samples in
+`AsyncRQueue::Wait`); the step from about ten steps on matches the actor runtime's switch between single- and
+multi-threaded execution after its first 30 graph executions (`ActorDispatcher::kMultiThreadExecutionCountBegin`),
+which is where we think it comes from.
 """
 
 from __future__ import annotations
