@@ -67,16 +67,16 @@ GROUP_OF_FIXTURE = {"ssh_lab": "ssh-labs", "lab_hosts_yaml": "ssh-labs", "jump_l
                     "make_transport": "ssh-labs", "slurm_lab": "slurm-lab", "ms_base": "twin-ms-base"}
 _ASKS_FOR_A_FIXTURE = re.compile(r"""getfixturevalue\(["'](\w+)["']\)""")
 
-# Seconds each long group took under `make test` on the idle 2-core machine (2026-12-05, 6ba0160, three workers with
+# Seconds each long group took under `make test` on the idle 2-core machine (2026-12-05, 493cac2, three workers with
 # the lane of tests/scheduling.py: junit times summed per group), for the order alone: within each kind of group the
 # longest start first (longest-processing-time scheduling), so that no long group starts while the other workers run
 # out of work. A module not listed counts 30 s if it has slow tests, else 5 s.
 MEASURED_S = {
-    "ssh-labs": 212, "slurm-lab": 179, "tests/deploy/test_team.py": 149, "tests/flows/test_server.py": 37,  # the lane's
-    "tests/faults/test_crash.py": 182, "twin-ms-base": 179, "tests/flows/test_alignment.py": 178,
-    "tests/deploy/test_ui_browser.py": 124, "tests/flows/test_gate.py": 107, "tests/lab/test_mindformers_lab.py": 73,
-    "tests/diagnose/test_seed_bugs.py": 70, "tests/flows/test_interrupt.py": 62, "tests/diagnose/test_msprobe.py": 54,
-    "tests/logs/test_fuzz.py": 46, "tests/store/test_concurrency.py": 30,
+    "ssh-labs": 198, "tests/deploy/test_team.py": 141, "slurm-lab": 133, "tests/flows/test_server.py": 46,  # the lane's
+    "tests/faults/test_crash.py": 136, "tests/flows/test_alignment.py": 113, "tests/deploy/test_ui_browser.py": 107,
+    "twin-ms-base": 103, "tests/flows/test_gate.py": 90, "tests/diagnose/test_msprobe.py": 77,
+    "tests/lab/test_mindformers_lab.py": 65, "tests/flows/test_interrupt.py": 58,
+    "tests/diagnose/test_seed_bugs.py": 48, "tests/logs/test_fuzz.py": 32, "tests/store/test_concurrency.py": 28,
 }
 
 
