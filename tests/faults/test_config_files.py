@@ -77,7 +77,7 @@ def test_block_nesting_too_deep_names_the_line_where_it_goes_too_deep(tmp_path: 
     path.write_text(nested(101))
     with pytest.raises(ConfigError, match=rf"{path}:101: malformed YAML: nested too deeply"):
         parse_yaml(path.read_text(), path)
-    assert parse_yaml(nested(100), path).line_of(tuple(f"k{i}" for i in range(99)) + ("v",)) == 100
+    assert parse_yaml(nested(100), path).line_of((*(f"k{i}" for i in range(99)), "v")) == 100
 
 
 @pytest.mark.parametrize("section", ["npu", "gpu", "steps.gpu_train"])
