@@ -17,8 +17,9 @@ importing MindSpore sets).
 
 from __future__ import annotations
 
+import contextlib
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -118,25 +119,24 @@ class _DepthLimitedLoader(yaml.SafeLoader):
 
     _depth = 0
 
-    def _enter(self) -> None:
+    @contextlib.contextmanager
+    def _one_level_deeper(self) -> Iterator[None]:
         self._depth += 1
-        if self._depth > MAX_DEPTH:
-            event: Event = self.peek_event()  # type: ignore[no-untyped-call]
-            raise _TooDeep(event.start_mark.line + 1 if event.start_mark is not None else None)
+        try:
+            if self._depth > MAX_DEPTH:
+                event: Event = self.peek_event()  # type: ignore[no-untyped-call]
+                raise _TooDeep(event.start_mark.line + 1 if event.start_mark is not None else None)
+            yield
+        finally:
+            self._depth -= 1
 
     def compose_sequence_node(self, anchor: dict[Any, Node]) -> SequenceNode:
-        self._enter()
-        try:
+        with self._one_level_deeper():
             return super().compose_sequence_node(anchor)
-        finally:
-            self._depth -= 1
 
     def compose_mapping_node(self, anchor: dict[Any, Node]) -> MappingNode:
-        self._enter()
-        try:
+        with self._one_level_deeper():
             return super().compose_mapping_node(anchor)
-        finally:
-            self._depth -= 1
 
 
 class _Expansion:
