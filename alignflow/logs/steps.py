@@ -206,7 +206,7 @@ def _frame(rows: list[dict[str, float]], steps: npt.NDArray[np.int64]) -> pd.Dat
     integer column (INTEGER_COLUMNS) as nullable integers when every value it has is a whole number.
 
     Built column by column in numpy and handed to pandas once: this runs on every parse, and pandas' record path,
-    column reindex and per-column assignment cost about 0.3 ms even for a short log, half its parse. A long log's
+    column reindex and per-column assignment made a short log's parse 0.31 ms instead of 0.17. A long log's
     columns come from pandas' record reader, faster than a Python pass per column from about 1,000 rows on."""
     names: dict[str, float] = {}
     for row in rows:
