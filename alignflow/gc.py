@@ -32,7 +32,7 @@ from typing import Any, Literal
 from alignflow.config.hosts import Host, Inventory
 from alignflow.errors import AlignflowError, TransportError
 from alignflow.store.references import HostReferences
-from alignflow.transport.shell import ShellTransport
+from alignflow.transport.facade import Transport
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class Survey:
 
 
 def find_garbage(inventory: Inventory, references: dict[str, HostReferences], *,
-                 transport: Callable[[Host], ShellTransport], min_age_s: float = 3600.0) -> Survey:
+                 transport: Callable[[Host], Transport], min_age_s: float = 3600.0) -> Survey:
     """Everything on the inventory's hosts that no record references (see the module docstring)."""
     found: list[Garbage] = []
     unreachable: list[tuple[str, str]] = []
@@ -174,7 +174,7 @@ def find_garbage(inventory: Inventory, references: dict[str, HostReferences], *,
     return Survey(tuple(found), tuple(unreachable))
 
 
-def _host_garbage(t: ShellTransport, refs: HostReferences | None, min_age_s: float) -> list[Garbage]:
+def _host_garbage(t: Transport, refs: HostReferences | None, min_age_s: float) -> list[Garbage]:
     wd = t.workdir()
     done = t.run([t.python(), "-c", _PROBE, wd.real], timeout_s=600)
     try:
@@ -206,7 +206,7 @@ def _outermost(items: Iterable[Garbage]) -> list[Garbage]:
 
 
 def delete(survey: Survey, references: dict[str, HostReferences], *,
-           transport: Callable[[Host], ShellTransport], inventory: Inventory) -> list[Garbage]:
+           transport: Callable[[Host], Transport], inventory: Inventory) -> list[Garbage]:
     """Delete the survey's garbage (links are removed, never followed); what was deleted.
 
     `references` is read again by the caller just before: an item a run started to reference since the

@@ -36,8 +36,9 @@ from typing import Literal, Protocol
 from alignflow.config.hosts import Host
 from alignflow.errors import CommandTimeout, PathExists, PathMissing, PathNotAllowed, RemoteJobError
 from alignflow.fingerprint import FileEntry, Fingerprint, canonical_manifest
-from alignflow.transport.jobs import JobHandle, JobSpec, JobState, new_job_id
-from alignflow.transport.protocol import Completed, PathStat, PollFn, ProgressFn, Transport
+from alignflow.transport.facade import Transport
+from alignflow.transport.jobs import JobHandle, JobSpec, JobState, PollFn, new_job_id
+from alignflow.transport.results import Completed, PathStat, ProgressFn
 from alignflow.transport.snapshot import HostSnapshot
 
 Content = str | bytes

@@ -30,9 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from alignflow.transport import copy_between, open_transport
+from alignflow.transport import SSHShell, Transport, copy_between, open_transport
 from alignflow.transport.direct import DirectRoute
-from alignflow.transport.ssh import SSHTransport
 from tests.lab.sshd import SSHLab
 
 _MAKE_DATA = """
@@ -47,15 +46,15 @@ for i in range(n):
 """
 
 
-def _baseline(src: SSHTransport, dst: SSHTransport, src_dir: str, dst_dir: str, cipher: str | None = None) -> float:
+def _baseline(src: Transport, dst: Transport, src_dir: str, dst_dir: str, cipher: str | None = None) -> float:
     """Plain `rsync -a -e ssh` on the source host (no hashing, no staging), with the same lent key."""
-    with DirectRoute(src, dst) as route:
+    with DirectRoute(src.files, dst.files) as route:
         assert route.usable(), route.reason
         h = dst.host
         rsh = (f"ssh -F /dev/null -o StrictHostKeyChecking=yes -o UserKnownHostsFile={route.known_hosts_file}"
                f" -o BatchMode=yes -p {h.port} -l {h.user}" + (f" -c {cipher}" if cipher else ""))
         cmd = ["rsync", "-a", "-e", rsh, src_dir + "/", f"{h.address}:{dst_dir}/"]
-        argv = src.openssh.ssh_argv(shlex.join(cmd), forward_agent=True)
+        argv = route.ssh.ssh_argv(shlex.join(cmd), forward_agent=True)
         start = time.perf_counter()
         subprocess.run(argv, env=route.env(), check=True, capture_output=True)
         return time.perf_counter() - start
@@ -77,8 +76,8 @@ def main() -> int:
     lab = SSHLab.start(("ascend", "cpu"))
     try:
         with open_transport(lab.host("ascend")) as a, open_transport(lab.host("cpu")) as c:
-            assert isinstance(a, SSHTransport)
-            assert isinstance(c, SSHTransport)
+            assert isinstance(a.shell, SSHShell)
+            assert isinstance(c.shell, SSHShell)
             print(f"making {args.size_mib} MiB in {args.files} files on ascend ...", flush=True)
             a.run([a.python(), "-c", _MAKE_DATA, "data", str(args.files), str(size // args.files)])
             src = a.path("data")

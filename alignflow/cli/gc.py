@@ -14,7 +14,7 @@ import typer
 
 if TYPE_CHECKING:
     from alignflow.config.hosts import Host
-    from alignflow.transport import ShellTransport
+    from alignflow.transport import Transport
 
 EXIT_BAD_INPUT = 2
 
@@ -49,9 +49,9 @@ def register(app: typer.Typer) -> None:
                        "garbage (set ALIGNFLOW_STATE_DIR or ALIGNFLOW_DB_URL to the store the runs use)", err=True)
             raise typer.Exit(EXIT_BAD_INPUT)
         inventory = load_hosts(hosts)
-        opened: dict[str, ShellTransport] = {}
+        opened: dict[str, Transport] = {}
 
-        def transport(host: Host) -> ShellTransport:
+        def transport(host: Host) -> Transport:
             if host.name not in opened:
                 opened[host.name] = open_transport(host)
             return opened[host.name]

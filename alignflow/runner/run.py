@@ -160,7 +160,6 @@ def check_slurm_hosts(ctx: RunContext, *, events: Events | None = None,
     """`PreflightError` when a Slurm host of the run's plan cannot run its jobs (`alignflow.transport.slurm_check`)."""
     from alignflow.config.placement import resolve_host
     from alignflow.transport import open_transport
-    from alignflow.transport.shell import ShellTransport
     from alignflow.transport.slurm_check import check_slurm_host
 
     hosts = {h.name: h for step in ctx.plan.steps if pipeline.step(step).executor != "compare"
@@ -169,11 +168,10 @@ def check_slurm_hosts(ctx: RunContext, *, events: Events | None = None,
     for host in hosts.values():
         t = (transport_factory or open_transport)(host)
         try:
-            if isinstance(t, ShellTransport):
-                check = check_slurm_host(t)
-                errors += check.errors
-                for warning in check.warnings:
-                    (events or log.warning)(f"preflight: {warning}")
+            check = check_slurm_host(t.shell)
+            errors += check.errors
+            for warning in check.warnings:
+                (events or log.warning)(f"preflight: {warning}")
         finally:
             t.close()
     if errors:

@@ -15,18 +15,20 @@ Guarantees (issue 3): paths are confined to the host's workdir (lexically and, o
 symlinks); host keys are checked with a reject policy against the host's managed known_hosts; every argument
 reaches the host literally; a copy appears at its final path only after the destination host verified its
 sha256; a host that does not answer raises `HostUnreachable` within its `connect_timeout_s`.
+
+Under the facade, one seam: a `Shell` (`exec`, `spawn`, its workdir) per kind of host - see shell.py for the
+parts built on it, and docs/architecture.md#adding-a-transport for a new kind of host.
 """
 
 from __future__ import annotations
 
-from alignflow.config.hosts import Host
-from alignflow.transport.jobs import JobHandle, JobSpec, JobState
-from alignflow.transport.local import LocalTransport, controller_transport
-from alignflow.transport.protocol import Completed, PathStat, PollFn, ProgressFn, Transport
-from alignflow.transport.shell import ShellTransport
+from alignflow.transport.facade import Transport, controller_transport, copy_between, open_transport
+from alignflow.transport.jobs import JobHandle, JobSpec, JobState, PollFn
+from alignflow.transport.local import LocalShell
+from alignflow.transport.results import Completed, PathStat, ProgressFn
+from alignflow.transport.shell import Result, Shell
 from alignflow.transport.snapshot import HostSnapshot
-from alignflow.transport.ssh import SSHTransport
-from alignflow.transport.transfer import copy_between
+from alignflow.transport.ssh import SSHShell
 
 __all__ = [
     "Completed",
@@ -34,21 +36,15 @@ __all__ = [
     "JobHandle",
     "JobSpec",
     "JobState",
-    "LocalTransport",
+    "LocalShell",
     "PathStat",
     "PollFn",
     "ProgressFn",
-    "SSHTransport",
-    "ShellTransport",
+    "Result",
+    "SSHShell",
+    "Shell",
     "Transport",
     "controller_transport",
     "copy_between",
     "open_transport",
 ]
-
-_TRANSPORTS: dict[str, type[ShellTransport]] = {"local": LocalTransport, "ssh": SSHTransport}
-
-
-def open_transport(host: Host) -> ShellTransport:
-    """The transport for `host` (nothing is connected until the first command)."""
-    return _TRANSPORTS[host.transport](host)

@@ -5,6 +5,9 @@ every value reaches it as a positional argument, never spliced into the script t
 whole argv once with `shlex.join`. So a path or argument holding spaces, quotes, `;`, `$(...)` or a newline
 is passed literally (issue 3, item 6).
 
+Every script's first line names it (`# alignflow:stat`, see `script`): `ps` on the host shows which of ours a
+process is, and a fake host (`alignflow.testing.FakeShell`) tells our commands apart by `script_name`.
+
 The file operations are a table of small bash scripts, one round trip each, each beginning with the
 host-side confinement check of `paths.CONFINE_SH`.
 """
@@ -51,6 +54,34 @@ def render_prologue(
     return "\n".join(lines)
 
 
+_TAG = f"# {ARGV0}:"
+
+
+def script(name: str, body: str, *args: str, prologue: str = "") -> list[str]:
+    """`bash -c SCRIPT alignflow ARGS...`: the script named on its first line, the prologue (if any) after it, then
+    `body`. Every value travels as a positional parameter, never spliced into the text."""
+    text = f"{_TAG}{name}\n{prologue}\n{body}" if prologue else f"{_TAG}{name}\n{body}"
+    return ["bash", "-c", text, ARGV0, *args]
+
+
+def script_name(argv: Sequence[str]) -> str | None:
+    """The name `script` gave a command (`"stat"`, `"launch"`, ...); None for any other argv."""
+    if len(argv) < 3 or argv[0] != "bash" or argv[1] != "-c" or not argv[2].startswith(_TAG):
+        return None
+    return argv[2][len(_TAG):].partition("\n")[0]
+
+
+def with_prologue(argv: Sequence[str], prologue: str) -> list[str]:
+    """`argv` with the host's prologue run first: spliced after the name line of one of our scripts (one bash, as
+    ever), any other argv wrapped by `wrap_command`."""
+    if not prologue:
+        return list(argv)
+    name = script_name(argv)
+    if name is None or list(argv[3:4]) != [ARGV0]:
+        return wrap_command(argv, prologue)
+    return script(name, argv[2].partition("\n")[2], *argv[4:], prologue=prologue)
+
+
 def wrap_command(argv: Sequence[str], prologue: str) -> list[str]:
     """`bash -c '<prologue>; "$@"; exit $?' alignflow ARGV...`: the argv travels as positional parameters.
 
@@ -59,7 +90,7 @@ def wrap_command(argv: Sequence[str], prologue: str) -> list[str]:
     """
     if not argv:
         raise ValueError("empty argv")
-    return ["bash", "-c", f'{prologue}\n"$@"\nexit $?', ARGV0, *argv]
+    return script("run", '"$@"\nexit $?', *argv, prologue=prologue)
 
 
 def render_job_script(argv: Sequence[str], prologue: str, *, header: str) -> str:
@@ -69,8 +100,8 @@ def render_job_script(argv: Sequence[str], prologue: str, *, header: str) -> str
 
 
 def op_argv(op: str, workdir_real: str, *args: str) -> list[str]:
-    """argv of a file operation from `OPS`; `$1` is the real workdir, the operation's arguments follow."""
-    return ["bash", "-c", CONFINE_SH + "W=$1; shift\n" + OPS[op], ARGV0, workdir_real, *args]
+    """argv of a file operation from `OPS` (named `op`); `$1` is the real workdir, the operation's arguments follow."""
+    return script(op, CONFINE_SH + "W=$1; shift\n" + OPS[op], workdir_real, *args)
 
 
 # Exit status with which operations report a missing path.

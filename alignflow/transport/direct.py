@@ -23,9 +23,9 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from alignflow.transport.commands import ARGV0
+from alignflow.transport.files import Files
 from alignflow.transport.hostkeys import trusted_keys
 from alignflow.transport.openssh import (
     BULK_CIPHERS,
@@ -36,9 +36,6 @@ from alignflow.transport.openssh import (
     known_hosts_path,
 )
 
-if TYPE_CHECKING:
-    from alignflow.transport.shell import ShellTransport
-
 log = logging.getLogger(__name__)
 
 _AGENT_KEY_LIFETIME_S = 6 * 3600
@@ -48,7 +45,7 @@ _UNSAFE_IN_RSH = set(" \t\n'\"\\")
 class DirectRoute:
     """Context manager: lends the destination's key to the source host; `usable()` says whether it works."""
 
-    def __init__(self, src: ShellTransport, dst: ShellTransport) -> None:
+    def __init__(self, src: Files, dst: Files) -> None:
         self.src, self.dst = src, dst
         self.ssh: OpenSSHClient = _reached_over_ssh(src)  # the controller's OpenSSH client for the source
         _reached_over_ssh(dst)
@@ -193,8 +190,8 @@ class DirectRoute:
         return f"[{addr}]:{path}" if ":" in addr else f"{addr}:{path}"
 
 
-def _reached_over_ssh(t: ShellTransport) -> OpenSSHClient:
-    client = t.openssh_client()
+def _reached_over_ssh(t: Files) -> OpenSSHClient:
+    client = t.shell.openssh_client()
     if client is None:
         raise ValueError(f"{t.host.name}'s files are on this machine: a direct host-to-host copy needs two SSH hosts")
     return client

@@ -1,33 +1,31 @@
-"""Detached jobs: a command that outlives the connection that started it.
+"""Detached jobs: a command that outlives the connection that started it, whoever schedules it.
 
-A job lives in `<workdir>/jobs/<job_id>/`:
-
-```
-cmd.sh      the rendered command (host env, setup lines, per-job env, cwd, exec argv) - runnable by hand
-job.sh      the supervisor: writes `pid`, runs cmd.sh, writes `exit_code` atomically (temp file + mv)
-spec.json   what was asked (argv, name, env, cwd, started_at): lets a restarted controller re-attach by id
-pid         the supervisor's pid; it is also the process group id (setsid), which `cancel` kills
-stdout, stderr
-slot        (a job that takes a slot) "waiting for one of the host's N job slot(s) ..." / "holding job slot i ..."
-exit_code   present only once the command has ended - the truth about "finished"
-cancelled   marker written by `cancel` before it signals the group
-```
-
-Why `setsid`: the job gets its own session and process group, so neither a dropped SSH connection nor the
-controller's signals reach it, and `kill -- -PGID` also reaches torchrun/msrun children. Why the `cwd`
-check in STATUS: `kill -0` reports zombies (and recycled pids) as alive
-(docs/orchestration.md#g12-kill--0-is-true-for-zombies); a
-process whose `/proc/PID/cwd` is this job dir is our supervisor, a zombie has no cwd at all.
+A job lives in `<workdir>/jobs/<job_id>/`, whatever its scheduler: `cmd.sh` (the rendered command - host env,
+setup lines, per-job env, cwd, exec argv - runnable by hand), `spec.json` (what was asked: lets a restarted
+controller re-attach by id), `stdout`, `stderr`, and what its scheduler adds (`jobs_direct.py`: a setsid supervisor
+and its pid; `slurm.py`: a batch script and Slurm's job id). `Jobs` is what both schedulers provide; `wait` polls
+any of them.
 """
 
 from __future__ import annotations
 
+import logging
+import posixpath
 import re
 import secrets
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
+
+from alignflow.config.hosts import Host
+from alignflow.errors import CommandTimeout, RemoteJobError, TransportError
+from alignflow.transport import commands
+from alignflow.transport.files import Files
+from alignflow.transport.shell import CONTROL_TIMEOUT_S
+
+log = logging.getLogger(__name__)
 
 JobKind = Literal["pending", "running", "exited", "lost", "cancelled", "timeout", "preempted", "failed"]
 # pending: queued by a scheduler (Slurm PENDING), not started; timeout / preempted / failed: ended by the scheduler
@@ -153,133 +151,6 @@ class JobState:
         return f"{word} ({self.note})" if self.note and self.kind != "running" else word
 
 
-# The supervisor. Runs in the job dir, in its own session; `$$` is the process group id. It writes `pid`, runs
-# cmd.sh, and writes the exit code atomically.
-_PID_SH = "echo $$ > pid.tmp && mv -f pid.tmp pid\n"
-_RUN_SH = """\
-bash ./cmd.sh > stdout 2> stderr < /dev/null%s
-code=$?
-echo "$code" > exit_code.tmp && mv -f exit_code.tmp exit_code
-"""
-SUPERVISOR_SH = _PID_SH + _RUN_SH % ""
-
-# Exit code of a job that could not take a slot because the host has no `flock`.
-NO_FLOCK_EXIT = 97
-
-# Before running, the supervisor of a job that holds one of the host's `max_concurrent_jobs` slots takes one. The
-# slots are lock files in `<workdir>/slots/`, on the host, so every controller that launches there (a teammate's
-# laptop, the team's worker, the nightly) shares them. It waits (writing `slot`) until it can `flock` one, keeps
-# the lock on fd 9 while the command runs — the command does not inherit it (`9>&-`) — and loses it when it ends
-# or is killed: a cancelled or crashed job never leaks a slot.
-_TAKE_SLOT_SH = """\
-: > stdout; : > stderr
-af_slots=%(slots)d; af_slot_dir=%(slot_dir)s
-if ! command -v flock > /dev/null 2>&1; then
-  echo "alignflow: this host has no flock (util-linux), which a job needs to hold one of its max_concurrent_jobs \
-slots" > stderr
-  echo %(no_flock)d > exit_code.tmp && mv -f exit_code.tmp exit_code; exit 0
-fi
-mkdir -p -- "$af_slot_dir"
-waited=
-while :; do
-  i=0
-  while [ "$i" -lt "$af_slots" ]; do
-    exec 9>> "$af_slot_dir/$i.lock"
-    flock -n 9 && break 2
-    exec 9>&-
-    i=$((i+1))
-  done
-  [ -n "$waited" ] || { echo "waiting for one of the host's $af_slots job slot(s) (max_concurrent_jobs) since \
-$(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ)" > slot; waited=1; }
-  sleep 1
-done
-echo "holding job slot $i of $af_slots since $(date -u +%%Y-%%m-%%dT%%H:%%M:%%SZ)" > slot
-"""
-
-
-def supervisor_script(slots: int | None, slot_dir: str | None = None) -> str:
-    """The job's supervisor: plain, or holding one of `slots` slots (lock files under `slot_dir`) while it runs."""
-    if slots is None:
-        return SUPERVISOR_SH
-    if slots < 1 or not slot_dir:
-        raise ValueError("a job slot needs slots >= 1 and a slot directory")
-    import shlex
-
-    take = _TAKE_SLOT_SH % {"slots": slots, "slot_dir": shlex.quote(slot_dir), "no_flock": NO_FLOCK_EXIT}
-    return _PID_SH + take + _RUN_SH % " 9>&-"
-
-# $1 job dir, $2 cmd.sh, $3 job.sh, $4 spec.json. Prints the pid. Exit 98 when the job dir exists (job ids
-# are never reused, so a job's files are never overwritten).
-LAUNCH_SH = """\
-d=$1
-mkdir -p -m 700 -- "${d%/*}" || exit 1
-mkdir -m 700 -- "$d" 2>/dev/null || { echo "job dir exists: $d" >&2; exit 98; }
-cd -- "$d" || exit 1
-printf '%s' "$2" > cmd.sh && printf '%s' "$3" > job.sh && printf '%s' "$4" > spec.json || exit 1
-setsid nohup bash ./job.sh > /dev/null 2>&1 < /dev/null &
-i=0; while [ ! -s pid ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done
-[ -s pid ] || { echo "the job's supervisor did not start in $d" >&2; exit 1; }
-cat pid
-"""
-
-# Liveness of a job's supervisor: its /proc cwd is the job dir (false for zombies and recycled pids).
-_ALIVE_SH = """\
-af_alive() { [ -n "$pid" ] && [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$real" ]; }
-"""
-
-# $1 job dir. Prints one of: MISSING | EXITED <code> | RUNNING | CANCELLED | LOST
-STATUS_SH = _ALIVE_SH + """\
-d=$1
-[ -d "$d" ] || { echo MISSING; exit 0; }
-real=$(cd -- "$d" && pwd -P); pid=$(cat -- "$d/pid" 2>/dev/null)
-[ -f "$d/exit_code" ] && { echo "EXITED $(cat -- "$d/exit_code")"; exit 0; }
-af_alive && { echo RUNNING; exit 0; }
-# the supervisor may have written exit_code and ended between the two checks above
-[ -f "$d/exit_code" ] && { echo "EXITED $(cat -- "$d/exit_code")"; exit 0; }
-[ -f "$d/cancelled" ] && { echo CANCELLED; exit 0; }
-echo LOST
-"""
-
-# $1 job dir, $2 grace seconds. TERM to the group, KILL after the grace period; then prints the state.
-CANCEL_SH = _ALIVE_SH + """\
-d=$1; grace=$2
-[ -d "$d" ] || { echo MISSING; exit 0; }
-real=$(cd -- "$d" && pwd -P); pid=$(cat -- "$d/pid" 2>/dev/null)
-af_group() { ps -e -o pgid=,stat= | awk -v g="$pid" '$1 == g && $2 !~ /^Z/ {n++} END {exit n ? 0 : 1}'; }
-if [ ! -f "$d/exit_code" ] && af_alive; then
-  : > "$d/cancelled"
-  kill -TERM -- "-$pid" 2>/dev/null
-  end=$(( $(date +%s) + grace ))
-  while af_group && [ "$(date +%s)" -lt "$end" ]; do sleep 0.1; done
-  af_group && kill -KILL -- "-$pid" 2>/dev/null
-  i=0; while af_group && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
-fi
-""" + STATUS_SH
-
-# $1 job dir, $2 bytes, $3 stream file name
-TAIL_SH = '[ -d "$1" ] || exit 3; [ -f "$1/$3" ] || exit 0; tail -c "$2" -- "$1/$3"'
-
-# $1 job dir -> "PID\\n<spec.json>"
-ATTACH_SH = '[ -f "$1/spec.json" ] || exit 3; cat -- "$1/pid" 2>/dev/null || echo 0; cat -- "$1/spec.json"'
-
-
-def parse_status(line: str) -> JobState | None:
-    """The STATUS_SH answer as a state; None for MISSING."""
-    word, _, rest = line.strip().partition(" ")
-    table: dict[str, JobState] = {
-        "RUNNING": JobState("running"),
-        "CANCELLED": JobState("cancelled"),
-        "LOST": JobState("lost"),
-    }
-    if word == "MISSING":
-        return None
-    if word == "EXITED":
-        return JobState("exited", int(rest.strip()))
-    if word in table:
-        return table[word]
-    raise ValueError(f"unexpected job status line {line!r}")
-
-
 # A line that says why a job failed: a Python exception line, or a log line at ERROR/FATAL/CRITICAL level
 # (MindFormers and the twin log errors to stdout, `[ERROR]` / `- ERROR -`; Megatron and torchrun to stderr).
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception|Exit|Interrupt)\b.*"
@@ -297,3 +168,127 @@ def error_line(*tails: str) -> str | None:
             if _ERROR_LINE.match(line) and not line.lstrip().startswith("Traceback"):
                 return line.strip()[:500]
     return None
+
+
+PollFn = Callable[[JobState], None]
+"""Called by `wait` after every poll with the job's current state."""
+
+
+class Jobs(Protocol):
+    """The detached jobs of one host: `jobs_direct.DirectJobs` (setsid) or `slurm.SlurmJobs` (sbatch)."""
+
+    host: Host
+    deadline_slack_s: float
+    """How long `wait` keeps polling past its own deadline: a scheduler that enforces the job's limit itself."""
+
+    def launch(self, spec: JobSpec) -> JobHandle: ...
+
+    def attach(self, job_id: str) -> JobHandle: ...
+
+    def status(self, handle: JobHandle) -> JobState: ...
+
+    def tail(self, handle: JobHandle, n_bytes: int = 4096, stream: Literal["stdout", "stderr"] = "stdout") -> str: ...
+
+    def cancel(self, handle: JobHandle, *, grace_s: float = 10.0) -> JobState: ...
+
+    def slot_note(self, handle: JobHandle) -> str: ...
+
+
+class Clock(Protocol):
+    """What `wait` reads time from and sleeps on (a test passes one that does not really sleep)."""
+
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    monotonic = staticmethod(time.monotonic)
+    sleep = staticmethod(time.sleep)
+
+
+def job_dir(files: Files, job_id: str) -> str:
+    """`<workdir>/jobs/<job_id>`, the job's directory on its host."""
+    return posixpath.join(files.workdir().real, "jobs", check_job_id(job_id))
+
+
+def checked_job_dir(files: Files, handle: JobHandle) -> str:
+    """The handle's job dir, confined to the host's workdir; `ValueError` for another host's job."""
+    if handle.host != files.host.name:
+        raise ValueError(f"job {handle.job_id} belongs to host {handle.host!r}, not {files.host.name!r}")
+    return files.path(handle.job_dir)
+
+
+def spec_record(files: Files, spec: JobSpec, job_id: str, cwd: str, now: datetime) -> dict[str, object]:
+    """The job's `spec.json`: what was asked, and where and when."""
+    return {"job_id": job_id, "name": spec.name, "argv": list(spec.argv), "env": dict(spec.env), "cwd": cwd,
+            "host": files.host.name, "started_at": now.isoformat()}
+
+
+# $1 job dir, $2 bytes, $3 stream file name
+TAIL_SH = '[ -d "$1" ] || exit 3; [ -f "$1/$3" ] || exit 0; tail -c "$2" -- "$1/$3"'
+
+
+def read_tail(files: Files, handle: JobHandle, n_bytes: int, stream: Literal["stdout", "stderr"]) -> str:
+    """The last `n_bytes` of the job's stdout or stderr, from its job dir (poll with this; fetch whole logs once)."""
+    if stream not in ("stdout", "stderr"):
+        raise ValueError(f"stream must be 'stdout' or 'stderr', not {stream!r}")
+    path = checked_job_dir(files, handle)
+    raw = files.shell.exec(commands.script("tail", TAIL_SH, path, str(int(n_bytes)), stream),
+                           timeout_s=CONTROL_TIMEOUT_S)
+    if raw.exit_code != 0:
+        raise RemoteJobError(f"{files.host.name}: cannot read {stream} of job {handle.job_id}", handle=handle)
+    return raw.text()
+
+
+def wait(jobs: Jobs, handle: JobHandle, *, poll_s: float = 5.0, timeout_s: float | None = None,
+         on_poll: PollFn | None = None, check: bool = False, clock: Clock | None = None) -> JobState:
+    """Poll until the job ends. A dropped connection is not the job's end: reconnect and keep polling.
+
+    `CommandTimeout` when `timeout_s` passes with the job still running (the job is left alone: cancel it
+    if that is what you want). With `check`, `RemoteJobError` (with the stderr tail) unless exited(0).
+    Time a job spends `pending` in a scheduler's queue does not count; a scheduler that enforces the job's
+    limit itself (Slurm's --time) is given its `deadline_slack_s` past it to say so.
+    """
+    clock = clock or SystemClock()
+    if timeout_s is not None and jobs.deadline_slack_s:
+        timeout_s += jobs.deadline_slack_s
+    deadline = None if timeout_s is None else clock.monotonic() + timeout_s
+    last_poll = clock.monotonic()
+    last_error: TransportError | None = None
+    # Start polling fast and back off to `poll_s`: a conversion that ends in 2 s should not wait out a
+    # 5 s interval, and a 10-hour training still costs one status command per `poll_s`.
+    ramp = min(0.1, poll_s)
+    while True:
+        state: JobState | None = None
+        try:
+            state = jobs.status(handle)
+        except TransportError as exc:
+            if not exc.retryable:
+                raise
+            last_error = exc
+            log.warning("%s: polling job %s failed (%s); reconnecting", jobs.host.name, handle.job_id, exc)
+        if state is not None:
+            if state.kind == "pending" and deadline is not None:  # queued: the job's time has not started
+                deadline += clock.monotonic() - last_poll
+            last_poll = clock.monotonic()
+            if on_poll is not None:
+                on_poll(state)
+            if state.finished:
+                break
+        if deadline is not None and clock.monotonic() >= deadline:
+            why = f" (last error: {last_error})" if state is None and last_error else ""
+            raise CommandTimeout(f"job {handle.job_id} still running after {timeout_s} s{why}", host=jobs.host.name)
+        clock.sleep(ramp if deadline is None else max(0.0, min(ramp, deadline - clock.monotonic())))
+        ramp = min(poll_s, ramp * 2)
+    assert state is not None  # the loop only breaks on a finished state
+    if check and not state.ok:
+        raise _failed(jobs, handle, state)
+    return state
+
+
+def _failed(jobs: Jobs, handle: JobHandle, state: JobState) -> RemoteJobError:
+    tail = jobs.tail(handle, 2000, "stderr").rstrip().splitlines()[-20:]
+    detail = "\n".join("    " + line for line in tail)
+    return RemoteJobError(f"{jobs.host.name}: job {handle.job_id} {state} (job dir {handle.job_dir})"
+                          + (f"\n{detail}" if detail else ""), handle=handle, state=state)

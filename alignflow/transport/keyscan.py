@@ -10,7 +10,7 @@ import paramiko
 from alignflow.config.hosts import Host
 from alignflow.errors import HostUnreachable
 from alignflow.transport.hostkeys import HostKey
-from alignflow.transport.ssh import SSHTransport, jump_channel, open_socket
+from alignflow.transport.ssh import SSHShell, jump_channel, open_socket
 
 # One handshake per type: a server presents one key per connection, chosen from the types we offer.
 KEY_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512")
@@ -23,7 +23,7 @@ def fetch_host_keys(host: Host) -> list[HostKey]:
     found: dict[str, HostKey] = {}
     errors = []
     jump = host.jump_host()
-    via = SSHTransport(jump) if jump is not None else None  # the jump's own key must be trusted already
+    via = SSHShell(jump) if jump is not None else None  # the jump's own key must be trusted already
     for key_type in KEY_TYPES:
         sock = jump_channel(via.connect(), host, jump.name) if via is not None and jump is not None \
             else open_socket(host)

@@ -19,13 +19,10 @@ import logging
 import posixpath
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 from alignflow.errors import TransportError
 from alignflow.transport import commands
-
-if TYPE_CHECKING:
-    from alignflow.transport.shell import ShellTransport
+from alignflow.transport.files import Files
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +45,7 @@ sys.stdin.readline()
 """
 
 
-def lock_path(t: ShellTransport, key: str) -> str:
+def lock_path(t: Files, key: str) -> str:
     """Where the lock named `key` lives on the host: under the workdir, or beside the controller's hash memo."""
     name = hashlib.sha256(key.encode("utf-8", "surrogateescape")).hexdigest()[:32] + ".lock"
     wd = t.workdir().real
@@ -57,12 +54,11 @@ def lock_path(t: ShellTransport, key: str) -> str:
 
 
 @contextmanager
-def host_lock(t: ShellTransport, key: str, *, what: str) -> Iterator[None]:
+def host_lock(t: Files, key: str, *, what: str) -> Iterator[None]:
     """Hold the host's exclusive lock named `key` for the duration of the block (`what` is for the log)."""
     path = lock_path(t, key)
-    prologue = commands.render_prologue(host_env=t.host.env, setup=t.host.setup, env=None, cwd=None)
-    holder = t._spawn(["bash", "-c", f'{prologue}\n"$@"\nexit $?', commands.ARGV0, t.python(), "-c", _HOLDER,
-                       path])
+    holder = t.shell.spawn(commands.script("lock", '"$@"\nexit $?', t.python(), "-c", _HOLDER, path,
+                                           prologue=t.prologue()))
     try:
         line = holder.read_line()
         if line == b"waiting\n":

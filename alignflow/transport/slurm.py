@@ -26,17 +26,27 @@ import logging
 import re
 import time
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Literal
 
+from alignflow.config.hosts import Host
 from alignflow.config.slurm import SlurmConfig, format_minutes
 from alignflow.errors import RemoteJobError, TransportError
-from alignflow.transport import commands, jobs
-from alignflow.transport.commands import MISSING_EXIT, render_prologue
-from alignflow.transport.jobs import JobHandle, JobSpec, JobState
+from alignflow.transport import commands
+from alignflow.transport.commands import MISSING_EXIT
+from alignflow.transport.files import Files
+from alignflow.transport.jobs import (
+    JobHandle,
+    JobSpec,
+    JobState,
+    checked_job_dir,
+    job_dir,
+    new_job_id,
+    read_tail,
+    spec_record,
+)
+from alignflow.transport.shell import CONTROL_TIMEOUT_S, Result
+from alignflow.transport.slurm_login import SlurmLoginShell
 from alignflow.transport.slurm_state import interpret, parse_answer, unreachable
-
-if TYPE_CHECKING:
-    from alignflow.transport.shell import RawResult, ShellTransport
 
 log = logging.getLogger(__name__)
 
@@ -126,68 +136,62 @@ def _job_name(name: str) -> str:
     return _NAME_CHARS.sub("-", name).strip("-.")[:64] or "alignflow"
 
 
-class SlurmScheduler:
-    """launch / status / cancel / attach of one Slurm host's jobs, over that host's transport."""
+class SlurmJobs:
+    """launch / status / cancel / attach of one Slurm host's jobs: files over the host's shell, Slurm's client tools
+    on its login node (`SlurmLoginShell`)."""
 
     deadline_slack_s = LIMIT_SLACK_S
 
-    def __init__(self, transport: ShellTransport) -> None:
-        self.t = transport
-        self.host = transport.host
+    def __init__(self, files: Files) -> None:
+        self.files = files
+        self.host: Host = files.host
         assert self.host.slurm is not None
         self.config: SlurmConfig = self.host.slurm
+        self.login = SlurmLoginShell(files.shell)
 
-    def _script(self, body: str) -> str:
-        # the cluster's client tools may need the host's env and setup lines (a module load, SLURM_CONF)
-        prologue = render_prologue(host_env=self.host.env, setup=self.host.setup, env=None, cwd=None)
-        return f"{prologue}\n{body}" if prologue else body
-
-    def _exec(self, body: str, *args: str, timeout_s: float = 120.0) -> RawResult:
-        return self.t._exec(["bash", "-c", self._script(body), commands.ARGV0, *args], timeout_s=timeout_s)
+    def _slurm(self, name: str, body: str, *args: str) -> Result:
+        return self.login.exec(commands.script(name, body, *args), timeout_s=CONTROL_TIMEOUT_S)
 
     def launch(self, spec: JobSpec) -> JobHandle:
-        t, host = self.t, self.host
-        now = datetime.now(UTC)
-        job_id = spec.job_id or jobs.new_job_id(spec.name, now)
-        job_dir = t._job_dir(job_id)
-        cwd = t.path(spec.cwd) if spec.cwd else t.workdir().real
-        prologue = render_prologue(host_env=host.env, setup=host.setup, env=spec.env, cwd=cwd)
+        f, host, now = self.files, self.host, datetime.now(UTC)
+        job_id = spec.job_id or new_job_id(spec.name, now)
+        path = job_dir(f, job_id)
+        cwd = f.path(spec.cwd) if spec.cwd else f.workdir().real
         header = f"alignflow job {job_id} ({spec.name}) on Slurm host {host.name}, submitted {now.isoformat()}"
         minutes = self.config.time_limit_minutes(spec.time_limit_s)
-        record: dict[str, Any] = {"job_id": job_id, "name": spec.name, "argv": list(spec.argv), "env": dict(spec.env),
-                                  "cwd": cwd, "host": host.name, "started_at": now.isoformat(), "scheduler": "slurm",
-                                  "time_limit_min": minutes}
+        record = {**spec_record(f, spec, job_id, cwd, now), "scheduler": "slurm", "time_limit_min": minutes}
         batch = render_batch_script(self.config, name=_job_name(spec.name), header=header, time_minutes=minutes)
-        raw = self._exec(SUBMIT_SH, job_dir, commands.render_job_script(spec.argv, prologue, header=header), batch,
-                         json.dumps(record, indent=1))
+        job_script = commands.render_job_script(spec.argv, f.prologue(env=spec.env, cwd=cwd), header=header)
+        raw = self._slurm("sbatch", SUBMIT_SH, path, job_script, batch, json.dumps(record, indent=1))
         if raw.exit_code == 98:
-            raise RemoteJobError(f"{host.name}: job {job_id} already exists in {job_dir}; job ids are never reused")
+            raise RemoteJobError(f"{host.name}: job {job_id} already exists in {path}; job ids are never reused")
         if raw.exit_code == _SUBMIT_REFUSED:
             message = raw.text("stderr").strip()
             if unreachable(message):
                 raise TransportError(f"sbatch could not reach the Slurm controller: {message}", host=host.name)
-            raise RemoteJobError(f"{host.name}: Slurm refused job {job_id} (sbatch): {message}; job dir {job_dir}")
+            raise RemoteJobError(f"{host.name}: Slurm refused job {job_id} (sbatch): {message}; job dir {path}")
         if raw.exit_code != 0:
-            raise t._op_failed("sbatch", job_dir, raw)
+            raise f.failed("sbatch", path, raw)
         slurm_id = raw.text().split()[-1]
-        log.info("%s: submitted job %s as Slurm job %s in %s", host.name, job_id, slurm_id, job_dir)
-        return JobHandle(host.name, job_id, job_dir, 0, 0, now, spec.name, spec.argv, scheduler_id=slurm_id)
+        log.info("%s: submitted job %s as Slurm job %s in %s", host.name, job_id, slurm_id, path)
+        return JobHandle(host.name, job_id, path, 0, 0, now, spec.name, spec.argv, scheduler_id=slurm_id)
 
     def attach(self, job_id: str) -> JobHandle:
-        job_dir = self.t._job_dir(job_id)
-        raw = self.t._exec(["bash", "-c", ATTACH_SH, commands.ARGV0, job_dir], timeout_s=120.0)
+        path = job_dir(self.files, job_id)
+        # the job's own files: no Slurm tool, so the plain shell (no setup line run)
+        raw = self.files.shell.exec(commands.script("slurm-attach", ATTACH_SH, path), timeout_s=CONTROL_TIMEOUT_S)
         if raw.exit_code == MISSING_EXIT:
-            raise RemoteJobError(f"{self.host.name}: no job {job_id} (no {job_dir}/spec.json)")
+            raise RemoteJobError(f"{self.host.name}: no job {job_id} (no {path}/spec.json)")
         if raw.exit_code == 4:
             raise RemoteJobError(f"{self.host.name}: job {job_id} never ran: {raw.text('stderr').strip()}")
         if raw.exit_code != 0:
-            raise self.t._op_failed("attach", job_dir, raw)
+            raise self.files.failed("attach", path, raw)
         id_line, _, spec_text = raw.text().partition("\n")
         if not id_line.strip():
-            raise RemoteJobError(f"{self.host.name}: job {job_id} has no Slurm job id in {job_dir} (was it "
+            raise RemoteJobError(f"{self.host.name}: job {job_id} has no Slurm job id in {path} (was it "
                                  "submitted? see its submit_error)")
         record = json.loads(spec_text)
-        return JobHandle.from_dict({**record, "job_dir": job_dir, "pid": 0, "pgid": 0,
+        return JobHandle.from_dict({**record, "job_dir": path, "pid": 0, "pgid": 0,
                                     "scheduler_id": id_line.strip()})
 
     def _slurm_id(self, handle: JobHandle) -> str:
@@ -196,11 +200,11 @@ class SlurmScheduler:
         return handle.scheduler_id
 
     def status(self, handle: JobHandle) -> JobState:
-        job_dir = self.t._checked_job_dir(handle)
+        path = checked_job_dir(self.files, handle)
         slurm_id = self._slurm_id(handle)
-        raw = self._exec(STATUS_SH, slurm_id, job_dir)
+        raw = self._slurm("slurm-status", STATUS_SH, slurm_id, path)
         if raw.exit_code != 0:
-            raise self.t._op_failed("job status (scontrol)", job_dir, raw)
+            raise self.files.failed("job status (scontrol)", path, raw)
         answer = parse_answer(raw.text())
         state, why = interpret(answer, slurm_id)
         if state is not None:
@@ -209,11 +213,14 @@ class SlurmScheduler:
             raise TransportError(f"Slurm job {slurm_id}: {why}", host=self.host.name)
         raise RemoteJobError(f"{self.host.name}: cannot tell the state of Slurm job {slurm_id}: {why}", handle=handle)
 
+    def tail(self, handle: JobHandle, n_bytes: int = 4096, stream: Literal["stdout", "stderr"] = "stdout") -> str:
+        return read_tail(self.files, handle, n_bytes, stream)
+
     def cancel(self, handle: JobHandle, *, grace_s: float = 10.0) -> JobState:
         """`scancel`, then wait (KillWait and a margin) until Slurm reports the job ended."""
-        job_dir = self.t._checked_job_dir(handle)
+        path = checked_job_dir(self.files, handle)
         slurm_id = self._slurm_id(handle)
-        raw = self._exec(CANCEL_SH, slurm_id, job_dir)
+        raw = self._slurm("scancel", CANCEL_SH, slurm_id, path)
         if raw.exit_code != 0:
             message = raw.text("stderr").strip()
             if unreachable(message):
@@ -230,4 +237,3 @@ class SlurmScheduler:
     def slot_note(self, handle: JobHandle) -> str:
         """Slurm queues the job itself: its waiting reason is in `JobState.note` (no host job slots)."""
         return ""
-

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from alignflow.transport import commands
-from alignflow.transport.commands import render_prologue
-from alignflow.transport.shell import ShellTransport
+from alignflow.transport.shell import Shell
+from alignflow.transport.slurm_login import SlurmLoginShell
 
 TOOLS = ("sbatch", "scontrol", "scancel", "sacct", "sinfo")
 
@@ -38,12 +38,12 @@ class SlurmCheck:
     partitions: list[str] = field(default_factory=list)
 
 
-def check_slurm_host(t: ShellTransport) -> SlurmCheck:
-    """What stands in the way of running the host's jobs through Slurm (errors), and what weakens it (warnings)."""
-    host = t.host
+def check_slurm_host(shell: Shell) -> SlurmCheck:
+    """What stands in the way of running the host's jobs through Slurm (errors), and what weakens it (warnings);
+    asked on the host's login node (`shell`: how hosts.yaml reaches it)."""
+    host = shell.host
     assert host.slurm is not None
-    prologue = render_prologue(host_env=host.env, setup=host.setup, env=None, cwd=None)
-    raw = t._exec(["bash", "-c", f"{prologue}\n{_CHECK_SH}", commands.ARGV0, *TOOLS], timeout_s=120)
+    raw = SlurmLoginShell(shell).exec(commands.script("slurm-check", _CHECK_SH, *TOOLS), timeout_s=120)
     check = SlurmCheck(host.name)
     lines = raw.text().splitlines()
     missing = [line.split(" ", 1)[1] for line in lines if line.startswith("MISSING ")]

@@ -8,10 +8,13 @@ step's commands, so it sees what the step sees.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from alignflow.transport.files import Files, module_source
 
 # Distributions whose versions matter for alignment (importlib.metadata names).
 PACKAGES: tuple[str, ...] = (
@@ -115,3 +118,26 @@ class HostSnapshot:
             else:
                 parts.append(f"{name}: {repo.get('error')}")
         return ", ".join(parts)
+
+
+def take_snapshot(files: Files) -> HostSnapshot:
+    """Python, framework versions, declared repos' commit + dirty flag, accelerators, env (issue 3, item 5).
+
+    The probe runs with the step commands' env and setup lines, so it sees what they see; a probe that cannot
+    run is recorded as the snapshot's `error`, never raised (a snapshot explains, it does not gate).
+    """
+    from alignflow.transport import snapshot_probe
+
+    host = files.host
+    request = {"packages": list(PACKAGES), "repos": dict(host.repos), "env_names": sorted(host.env),
+               "env_prefixes": list(ENV_PREFIXES)}
+    taken_at = datetime.now(UTC)
+    done = files.run([files.python(), "-", json.dumps(request)], check=False,
+                     input=module_source(snapshot_probe.__file__), timeout_s=120)
+    if done.exit_code != 0:
+        tail = done.stderr.strip().splitlines()[-3:]
+        return HostSnapshot(host.name, taken_at, error=f"{files.python()} exited {done.exit_code}: " + " | ".join(tail))
+    try:
+        return HostSnapshot.from_probe(host.name, taken_at, json.loads(done.stdout))
+    except (ValueError, KeyError, TypeError) as exc:
+        return HostSnapshot(host.name, taken_at, error=f"unreadable probe output: {exc}")

@@ -1,4 +1,4 @@
-"""`SSHTransport`: a host reached over SSH - paramiko for commands, the OpenSSH client for bulk data.
+"""`SSHShell`: a host reached over SSH - paramiko for commands, the OpenSSH client for bulk data.
 
 Security (issue 3, item 6): the host key must be in the host's managed known_hosts file (`RejectPolicy`;
 fabric's AutoAdd default is never in play, docs/orchestration.md#g11-fabric-never-verifies-host-keys-by-default); keys
@@ -31,9 +31,8 @@ from alignflow.errors import (
     TransportError,
 )
 from alignflow.transport.hostkeys import key_fingerprint
-from alignflow.transport.local import controller_transport
 from alignflow.transport.openssh import KEEPALIVE_S, OpenSSHClient, identity_path, known_hosts_path
-from alignflow.transport.shell import RawResult, ShellTransport, Spawned
+from alignflow.transport.shell import Result, Shell, Spawned
 
 log = logging.getLogger(__name__)
 
@@ -88,26 +87,20 @@ def jump_channel(tr: paramiko.Transport, host: Host, jump: str) -> paramiko.Chan
         raise HostUnreachable(f"through jump host {jump}: no channel to {where} ({exc})", host=host.name) from None
 
 
-class SSHTransport(ShellTransport):
+class SSHShell(Shell):
     """A host reached over SSH; connects on first use, reconnects after a drop."""
 
-    def __init__(self, host: Host, *, memo_path: str | None = None) -> None:
-        super().__init__(host, memo_path=memo_path)
+    def __init__(self, host: Host) -> None:
+        super().__init__(host)
         self._ssh: paramiko.SSHClient | None = None
         self._conn_lock = threading.Lock()
         self.openssh = OpenSSHClient(self.host)
         self.peer_routes = self.openssh.peer_routes  # what direct copies from here found (transport.direct)
-        self.connections_opened = 0  # for diagnostics: > 1 means the transport reconnected
-        self._jump: SSHTransport | None = None  # the connection to the host's jump host (proxy_jump)
-
-    def _default_python(self) -> str:
-        return "python3"
+        self.connections_opened = 0  # for diagnostics: > 1 means the shell reconnected
+        self._jump: SSHShell | None = None  # the connection to the host's jump host (proxy_jump)
 
     def openssh_client(self) -> OpenSSHClient:
         return self.openssh
-
-    def _controller(self) -> ShellTransport:
-        return controller_transport()
 
     # -- connection ----------------------------------------------------------------------------------------------
     def connect(self) -> paramiko.Transport:
@@ -130,9 +123,7 @@ class SSHTransport(ShellTransport):
         h = self.host
         assert h.address is not None
         assert h.user is not None
-        where = f"{h.address}:{h.port}"
-        budget = h.connect_timeout_s
-        deadline = time.monotonic() + budget
+        deadline = time.monotonic() + h.connect_timeout_s
         sock = self._socket()
         kh = known_hosts_path(h)
         client = paramiko.SSHClient()
@@ -158,33 +149,10 @@ class SSHTransport(ShellTransport):
         except HostKeyRejected:
             client.close()
             raise
-        except paramiko.BadHostKeyException as exc:
-            client.close()
-            raise HostKeyRejected(
-                f"host key CHANGED for {where}: it presents {key_fingerprint(exc.key)}, {kh} has "
-                f"{key_fingerprint(exc.expected_key)} - possible man-in-the-middle, or the host was reinstalled",
-                host=h.name,
-            ) from None
-        except paramiko.AuthenticationException as exc:
-            transport = client.get_transport()
-            dropped = transport is None or not transport.is_active()
-            client.close()
-            if dropped:
-                # paramiko reports a connection that died during authentication (sshd restarting, the connection
-                # killed) as "Authentication failed: transport shut down or saw EOF": the server never answered
-                # the key, so this is a lost connection (retryable), not a refusal.
-                raise TransportError(f"SSH connection to {where} dropped during authentication ({exc})",
-                                     host=h.name) from None
-            how = f"key {ident}" if ident else "the SSH agent's keys"
-            raise AuthenticationFailed(f"{h.user}@{where} refused {how}: {exc}", host=h.name) from None
         except (paramiko.SSHException, EOFError, OSError) as exc:
+            dropped = not _active(client)
             client.close()
-            if time.monotonic() >= deadline - 0.05 or "banner" in str(exc).lower():
-                raise HostUnreachable(
-                    f"{where} accepted TCP but did not complete the SSH handshake within {budget:g} s ({exc})",
-                    host=h.name,
-                ) from None
-            raise TransportError(f"SSH handshake with {where} failed: {exc}", host=h.name) from None
+            raise _connect_error(exc, h, dropped=dropped, timed_out=time.monotonic() >= deadline - 0.05) from None
         tr = client.get_transport()
         assert tr is not None
         tr.set_keepalive(KEEPALIVE_S)
@@ -196,7 +164,7 @@ class SSHTransport(ShellTransport):
         if jump is None:
             return open_socket(self.host)
         if self._jump is None:
-            self._jump = SSHTransport(jump)
+            self._jump = SSHShell(jump)
         return jump_channel(self._jump.connect(), self.host, jump.name)
 
     def _drop(self) -> None:
@@ -212,7 +180,7 @@ class SSHTransport(ShellTransport):
             self._jump.close()
 
     # -- commands ------------------------------------------------------------------------------------------------
-    def _exec(self, argv: Sequence[str], *, input: bytes | None = None, timeout_s: float | None = None) -> RawResult:
+    def exec(self, argv: Sequence[str], *, input: bytes | None = None, timeout_s: float | None = None) -> Result:
         if timeout_s is not None:
             # Killed on the host too: closing our channel alone would leave the command running there.
             argv = ["timeout", "-k", str(_KILL_AFTER_S), f"{timeout_s + 1:g}", *argv]
@@ -233,9 +201,9 @@ class SSHTransport(ShellTransport):
             self._drop()
             raise TransportError(f"connection lost during a command: {exc or type(exc).__name__}",
                                  host=self.host.name) from None
-        return RawResult(code, out, err, time.perf_counter() - start)
+        return Result(code, out, err, time.perf_counter() - start)
 
-    def _spawn(self, argv: Sequence[str]) -> Spawned:
+    def spawn(self, argv: Sequence[str]) -> Spawned:
         tr = self.connect()
         try:
             chan = tr.open_session(timeout=self.host.connect_timeout_s)
@@ -299,6 +267,36 @@ class SSHTransport(ShellTransport):
                 select.select([chan], [], [], wait if pending is None else min(wait, 0.01))
 
 
+def _active(client: paramiko.SSHClient) -> bool:
+    transport = client.get_transport()
+    return transport is not None and transport.is_active()
+
+
+def _connect_error(exc: paramiko.SSHException | EOFError | OSError, h: Host, *, dropped: bool,
+                   timed_out: bool) -> TransportError:
+    """paramiko's reason a connection failed, as our error: a changed key, a refused key, or a lost connection."""
+    where = f"{h.address}:{h.port}"
+    if isinstance(exc, paramiko.BadHostKeyException):
+        return HostKeyRejected(
+            f"host key CHANGED for {where}: it presents {key_fingerprint(exc.key)}, {known_hosts_path(h)} has "
+            f"{key_fingerprint(exc.expected_key)} - possible man-in-the-middle, or the host was reinstalled",
+            host=h.name,
+        )
+    if isinstance(exc, paramiko.AuthenticationException):
+        if dropped:
+            # paramiko reports a connection that died during authentication (sshd restarting, the connection
+            # killed) as "Authentication failed: transport shut down or saw EOF": the server never answered
+            # the key, so this is a lost connection (retryable), not a refusal.
+            return TransportError(f"SSH connection to {where} dropped during authentication ({exc})", host=h.name)
+        ident = identity_path(h)
+        how = f"key {ident}" if ident else "the SSH agent's keys"
+        return AuthenticationFailed(f"{h.user}@{where} refused {how}: {exc}", host=h.name)
+    if timed_out or "banner" in str(exc).lower():
+        return HostUnreachable(f"{where} accepted TCP but did not complete the SSH handshake within "
+                               f"{h.connect_timeout_s:g} s ({exc})", host=h.name)
+    return TransportError(f"SSH handshake with {where} failed: {exc}", host=h.name)
+
+
 def _drain(chan: paramiko.Channel, out: list[bytes], err: list[bytes]) -> None:
     """Read what the channel has buffered; past EOF nothing more comes."""
     while chan.recv_ready():
@@ -308,14 +306,20 @@ def _drain(chan: paramiko.Channel, out: list[bytes], err: list[bytes]) -> None:
 
 
 class _SSHSpawned:
-    def __init__(self, transport: SSHTransport, chan: paramiko.Channel) -> None:
-        self.transport, self.chan, self.start = transport, chan, time.perf_counter()
+    def __init__(self, shell: SSHShell, chan: paramiko.Channel) -> None:
+        self.shell, self.chan, self.start = shell, chan, time.perf_counter()
 
     def send(self, data: bytes) -> None:
         try:
             self.chan.sendall(data)
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise TransportError(f"connection lost: {exc}", host=self.transport.host.name) from None
+            raise TransportError(f"connection lost: {exc}", host=self.shell.host.name) from None
+
+    def read(self, n: int) -> bytes:
+        try:
+            return bytes(self.chan.recv(n))
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise TransportError(f"connection lost: {exc}", host=self.shell.host.name) from None
 
     def read_line(self) -> bytes:
         line = b""
@@ -326,18 +330,18 @@ class _SSHSpawned:
                     break
                 line += byte
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise TransportError(f"connection lost: {exc}", host=self.transport.host.name) from None
+            raise TransportError(f"connection lost: {exc}", host=self.shell.host.name) from None
         return line
 
-    def finish(self, timeout_s: float | None = None) -> RawResult:
+    def finish(self, timeout_s: float | None = None) -> Result:
         try:
-            out, err, code = self.transport._pump(self.chan, None, timeout_s)
+            out, err, code = self.shell._pump(self.chan, None, timeout_s)
         except (paramiko.SSHException, EOFError, OSError) as exc:
-            self.transport._drop()
-            raise TransportError(f"connection lost during a command: {exc}", host=self.transport.host.name) from None
+            self.shell._drop()
+            raise TransportError(f"connection lost during a command: {exc}", host=self.shell.host.name) from None
         finally:
             self.chan.close()
-        return RawResult(code, out, err, time.perf_counter() - self.start)
+        return Result(code, out, err, time.perf_counter() - self.start)
 
     def kill(self) -> None:
         self.chan.close()

@@ -1,5 +1,5 @@
-"""Verified copies between two transports' hosts (`copy_between`; a transport's `put`/`get` use it with the
-controller's own filesystem as one end).
+"""Verified copies between two hosts' files (`copy_files`; `Transport.put`/`get`/`receive` and `copy_between` use
+it, with the controller's own filesystem as one end for put and get).
 
 Every copy follows the same five steps, whatever the route:
 1. the sha256 of the source is computed ON the source host (or taken from `expected`, the fingerprint the
@@ -21,7 +21,7 @@ reads nothing when its fingerprint was recorded earlier (issue 16). rsync then d
 that stay inside; one swapped for an escaping link between that check and the copy would change the bytes,
 and the destination's check in step 4 refuses them.
 
-Routes (from what each end says reaches its files, `ShellTransport.openssh_client()`: this machine, or an SSH
+Routes (from what each end's shell says reaches its files: `on_this_machine`, or `openssh_client()` - an SSH
 host through the controller's OpenSSH client): this machine -> this machine: rsync, or Python's shutil where rsync
 is not installed (the embedded default must work on a machine with only Python; same staging, verification and
 rename); this machine <-> SSH host:
@@ -31,7 +31,8 @@ destination (the bytes cross the network once; the destination's key is lent to 
 duration through a forwarded ssh-agent, never written to the source's disk; the destination's host key is
 checked against the controller's known_hosts) - or, for small payloads, when the source cannot reach the
 destination, or when no key can be lent, "relay": a tar stream through the controller (twice the network
-traffic, no trust between hosts needed).
+traffic, no trust between hosts needed). A host reached neither way (a new kind of host, a test's `FakeShell`)
+gets the same tar stream through the two shells' `spawn`: slower than rsync, but it needs nothing but a Shell.
 
 (Over the usual 400 lines: the routes and the one copy procedure they serve read best side by side.)
 """
@@ -52,21 +53,20 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import IO, TYPE_CHECKING, Literal
+from typing import IO, Literal
 
 from alignflow.errors import ConfigError, FingerprintMismatch, PathExists, RemoteCommandError, TransportError
 from alignflow.fingerprint import Fingerprint
+from alignflow.transport import commands
 from alignflow.transport.commands import ARGV0
 from alignflow.transport.direct import DirectRoute, direct_rsync_argv
+from alignflow.transport.files import Files
 from alignflow.transport.locks import host_lock
 from alignflow.transport.openssh import OpenSSHClient
-from alignflow.transport.protocol import Completed, ProgressFn
+from alignflow.transport.results import Completed, ProgressFn
 
-if TYPE_CHECKING:  # the transports call this module; it uses only what they are given
-    from alignflow.transport.shell import ShellTransport
-
-    # A sender puts the source at `<staging>/payload` on the destination.
-    Sender = Callable[[ShellTransport, str, ShellTransport, str, Fingerprint, ProgressFn | None], None]
+# A sender puts the source at `<staging>/payload` on the destination.
+Sender = Callable[[Files, str, Files, str, Fingerprint, ProgressFn | None], None]
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +83,10 @@ DIRECT_MIN_BYTES = 32 << 20
 _LOG_EVERY_S = 10.0
 
 
-def copy_between(
-    src: ShellTransport,
+def copy_files(
+    src: Files,
     src_path: str,
-    dst: ShellTransport,
+    dst: Files,
     dst_path: str,
     *,
     progress: ProgressFn | None = None,
@@ -113,8 +113,8 @@ def _staging_stem(final: str) -> str:
     return f"{STAGING_PREFIX}{base[:40]}-{hashlib.sha256(base.encode('utf-8', 'surrogateescape')).hexdigest()[:8]}"
 
 
-def _remove_stale_staging(dst: ShellTransport, final: str) -> None:
-    raw = dst._op("clean_staging", final, _staging_stem(final))
+def _remove_stale_staging(dst: Files, final: str) -> None:
+    raw = dst.op("clean_staging", final, _staging_stem(final))
     if raw.exit_code != 0:
         log.warning("%s: could not remove stale staging beside %s: %s", dst.host.name, final,
                     raw.text("stderr").strip())
@@ -123,21 +123,11 @@ def _remove_stale_staging(dst: ShellTransport, final: str) -> None:
                  gone.decode("utf-8", "replace"), final)
 
 
-def _copy_locked(src: ShellTransport, s_path: str, dst: ShellTransport, d_final: str, *,
-                 progress: ProgressFn | None, expected: Fingerprint | None, overwrite: bool,
-                 route: Route) -> Fingerprint:
-    if expected is not None:
-        src.check_confined([s_path])  # the hash that would have checked it is not computed again
-    if expected is None:
-        with ThreadPoolExecutor(max_workers=1) as pool:  # hash the source while the destination is looked at
-            hashing = pool.submit(src.sha256, [s_path])
-            exists = dst.stat(d_final) is not None
-            want = hashing.result()[s_path]
-    else:
-        want, exists = expected, dst.stat(d_final) is not None
+def _copy_locked(src: Files, s_path: str, dst: Files, d_final: str, *, progress: ProgressFn | None,
+                 expected: Fingerprint | None, overwrite: bool, route: Route) -> Fingerprint:
+    want, have = _both_ends(src, s_path, dst, d_final, expected)
     name = f"{src.host.name}:{s_path} -> {dst.host.name}:{d_final}"
-    if exists:
-        have = dst.sha256([d_final])[d_final]
+    if have is not None:
         if (have.kind, have.sha256) == (want.kind, want.sha256):
             log.info("%s: already there (sha256 %s), nothing copied", name, want.sha256[:12])
             return have
@@ -145,20 +135,44 @@ def _copy_locked(src: ShellTransport, s_path: str, dst: ShellTransport, d_final:
             raise PathExists(f"{d_final} exists with different content (sha256 {have.sha256[:12]}, copy has "
                              f"{want.sha256[:12]}); nothing was overwritten - pass overwrite=True to replace it",
                              path=d_final, host=dst.host.name)
-    parent = posixpath.dirname(d_final)
-    staging = posixpath.join(parent, f"{_staging_stem(d_final)}-{secrets.token_hex(4)}")
-    dst.mkdir(staging)
-    sender = _sender(src, dst, route)
-    reporter = _Reporter(name, want.size, progress)
-    staged = posixpath.join(staging, "payload")
     start = time.perf_counter()
+    got = _stage_verify_place(src, s_path, dst, d_final, want, _sender(src, dst, route),
+                              _Reporter(name, want.size, progress), overwrite=overwrite)
+    elapsed = time.perf_counter() - start
+    log.info("%s: %d bytes in %.2f s (%.1f MB/s), sha256 %s verified on %s", name, want.size, elapsed,
+             want.size / max(elapsed, 1e-9) / 1e6, want.sha256[:12], dst.host.name)
+    return got
+
+
+def _both_ends(src: Files, s_path: str, dst: Files, d_final: str,
+               expected: Fingerprint | None) -> tuple[Fingerprint, Fingerprint | None]:
+    """What the copy must deliver (the source's fingerprint, computed there unless `expected` was recorded), and
+    what the destination holds already (None: nothing)."""
+    if expected is not None:
+        src.check_confined([s_path])  # the hash that would have checked it is not computed again
+        want, exists = expected, dst.stat(d_final) is not None
+    else:
+        with ThreadPoolExecutor(max_workers=1) as pool:  # hash the source while the destination is looked at
+            hashing = pool.submit(src.sha256, [s_path])
+            exists = dst.stat(d_final) is not None
+            want = hashing.result()[s_path]
+    return want, (dst.sha256([d_final])[d_final] if exists else None)
+
+
+def _stage_verify_place(src: Files, s_path: str, dst: Files, d_final: str, want: Fingerprint, sender: Sender,
+                        progress: ProgressFn, *, overwrite: bool) -> Fingerprint:
+    """Send to a staging dir beside `d_final`, hash what arrived on the destination, rename it into place only if it
+    is what the source holds; the staging dir is removed whatever happens."""
+    staging = posixpath.join(posixpath.dirname(d_final), f"{_staging_stem(d_final)}-{secrets.token_hex(4)}")
+    dst.mkdir(staging)
+    staged = posixpath.join(staging, "payload")
     placed = False
     try:
         # A directory is hashed on the destination while it arrives (file by file, as each is complete);
         # a single file can only be hashed once it is all there.
         follower = dst.follow_sha256(staged) if want.kind == "dir" else None
         try:
-            sender(src, s_path, dst, staging, want, reporter)
+            sender(src, s_path, dst, staging, want, progress)
         except BaseException:
             if follower is not None:
                 follower.abort()
@@ -181,21 +195,21 @@ def _copy_locked(src: ShellTransport, s_path: str, dst: ShellTransport, d_final:
                 dst.remove(staging, recursive=True)
             except Exception as exc:  # cleanup must not mask the copy's own error
                 log.warning("%s: could not remove staging dir %s: %s", dst.host.name, staging, exc)
-    elapsed = time.perf_counter() - start
-    log.info("%s: %d bytes in %.2f s (%.1f MB/s), sha256 %s verified on %s", name, want.size, elapsed,
-             want.size / max(elapsed, 1e-9) / 1e6, want.sha256[:12], dst.host.name)
     return got
 
 
-def _sender(src: ShellTransport, dst: ShellTransport, route: Route) -> Sender:
-    """The route, from what each end says reaches its files (`openssh_client()`: None = this machine)."""
-    s_ssh, d_ssh = src.openssh_client(), dst.openssh_client()
+def _sender(src: Files, dst: Files, route: Route) -> Sender:
+    """The route, from what each end's shell says reaches its files (`on_this_machine`, `openssh_client()`)."""
+    s_ssh, d_ssh = src.shell.openssh_client(), dst.shell.openssh_client()
+    s_here, d_here = src.shell.on_this_machine, dst.shell.on_this_machine
     if s_ssh is not None and d_ssh is not None:
         if _same_host(src, dst):
             return _on_host
         return {"auto": _direct_or_relay, "direct": _direct, "relay": _relay}[route]
-    if s_ssh is None and d_ssh is None:
+    if s_here and d_here:
         return _local_rsync if shutil.which("rsync") else _local_copy
+    if not (s_here or s_ssh) or not (d_here or d_ssh):
+        return _through_shells
     if not shutil.which("rsync"):
         ssh_host = dst if d_ssh is not None else src
         raise ConfigError(f"rsync is not installed on this machine (not on PATH): copies to and from SSH hosts "
@@ -204,14 +218,14 @@ def _sender(src: ShellTransport, dst: ShellTransport, route: Route) -> Sender:
     return _push if d_ssh is not None else _pull
 
 
-def _ssh(t: ShellTransport) -> OpenSSHClient:
+def _ssh(t: Files) -> OpenSSHClient:
     """The end's OpenSSH client; `_sender` only picks a route that uses it for an end that has one."""
-    client = t.openssh_client()
-    assert client is not None, f"{t.host.name}: its files are on this machine, not behind ssh"
+    client = t.shell.openssh_client()
+    assert client is not None, f"{t.host.name}: its files are not behind ssh"
     return client
 
 
-def _same_host(a: ShellTransport, b: ShellTransport) -> bool:
+def _same_host(a: Files, b: Files) -> bool:
     return a.host.name == b.host.name or (a.host.address, a.host.port, a.host.user) == (
         b.host.address, b.host.port, b.host.user)
 
@@ -221,13 +235,13 @@ def _src_dst(s_path: str, staging: str, want: Fingerprint) -> tuple[str, str]:
     return (s_path + "/", staging + "/payload/") if want.kind == "dir" else (s_path, staging + "/payload")
 
 
-def _local_rsync(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
+def _local_rsync(src: Files, s_path: str, dst: Files, staging: str, want: Fingerprint,
                  progress: ProgressFn | None) -> None:
     a, b = _src_dst(s_path, staging, want)
     run_streaming([*RSYNC, "--", a, b], host=dst.host.name, progress=progress, total=want.size)
 
 
-def _local_copy(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
+def _local_copy(src: Files, s_path: str, dst: Files, staging: str, want: Fingerprint,
                 progress: ProgressFn | None) -> None:
     """local -> local without rsync: what `rsync -rLpt` does (content of links, mode, mtime), with shutil."""
     done = 0
@@ -252,7 +266,7 @@ def _local_copy(src: ShellTransport, s_path: str, dst: ShellTransport, staging: 
         progress(want.size, want.size)
 
 
-def _push(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
+def _push(src: Files, s_path: str, dst: Files, staging: str, want: Fingerprint,
           progress: ProgressFn | None) -> None:
     ssh = _ssh(dst)
     a, b = _src_dst(s_path, staging, want)
@@ -260,7 +274,7 @@ def _push(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, w
                   progress=progress, total=want.size)
 
 
-def _pull(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
+def _pull(src: Files, s_path: str, dst: Files, staging: str, want: Fingerprint,
           progress: ProgressFn | None) -> None:
     ssh = _ssh(src)
     a, b = _src_dst(s_path, staging, want)
@@ -290,7 +304,7 @@ def rsync_source(path: str) -> tuple[list[str], str]:
     return ["--trust-sender"], "/".join(parts)
 
 
-def _on_host(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
+def _on_host(src: Files, s_path: str, dst: Files, staging: str, want: Fingerprint,
              progress: ProgressFn | None) -> None:
     a, b = _src_dst(s_path, staging, want)
     dst.run([*RSYNC, "--", a, b])
@@ -298,7 +312,7 @@ def _on_host(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str
         progress(want.size, want.size)
 
 
-def _direct(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
+def _direct(src: Files, s_path: str, dst: Files, staging: str, want: Fingerprint,
             progress: ProgressFn | None) -> None:
     with DirectRoute(src, dst) as route:
         if not route.usable():
@@ -306,7 +320,7 @@ def _direct(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str,
         _rsync_direct(route, s_path, staging, want, progress)
 
 
-def _direct_or_relay(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
+def _direct_or_relay(src: Files, s_path: str, dst: Files, staging: str, want: Fingerprint,
                      progress: ProgressFn | None) -> None:
     if want.size < DIRECT_MIN_BYTES:
         _relay(src, s_path, dst, staging, want, progress)
@@ -328,7 +342,7 @@ def _rsync_direct(route: DirectRoute, s_path: str, staging: str, want: Fingerpri
     run_streaming(argv, host=route.src.host.name, progress=progress, total=want.size, env=route.env())
 
 
-def _relay(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, want: Fingerprint,
+def _relay(src: Files, s_path: str, dst: Files, staging: str, want: Fingerprint,
            progress: ProgressFn | None) -> None:
     """tar on the source | this process | tar on the destination: hosts need no route or trust between them."""
     src_ssh, dst_ssh = _ssh(src), _ssh(dst)
@@ -370,13 +384,47 @@ def _relay(src: ShellTransport, s_path: str, dst: ShellTransport, staging: str, 
             _raise_process_error(argv, code, err, host)
 
 
-def _place(dst: ShellTransport, staged: str, final: str, *, overwrite: bool) -> None:
-    raw = dst._op("place", staged, final, "1" if overwrite else "0")
+# $1 the source path, $2 its kind: a tar of the directory's content (links followed, as rsync -L does) or the file.
+_SEND_SH = 'if [ "$2" = dir ]; then exec tar -C "$1" -chf - .; else exec cat -- "$1"; fi'
+# $1 the staged payload's path, $2 the kind; the payload on stdin.
+_RECEIVE_SH = 'if [ "$2" = dir ]; then mkdir -p -- "$1" && exec tar -C "$1" -xpf -; else exec cat > "$1"; fi'
+
+
+def _through_shells(src: Files, s_path: str, dst: Files, staging: str, want: Fingerprint,
+                    progress: ProgressFn | None) -> None:
+    """tar on the source | this process | tar on the destination, through the two hosts' shells (`spawn`): what any
+    kind of host can do, with nothing between the hosts but the controller."""
+    payload = posixpath.join(staging, "payload")
+    sender = src.shell.spawn(commands.script("send", _SEND_SH, s_path, want.kind))
+    try:
+        receiver = dst.shell.spawn(commands.script("receive", _RECEIVE_SH, payload, want.kind))
+    except BaseException:
+        sender.kill()
+        raise
+    done = 0
+    try:
+        while chunk := sender.read(_PIPE_CHUNK):
+            receiver.send(chunk)
+            done += len(chunk)
+            if progress is not None:
+                progress(min(done, want.size), want.size)
+    except BaseException:
+        sender.kill()
+        receiver.kill()
+        raise
+    for end, spawned, path in ((src, sender, s_path), (dst, receiver, payload)):
+        result = spawned.finish()
+        if result.exit_code != 0:
+            raise end.failed("copy (tar stream)", path, result)
+
+
+def _place(dst: Files, staged: str, final: str, *, overwrite: bool) -> None:
+    raw = dst.op("place", staged, final, "1" if overwrite else "0")
     if raw.exit_code == 6:
         raise PathExists(f"{final} appeared while the copy was running; nothing was overwritten",
                          path=final, host=dst.host.name)
     if raw.exit_code != 0:
-        raise dst._op_failed("place", final, raw)
+        raise dst.failed("place", final, raw)
 
 
 def _diff(want: Fingerprint, got: Fingerprint) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from alignflow.config.hosts import Host
-from alignflow.transport import ShellTransport, open_transport
+from alignflow.transport import Transport, open_transport
 from tests.lab.sshd import SSHLab
 
 SECRET = b"PRIVATE KEY MATERIAL of the host user - must never leave its home\n"
@@ -29,13 +29,13 @@ class Site:
     """
 
     kind: str
-    t: ShellTransport
+    t: Transport
     workdir: Path
     area: str  # relative to the workdir
     outside: Path
     uid: int = -1
     gid: int = -1
-    opened: list[ShellTransport] = field(default_factory=list)
+    opened: list[Transport] = field(default_factory=list)
 
     @property
     def root(self) -> Path:
@@ -72,7 +72,7 @@ class Site:
             p = p.parent
         return out
 
-    def another(self, **overrides: Any) -> ShellTransport:
+    def another(self, **overrides: Any) -> Transport:
         """A second transport to the same host (what a second controller holds)."""
         t = open_transport(self.t.host.model_copy(update=overrides))
         self.opened.append(t)

@@ -23,7 +23,7 @@ from alignflow.runner.placeholders import fill, fill_all
 from alignflow.runner.run import data_artifact, start_run
 from alignflow.runner.session import open_run
 from alignflow.store import Store
-from alignflow.transport import LocalTransport
+from alignflow.transport import open_transport
 from tests.flows.conftest import make_flow_env
 
 pytestmark = pytest.mark.integration
@@ -108,7 +108,7 @@ def _execute(env: object) -> tuple[object, str]:
         run_id = start_run(env.experiment, env.hosts, store=store, state_dir=env.state)  # type: ignore[attr-defined]
         ctx = open_run(store, run_id)
         runner = StepRunner(ctx, store=store, state_dir=env.state,  # type: ignore[attr-defined]
-                            transport_factory=LocalTransport)
+                            transport_factory=open_transport)
         try:
             data = data_artifact(ctx, state_dir=env.state)  # type: ignore[attr-defined]
             return run_job_step(runner, pipeline.step("npu_base_train"), {"data": data}), run_id

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from alignflow import pipeline
+from alignflow.config.hosts import Host
 from alignflow.errors import HostUnreachable
 from alignflow.logs.render import mindformers_pynative_line
 from alignflow.runner.engine import StepRunner
@@ -17,18 +18,21 @@ from alignflow.runner.jobstep import run_job_step
 from alignflow.runner.run import data_artifact, start_run
 from alignflow.runner.session import open_run
 from alignflow.store import Store
-from alignflow.transport import LocalTransport
+from alignflow.transport import LocalShell, Transport
 from tests.flows.conftest import make_flow_env
 
 
-class DropsFirstWait(LocalTransport):
-    """A real LocalTransport whose first `wait` ends like a poller that lost its host for good.
+class DropsFirstWait(Transport):
+    """A real local host's transport whose first `wait` ends like a poller that lost its host for good.
 
     A fake only for the fault: `wait` itself reconnects through ordinary drops (tested for real with sshd in
     tests/transport); giving up entirely needs a host down for longer than the poll deadline.
     """
 
     dropped = 0
+
+    def __init__(self, host: Host) -> None:
+        super().__init__(LocalShell(host))
 
     def wait(self, handle: Any, **kw: Any) -> Any:
         if DropsFirstWait.dropped == 0:

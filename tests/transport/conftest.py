@@ -1,4 +1,4 @@
-"""Fixtures: the same behavioural tests run against LocalTransport and against SSHTransport on the lab."""
+"""Fixtures: the same behavioural tests run against a local host and against an SSH host of the lab."""
 
 from __future__ import annotations
 
@@ -10,19 +10,19 @@ from typing import Any
 import pytest
 
 from alignflow.config.hosts import Host
-from alignflow.transport import ShellTransport, open_transport
+from alignflow.transport import Transport, open_transport
 from tests.lab.sshd import SSHLab
 
-MakeTransport = Callable[..., ShellTransport]
+MakeTransport = Callable[..., Transport]
 
 
 @pytest.fixture(params=["local", "ssh"])
 def make_transport(request: pytest.FixtureRequest, tmp_path: Path, subprocess_env: dict[str, str]) -> Iterator[
         MakeTransport]:
     """`make_transport(**host_overrides)`: a transport to a fresh host of the parametrized kind."""
-    opened: list[ShellTransport] = []
+    opened: list[Transport] = []
 
-    def make(**overrides: Any) -> ShellTransport:
+    def make(**overrides: Any) -> Transport:
         if request.param == "local":
             fields: dict[str, Any] = {"name": "local-cpu", "role": "cpu", "transport": "local",
                                       "workdir": str(tmp_path / "wd"),
@@ -41,7 +41,7 @@ def make_transport(request: pytest.FixtureRequest, tmp_path: Path, subprocess_en
 
 
 @pytest.fixture
-def transport(make_transport: MakeTransport) -> ShellTransport:
+def transport(make_transport: MakeTransport) -> Transport:
     return make_transport()
 
 

@@ -1,4 +1,4 @@
-"""One behavioural suite, run on LocalTransport and on SSHTransport (lab host `ascend`, real sshd)."""
+"""One behavioural suite, run over a LocalShell and over an SSHShell (lab host `ascend`, real sshd)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from alignflow.errors import (
     RemoteJobError,
 )
 from alignflow.fingerprint import fingerprint
-from alignflow.transport import JobSpec, JobState, ShellTransport, copy_between
-from alignflow.transport.shell import RawResult
+from alignflow.transport import JobSpec, JobState, Result, Transport, copy_between
 from tests.transport.conftest import MakeTransport
 
 pytestmark = pytest.mark.integration
@@ -54,13 +53,13 @@ def _eventually(predicate: Callable[[], bool], what: str) -> None:
     raise AssertionError(f"never happened: {what}")
 
 
-def _pwned(t: ShellTransport) -> list[str]:
+def _pwned(t: Transport) -> list[str]:
     found = t.run(["bash", "-c", "find . -name 'PWNED*'"]).stdout.split()
     return found
 
 
 # -- commands ------------------------------------------------------------------------------------------------------
-def test_arguments_reach_the_command_literally_and_execute_nothing(transport: ShellTransport) -> None:
+def test_arguments_reach_the_command_literally_and_execute_nothing(transport: Transport) -> None:
     done = transport.run([transport.python(), "-c", ECHO_ARGV, *EVIL])
     assert json.loads(done.stdout) == EVIL
     assert done.host == transport.host.name
@@ -68,7 +67,7 @@ def test_arguments_reach_the_command_literally_and_execute_nothing(transport: Sh
     assert _pwned(transport) == []
 
 
-def test_env_values_and_cwd_with_metacharacters_are_literal(transport: ShellTransport, area: str) -> None:
+def test_env_values_and_cwd_with_metacharacters_are_literal(transport: Transport, area: str) -> None:
     odd = f"{area}/dir with 'quote' $(touch PWNED6)"
     transport.mkdir(odd)
     done = transport.run(["bash", "-c", 'printf "%s|%s" "$V" "$PWD"'], env={"V": "$(touch PWNED7); `x`"}, cwd=odd)
@@ -78,11 +77,11 @@ def test_env_values_and_cwd_with_metacharacters_are_literal(transport: ShellTran
     assert _pwned(transport) == []
 
 
-def test_commands_run_in_the_workdir_by_default(transport: ShellTransport) -> None:
+def test_commands_run_in_the_workdir_by_default(transport: Transport) -> None:
     assert transport.run(["pwd", "-P"]).stdout.strip() == transport.workdir().real
 
 
-def test_nonzero_exit_raises_with_exit_code_and_stderr_tail(transport: ShellTransport) -> None:
+def test_nonzero_exit_raises_with_exit_code_and_stderr_tail(transport: Transport) -> None:
     script = "for i in $(seq 1 40); do echo \"err line $i\" >&2; done; exit 3"
     with pytest.raises(RemoteCommandError) as info:
         transport.run(["bash", "-c", script])
@@ -99,7 +98,7 @@ def test_nonzero_exit_raises_with_exit_code_and_stderr_tail(transport: ShellTran
     assert "err line 1\n" in done.stderr
 
 
-def test_timeout_kills_the_command(transport: ShellTransport, area: str) -> None:
+def test_timeout_kills_the_command(transport: Transport, area: str) -> None:
     transport.mkdir(area)
     with pytest.raises(CommandTimeout, match="timed out"):
         transport.run(["bash", "-c", f"sleep 2.5; touch {area}/late"], timeout_s=0.5)
@@ -132,7 +131,7 @@ def test_a_failing_setup_line_stops_the_command(make_transport: MakeTransport) -
 
 
 # -- paths and small files -----------------------------------------------------------------------------------------
-def test_dotdot_and_absolute_escapes_are_refused_before_anything_runs(transport: ShellTransport) -> None:
+def test_dotdot_and_absolute_escapes_are_refused_before_anything_runs(transport: Transport) -> None:
     for bad in ("../x", "a/../../x", "/etc/passwd", "~root/.ssh"):
         with pytest.raises(PathNotAllowed, match="outside the host's workdir"):
             transport.read_text(bad)
@@ -144,7 +143,7 @@ def test_dotdot_and_absolute_escapes_are_refused_before_anything_runs(transport:
         transport.remove("..", recursive=True)
 
 
-def test_symlink_escapes_are_refused_on_the_host(transport: ShellTransport, area: str) -> None:
+def test_symlink_escapes_are_refused_on_the_host(transport: Transport, area: str) -> None:
     transport.mkdir(area)
     transport.run(["ln", "-s", "/etc", f"{area}/etc-link"])
     for op in (lambda: transport.read_text(f"{area}/etc-link/hostname"),
@@ -155,7 +154,7 @@ def test_symlink_escapes_are_refused_on_the_host(transport: ShellTransport, area
             op()
 
 
-def test_small_file_operations(transport: ShellTransport, area: str) -> None:
+def test_small_file_operations(transport: Transport, area: str) -> None:
     name = f"{area}/sub dir/it's \"odd\";$(x)\nname.txt"
     assert not transport.exists(name)
     assert transport.stat(name) is None
@@ -188,7 +187,7 @@ def test_small_file_operations(transport: ShellTransport, area: str) -> None:
 
 
 # -- hashing -------------------------------------------------------------------------------------------------------
-def test_sha256_is_computed_on_the_host_and_matches_the_controller(transport: ShellTransport, area: str,
+def test_sha256_is_computed_on_the_host_and_matches_the_controller(transport: Transport, area: str,
                                                                    tmp_path: Path) -> None:
     transport.write_text(f"{area}/ckpt/a.bin", "A" * 1000)
     transport.write_text(f"{area}/ckpt/sub/b.json", '{"b": 1}')
@@ -232,7 +231,7 @@ def test_snapshot_of_a_host_without_its_python_is_a_record_not_a_crash(make_tran
 
 
 # -- detached jobs -------------------------------------------------------------------------------------------------
-def test_job_lifecycle_status_tail_exit_code(transport: ShellTransport) -> None:
+def test_job_lifecycle_status_tail_exit_code(transport: Transport) -> None:
     handle = transport.launch(JobSpec(["bash", "-c", "echo out1; echo err1 >&2; sleep 0.6; echo out2; exit 4"],
                                       name="lifecycle"))
     assert transport.status(handle) == JobState("running")
@@ -254,7 +253,7 @@ def test_job_lifecycle_status_tail_exit_code(transport: ShellTransport) -> None:
     assert handle.job_dir in str(info.value)
 
 
-def test_job_ids_are_never_reused(transport: ShellTransport, area: str) -> None:
+def test_job_ids_are_never_reused(transport: Transport, area: str) -> None:
     handle = transport.launch(JobSpec(["true"], job_id=f"{area}-fixed"))
     transport.wait(handle, poll_s=0.1, timeout_s=60)
     with pytest.raises(RemoteJobError, match="already exists"):
@@ -262,7 +261,7 @@ def test_job_ids_are_never_reused(transport: ShellTransport, area: str) -> None:
     assert transport.status(handle) == JobState("exited", 0)
 
 
-def test_cancel_kills_the_whole_process_group(transport: ShellTransport, area: str) -> None:
+def test_cancel_kills_the_whole_process_group(transport: Transport, area: str) -> None:
     transport.mkdir(area)
     # a child and a grandchild that would outlive a plain `kill PID`
     script = (f"(sleep 30; touch {area}/child-survived) & (bash -c 'sleep 30; touch {area}/gc-survived') & "
@@ -280,14 +279,14 @@ def test_cancel_kills_the_whole_process_group(transport: ShellTransport, area: s
         transport.wait(handle, poll_s=0.1, timeout_s=10, check=True)
 
 
-def test_a_job_whose_processes_vanished_without_exit_code_is_lost(transport: ShellTransport) -> None:
+def test_a_job_whose_processes_vanished_without_exit_code_is_lost(transport: Transport) -> None:
     handle = transport.launch(JobSpec(["sleep", "30"], name="lost"))
     transport.run(["kill", "-KILL", "--", f"-{handle.pgid}"])  # e.g. the OOM killer, or a reboot
     state = transport.wait(handle, poll_s=0.1, timeout_s=30)
     assert state == JobState("lost")
 
 
-def test_a_recycled_pid_is_not_mistaken_for_the_job(transport: ShellTransport, area: str) -> None:
+def test_a_recycled_pid_is_not_mistaken_for_the_job(transport: Transport, area: str) -> None:
     """kill -0 would say 'alive' for any process with that pid; the job dir check does not."""
     handle = transport.launch(JobSpec(["sleep", "30"], name="recycled"))
     transport.run(["kill", "-KILL", "--", f"-{handle.pgid}"])
@@ -318,7 +317,7 @@ def test_a_restarted_controller_reattaches_by_id(make_transport: MakeTransport) 
 STAMP = 'date +%s.%N > "$1.start"; sleep "$2"; date +%s.%N > "$1.end"'
 
 
-def _stamps(t: ShellTransport, path: str) -> tuple[float, float]:
+def _stamps(t: Transport, path: str) -> tuple[float, float]:
     return float(t.read_text(f"{path}.start")), float(t.read_text(f"{path}.end"))
 
 
@@ -352,7 +351,7 @@ def test_two_slots_let_two_jobs_run_at_once(make_transport: MakeTransport, area:
         "holding job slot 0", "holding job slot 1"]
 
 
-def test_a_cancelled_job_gives_its_slot_back_and_a_waiting_one_never_runs(transport: ShellTransport, area: str
+def test_a_cancelled_job_gives_its_slot_back_and_a_waiting_one_never_runs(transport: Transport, area: str
                                                                           ) -> None:
     transport.mkdir(area)
     holder = transport.launch(JobSpec(["sleep", "300"], name="holder", take_slot=True))
@@ -368,7 +367,7 @@ def test_a_cancelled_job_gives_its_slot_back_and_a_waiting_one_never_runs(transp
     assert not transport.exists(f"{area}/never.start")
 
 
-def test_wait_times_out_without_touching_the_job(transport: ShellTransport) -> None:
+def test_wait_times_out_without_touching_the_job(transport: Transport) -> None:
     handle = transport.launch(JobSpec(["sleep", "20"], name="slow"))
     try:
         with pytest.raises(CommandTimeout, match="still running"):
@@ -386,7 +385,7 @@ def _tree(root: Path) -> Path:
     return root
 
 
-def test_put_and_get_round_trip_verified(transport: ShellTransport, area: str, tmp_path: Path) -> None:
+def test_put_and_get_round_trip_verified(transport: Transport, area: str, tmp_path: Path) -> None:
     src = _tree(tmp_path / "src")
     seen: list[tuple[int, int]] = []
     fp = transport.put(str(src), f"{area}/ckpt", progress=lambda d, t: seen.append((d, t)))
@@ -405,7 +404,7 @@ def test_put_and_get_round_trip_verified(transport: ShellTransport, area: str, t
     assert not any(p.name.startswith(".af-partial") for p in tmp_path.iterdir())
 
 
-def test_a_source_named_like_a_wildcard_is_copied_as_itself(transport: ShellTransport, area: str,
+def test_a_source_named_like_a_wildcard_is_copied_as_itself(transport: Transport, area: str,
                                                             tmp_path: Path) -> None:
     """rsync -s expands wildcards in a remote source itself, component by component: `*` once sent its whole
     directory, and an escaped backslash in a component without wildcards named nothing (both found by
@@ -427,7 +426,7 @@ def test_a_source_named_like_a_wildcard_is_copied_as_itself(transport: ShellTran
 
 
 def test_copy_to_existing_identical_content_moves_nothing_and_different_content_is_not_overwritten(
-        transport: ShellTransport, area: str, tmp_path: Path) -> None:
+        transport: Transport, area: str, tmp_path: Path) -> None:
     src = _tree(tmp_path / "src")
     transport.put(str(src), f"{area}/ckpt")
     before = transport.stat(f"{area}/ckpt/w.bin")
@@ -442,7 +441,7 @@ def test_copy_to_existing_identical_content_moves_nothing_and_different_content_
 
 
 def test_a_file_changed_between_hashing_and_copying_is_refused_at_the_destination(
-        transport: ShellTransport, area: str, tmp_path: Path) -> None:
+        transport: Transport, area: str, tmp_path: Path) -> None:
     transport.write_text(f"{area}/w.json", '{"weights": 1}')
     recorded = transport.sha256([f"{area}/w.json"])[f"{area}/w.json"]
     transport.write_text(f"{area}/w.json", '{"weights": 2}')  # changed after it was fingerprinted
@@ -453,12 +452,12 @@ def test_a_file_changed_between_hashing_and_copying_is_refused_at_the_destinatio
     assert sorted(transport.run(["ls", "-A", area]).stdout.split()) == ["w.json"]
 
 
-def test_a_command_killed_by_a_signal_reports_128_plus_the_signal(transport: ShellTransport) -> None:
+def test_a_command_killed_by_a_signal_reports_128_plus_the_signal(transport: Transport) -> None:
     done = transport.run(["bash", "-c", "kill -KILL $$"], check=False)
     assert done.exit_code == 128 + 9
 
 
-def test_hashing_while_a_copy_arrives_reports_the_final_bytes(transport: ShellTransport, area: str) -> None:
+def test_hashing_while_a_copy_arrives_reports_the_final_bytes(transport: Transport, area: str) -> None:
     root = f"{area}/incoming"
     follower = transport.follow_sha256(root)
     transport.write_text(f"{root}/a.txt", "first")
@@ -471,15 +470,15 @@ def test_hashing_while_a_copy_arrives_reports_the_final_bytes(transport: ShellTr
     assert {f.path for f in got.files} == {"a.txt", ".tmp-in-progress", "b.bin"}
 
 
-def test_an_aborted_follower_stops_at_once(transport: ShellTransport, area: str,
+def test_an_aborted_follower_stops_at_once(transport: Transport, area: str,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     root = f"{area}/incoming"
     transport.write_text(f"{root}/a.txt", "arrived")  # at end-of-file the follower would hash it and exit 0
     follower = transport.follow_sha256(root)
-    spawned = follower._spawned
+    spawned = follower.spawned
     finish, finished = spawned.finish, []
 
-    def recording_finish(timeout_s: float | None = None) -> RawResult:
+    def recording_finish(timeout_s: float | None = None) -> Result:
         finished.append(finish(timeout_s))
         return finished[-1]
 
@@ -491,7 +490,7 @@ def test_an_aborted_follower_stops_at_once(transport: ShellTransport, area: str,
 
 
 def test_a_directory_changed_after_it_was_fingerprinted_is_refused_and_the_diff_named(
-        transport: ShellTransport, area: str) -> None:
+        transport: Transport, area: str) -> None:
     transport.write_text(f"{area}/ckpt/a.json", "1")
     transport.write_text(f"{area}/ckpt/b.json", "2")
     recorded = transport.sha256([f"{area}/ckpt"])[f"{area}/ckpt"]
@@ -506,7 +505,7 @@ def test_a_host_without_flock_fails_the_job_with_a_clear_reason(tmp_path: Path, 
     """A real host without util-linux's flock: the local host, with a PATH that has every tool but flock."""
     from alignflow.config.hosts import Host
     from alignflow.transport import open_transport
-    from alignflow.transport.jobs import NO_FLOCK_EXIT
+    from alignflow.transport.jobs_direct import NO_FLOCK_EXIT
 
     tools = tmp_path / "bin"
     tools.mkdir()
@@ -524,7 +523,7 @@ def test_a_host_without_flock_fails_the_job_with_a_clear_reason(tmp_path: Path, 
         assert t.wait(plain, poll_s=0.1, timeout_s=30).ok  # jobs that take no slot do not need it
 
 
-def test_output_written_after_the_command_exited_is_read_to_the_end(transport: ShellTransport) -> None:
+def test_output_written_after_the_command_exited_is_read_to_the_end(transport: Transport) -> None:
     # A process the command left behind keeps writing: sshd sends the exit status first and this output after
     # it (CI once lost the link this way). The result is complete only at the end of the output, as locally.
     script = "(sleep 0.5; echo late; echo late-err >&2) & echo early"

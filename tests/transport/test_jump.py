@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from alignflow.errors import HostKeyRejected, HostUnreachable
-from alignflow.transport import JobSpec, SSHTransport, controller_transport
+from alignflow.transport import JobSpec, Transport, controller_transport, open_transport
 from alignflow.transport.keyscan import fetch_host_keys
 from alignflow.transport.openssh import render_config
 from tests.lab.jump import JumpLab
@@ -35,20 +35,22 @@ def jump_lab() -> Iterator[JumpLab]:
         lab.close()
 
 
-def _openssh_refusal(t: SSHTransport) -> str:
+def _openssh_refusal(t: Transport) -> str:
     """What OpenSSH (the bulk-copy channel, with the generated config) says when asked to run `true` there."""
-    done = subprocess.run(t.openssh.ssh_argv("true"), capture_output=True, text=True, timeout=60, check=False)
+    client = t.shell.openssh_client()
+    assert client is not None
+    done = subprocess.run(client.ssh_argv("true"), capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 255
     return done.stderr
 
 
 def test_the_inner_host_cannot_be_reached_directly(jump_lab: JumpLab) -> None:
-    with SSHTransport(jump_lab.host("inner")) as t, pytest.raises(HostUnreachable, match="connection refused"):
+    with open_transport(jump_lab.host("inner")) as t, pytest.raises(HostUnreachable, match="connection refused"):
         t.run(["true"])
 
 
 def test_commands_and_jobs_reach_the_inner_host_through_the_bastion(jump_lab: JumpLab) -> None:
-    with SSHTransport(jump_lab.inner_via_bastion()) as t:
+    with open_transport(jump_lab.inner_via_bastion()) as t:
         done = t.run(["bash", "-c", 'echo "$(id -un) $SSH_CONNECTION"'])
         user, _, _, server_ip, server_port = done.stdout.split()
         assert user == jump_lab.hosts["inner"].user
@@ -67,7 +69,7 @@ def test_bulk_copies_go_through_the_jump_with_openssh(jump_lab: JumpLab, tmp_pat
     src.mkdir()
     (src / "weights.bin").write_bytes(b"\x01" * 300_000)
     (src / "meta.json").write_text('{"iteration": 1}')
-    with SSHTransport(host) as t:
+    with open_transport(host) as t:
         sent = t.put(str(src), "inputs/ckpt")
         back = t.get("inputs/ckpt", str(tmp_path / "back"))
         assert t.run(["bash", "-c", "ls inputs/ckpt | sort"]).stdout.split() == ["meta.json", "weights.bin"]
@@ -78,7 +80,7 @@ def test_an_unknown_jump_host_key_is_rejected_naming_the_jump(jump_lab: JumpLab,
     only_inner = tmp_path / "known_hosts"
     only_inner.write_text(jump_lab.known_hosts_line("inner"))
     host = jump_lab.inner_via_bastion(known_hosts=str(only_inner))
-    with SSHTransport(host) as t:
+    with open_transport(host) as t:
         with pytest.raises(HostKeyRejected) as err:
             t.run(["true"])
         assert err.value.host == "inner-jump"
@@ -92,7 +94,7 @@ def test_an_unknown_inner_host_key_is_rejected_on_both_channels(jump_lab: JumpLa
     only_bastion = tmp_path / "known_hosts"
     only_bastion.write_text(jump_lab.known_hosts_line("bastion"))
     host = jump_lab.inner_via_bastion(known_hosts=str(only_bastion))
-    with SSHTransport(host) as t:
+    with open_transport(host) as t:
         with pytest.raises(HostKeyRejected) as err:
             t.run(["true"])
         assert err.value.host == "inner"
@@ -118,5 +120,5 @@ def test_an_opted_in_host_takes_its_jump_from_the_users_ssh_config(jump_lab: Jum
         "role": "cuda", "transport": "ssh", "address": "gpu-cluster", "ssh_config": True,
         "identity_file": str(jump_lab.client_key), "known_hosts": str(jump_lab.known_hosts),
         "workdir": str(i.workdir), "connect_timeout_s": 5.0}}}))
-    with SSHTransport(load_hosts(hosts).get("inner")) as t:
+    with open_transport(load_hosts(hosts).get("inner")) as t:
         assert t.run(["id", "-un"]).stdout.strip() == i.user

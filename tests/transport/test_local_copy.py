@@ -71,7 +71,7 @@ def test_an_ssh_copy_without_rsync_names_the_package_before_anything_moves(no_rs
     local = open_transport(_host(tmp_path, "a"))
     try:
         with pytest.raises(ConfigError, match=r"rsync is not installed.*gpu-a.*apt-get install rsync"):
-            _sender(local, ssh, "auto")
+            _sender(local.files, ssh.files, "auto")
     finally:
         ssh.close()
         local.close()

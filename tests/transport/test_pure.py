@@ -17,7 +17,8 @@ from alignflow.errors import PathNotAllowed
 from alignflow.fingerprint import Fingerprint, fingerprint
 from alignflow.transport import JobHandle, JobSpec, JobState, follow_hash
 from alignflow.transport.commands import render_job_script, render_prologue, wrap_command
-from alignflow.transport.jobs import new_job_id, parse_status
+from alignflow.transport.jobs import new_job_id
+from alignflow.transport.jobs_direct import parse_status
 from alignflow.transport.openssh import known_host_name, render_config
 from alignflow.transport.paths import confine
 
@@ -108,15 +109,15 @@ def test_ssh_config_pins_known_hosts_and_never_reads_user_config() -> None:
     assert known_host_name(host.model_copy(update={"port": 22})) == "10.0.0.1"
 
 
-def test_both_transports_satisfy_the_protocol_and_connect_lazily() -> None:
-    from alignflow.transport import LocalTransport, SSHTransport, Transport, open_transport
+def test_both_kinds_of_host_get_a_transport_over_their_shell_and_connect_lazily() -> None:
+    from alignflow.transport import LocalShell, SSHShell, Transport, open_transport
 
     local = open_transport(Host(name="l", role="cpu", transport="local", workdir="/nonexistent/never/created"))
     remote = open_transport(Host(name="r", role="cpu", transport="ssh", address="192.0.2.1", user="u", workdir="/w"))
-    assert isinstance(local, LocalTransport)
-    assert isinstance(remote, SSHTransport)
     assert isinstance(local, Transport)
     assert isinstance(remote, Transport)
+    assert isinstance(local.shell, LocalShell)
+    assert isinstance(remote.shell, SSHShell)
     assert remote.python() == "python3"  # nothing connected, nothing created: constructors have no side effects
     remote.close()
 

@@ -1,5 +1,5 @@
-"""The scheduler seam of `ShellTransport`: jobs of a host with a scheduler go to it, and `wait` does not count a
-job's time in the scheduler's queue against its deadline (Slurm itself: tests/transport/test_slurm.py)."""
+"""The jobs seam of `Transport`: jobs go to the host's `Jobs`, and `wait` does not count a job's time in a
+scheduler's queue against its deadline (Slurm itself: tests/transport/test_slurm.py)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,14 @@ import pytest
 
 from alignflow.config.hosts import Host
 from alignflow.errors import CommandTimeout
-from alignflow.transport import JobHandle, JobSpec, JobState, LocalTransport
+from alignflow.transport import JobHandle, JobSpec, JobState, LocalShell, Transport
 
 
 class QueueThenRun:
     """A scheduler stand-in: its job waits `queued_s` in a queue, then runs `running_s`, then exits 0."""
 
     deadline_slack_s = 0.0
+    host = Host(name="h", role="cuda", workdir="/w")
 
     def __init__(self, queued_s: float, running_s: float) -> None:
         self.queued_s, self.running_s = queued_s, running_s
@@ -43,11 +44,12 @@ class QueueThenRun:
     def slot_note(self, handle: JobHandle) -> str:
         return ""
 
+    def tail(self, handle: JobHandle, n_bytes: int = 4096, stream: str = "stdout") -> str:
+        return ""
 
-def _transport(sched: QueueThenRun) -> LocalTransport:
-    t = LocalTransport(Host(name="h", role="cuda", workdir="/w"))
-    t._sched = sched  # what scheduler_for() gives a `scheduler: slurm` host
-    return t
+
+def _transport(sched: QueueThenRun) -> Transport:
+    return Transport(LocalShell(sched.host), jobs=sched)  # what a `scheduler: slurm` host gets is `SlurmJobs`
 
 
 def test_jobs_of_a_host_with_a_scheduler_go_to_the_scheduler() -> None:

@@ -1,6 +1,6 @@
 """Slurm hosts on a real Slurm (the lab's cluster, tests/lab/slurm.py): what a job goes through.
 
-Every test submits real sbatch jobs through a `LocalTransport` of a `scheduler: slurm` host and reads their
+Every test submits real sbatch jobs through the transport (a `LocalShell`) of a `scheduler: slurm` host and reads their
 state back from scontrol, as a step of a run does.
 """
 
@@ -20,19 +20,18 @@ from pathlib import Path
 import pytest
 
 from alignflow.errors import RemoteJobError
-from alignflow.transport import JobHandle, JobSpec, JobState, open_transport
-from alignflow.transport.shell import ShellTransport
+from alignflow.transport import JobHandle, JobSpec, JobState, Transport, open_transport
 from alignflow.transport.slurm_check import check_slurm_host
 from tests.lab.slurm import CLOCK_PARTITION, SlurmLab
 
 pytestmark = pytest.mark.integration
 
 
-def _transport(lab: SlurmLab, tmp_path: Path, **slurm: object) -> ShellTransport:
+def _transport(lab: SlurmLab, tmp_path: Path, **slurm: object) -> Transport:
     return open_transport(lab.host("cuda", workdir=tmp_path / "work", **slurm))
 
 
-def _until(t: ShellTransport, handle: JobHandle, kinds: set[str], timeout_s: float = 60) -> JobState:
+def _until(t: Transport, handle: JobHandle, kinds: set[str], timeout_s: float = 60) -> JobState:
     deadline = time.monotonic() + timeout_s
     state = t.status(handle)
     while state.kind not in kinds:
@@ -214,13 +213,13 @@ def test_a_slurm_host_without_sacct_is_a_preflight_error(slurm_lab: SlurmLab, tm
         (bin_dir / tool).symlink_to(f"/usr/bin/{tool}")
     host = slurm_lab.host("cuda", workdir=tmp_path / "work").model_copy(
         update={"env": {**slurm_lab.env(), "PATH": str(bin_dir)}})
-    check = check_slurm_host(open_transport(host))
+    check = check_slurm_host(open_transport(host).shell)
     assert check.errors == ["cuda: Slurm host without sacct (it tells how a job ended once the controller forgot "
                             "it); install Slurm's client tools there, or fix PATH with the host's env/setup"]
-    full = check_slurm_host(_transport(slurm_lab, tmp_path))
+    full = check_slurm_host(_transport(slurm_lab, tmp_path).shell)
     assert full.errors == []
     assert full.partitions == ["debug", "urgent", "clock"]
     assert full.warnings
     assert "accounting is disabled" in full.warnings[0]
-    wrong = check_slurm_host(_transport(slurm_lab, tmp_path, partition="gpu"))
+    wrong = check_slurm_host(_transport(slurm_lab, tmp_path, partition="gpu").shell)
     assert wrong.errors == ["cuda: slurm.partition 'gpu' does not exist; the cluster has: clock, debug, urgent"]

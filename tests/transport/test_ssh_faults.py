@@ -16,16 +16,21 @@ from alignflow.errors import (
     TransportError,
 )
 from alignflow.fingerprint import fingerprint
-from alignflow.transport import JobSpec, JobState, SSHTransport, copy_between, open_transport, transfer
+from alignflow.transport import JobSpec, JobState, SSHShell, Transport, copy_between, open_transport, transfer
 from tests.lab.sshd import SSHLab
 
 pytestmark = pytest.mark.integration
 
 
-def _ssh(lab: SSHLab, name: str, **overrides: object) -> SSHTransport:
+def _ssh(lab: SSHLab, name: str, **overrides: object) -> Transport:
     t = open_transport(lab.host(name, **overrides))
-    assert isinstance(t, SSHTransport)
+    assert isinstance(t.shell, SSHShell)
     return t
+
+
+def _shell(t: Transport) -> SSHShell:
+    assert isinstance(t.shell, SSHShell)
+    return t.shell
 
 
 def test_a_job_survives_a_cut_connection_and_its_result_is_collected_after_reconnecting(ssh_lab: SSHLab) -> None:
@@ -37,7 +42,7 @@ def test_a_job_survives_a_cut_connection_and_its_result_is_collected_after_recon
         polls: list[JobState] = []
         state = t.wait(handle, poll_s=0.2, timeout_s=60, on_poll=polls.append)
         assert state == JobState("exited", 7)
-        assert t.connections_opened == 2  # it reconnected
+        assert _shell(t).connections_opened == 2  # it reconnected
         assert t.tail(handle).splitlines()[-1] == "step 6"  # the job ran to its end
         assert t.tail(handle, stream="stderr") == "finished\n"
 
@@ -120,7 +125,7 @@ def test_a_changed_host_key_is_rejected_with_both_fingerprints(ssh_lab: SSHLab, 
         t.run(["true"])
     # the OpenSSH path (bulk data) refuses it too
     with _ssh(ssh_lab, "cpu", known_hosts=str(known)) as t:
-        done = os.system(f"ssh -F {t.openssh.config_path()} alignflow-target true 2>/dev/null")
+        done = os.system(f"ssh -F {_shell(t).openssh.config_path()} alignflow-target true 2>/dev/null")
         assert done != 0
 
 
@@ -147,7 +152,7 @@ def test_lab_hosts_cannot_read_each_others_workdirs(ssh_lab: SSHLab) -> None:
         assert not c.exists("secret.txt")
 
 
-def _weird_tree(t: SSHTransport, area: str) -> str:
+def _weird_tree(t: Transport, area: str) -> str:
     root = f"{area}/ckpt dir 'x' $(touch PWNED)"
     t.write_text(f"{root}/iter_0000001/mp_rank_00/model_optim_rng.pt", "weights" * 1000)
     t.write_text(f"{root}/latest_checkpointed_iteration.txt", "1")
@@ -171,7 +176,7 @@ def test_host_to_host_copy_is_verified_on_the_destination(ssh_lab: SSHLab, route
         assert c.run(["bash", "-c", "find . -name 'PWNED*'"]).stdout == ""
         assert a.run(["bash", "-c", "find . -name 'PWNED*' -o -name 'known_hosts-*'"]).stdout == ""
         # direct: rsync ran on ascend and was usable; auto relays a payload this small without probing
-        assert a.peer_routes == ({"cpu": None} if route == "direct" else {})
+        assert _shell(a).peer_routes == ({"cpu": None} if route == "direct" else {})
 
 
 def test_direct_copy_falls_back_to_the_relay_when_the_source_cannot_run_it(ssh_lab: SSHLab,
@@ -183,7 +188,7 @@ def test_direct_copy_falls_back_to_the_relay_when_the_source_cannot_run_it(ssh_l
         fp = copy_between(a, "x.txt", c, "fallback/x.txt")
         assert c.read_text("fallback/x.txt") == "relayed"
         assert fp.sha256 == fingerprint_of_text("relayed")
-        reason = a.peer_routes["cpu"]
+        reason = _shell(a).peer_routes["cpu"]
         assert reason is not None
         assert "spaces" in reason
 

@@ -1,4 +1,4 @@
-"""`SSHTransport._pump` against paramiko's order of events when a command ends.
+"""`SSHShell._pump` against paramiko's order of events when a command ends.
 
 paramiko's `Channel._set_closed` sets `closed` before it sets the exit-status event. A reader that saw the status
 missing and then the channel closed raised "channel closed before the command's exit status arrived" for a command
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from alignflow.transport.ssh import SSHTransport
+from alignflow.transport.ssh import SSHShell
 
 
 class _ClosingChannel:
@@ -46,5 +46,5 @@ class _ClosingChannel:
 
 
 def test_a_channel_closed_a_moment_before_its_exit_status_is_seen_gives_that_status() -> None:
-    transport = SSHTransport.__new__(SSHTransport)  # only `_pump` is used: no connection, no host
-    assert transport._pump(_ClosingChannel(), None, None) == (b"", b"", 0)  # type: ignore[arg-type]
+    shell = SSHShell.__new__(SSHShell)  # only `_pump` is used: no connection, no host
+    assert shell._pump(_ClosingChannel(), None, None) == (b"", b"", 0)  # type: ignore[arg-type]
