@@ -33,16 +33,17 @@ SCHEDULERS: dict[str, Callable[[Files], Jobs]] = {"direct": DirectJobs, "slurm":
 class Transport:
     """Run commands, jobs and file operations on one host (see `alignflow.transport` for the guarantees).
 
-    `jobs`: the host's scheduler (default: the one hosts.yaml names); `controller`: the other end of `put` and
-    `get` (default: this machine's filesystem); `clock`: what `wait` sleeps on.
+    `jobs`: the host's jobs over its files (default: the scheduler hosts.yaml names, from `SCHEDULERS`);
+    `controller`: the other end of `put` and `get` (default: this machine's filesystem); `clock`: what `wait`
+    sleeps on.
     """
 
-    def __init__(self, shell: Shell, *, jobs: Jobs | None = None, memo_path: str | None = None,
+    def __init__(self, shell: Shell, *, jobs: Callable[[Files], Jobs] | None = None, memo_path: str | None = None,
                  controller: Callable[[], Transport] | None = None, clock: Clock | None = None) -> None:
         self.shell = shell
         self.host: Host = shell.host
         self.files = Files(shell, memo_path=memo_path)
-        self.jobs: Jobs = jobs if jobs is not None else SCHEDULERS[self.host.scheduler](self.files)
+        self.jobs: Jobs = (jobs or SCHEDULERS[self.host.scheduler])(self.files)
         self._controller = controller or controller_transport
         self._clock = clock
 

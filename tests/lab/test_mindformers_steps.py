@@ -19,7 +19,7 @@ from alignflow.config.experiment import load_experiment
 from alignflow.config.hosts import load_hosts
 from alignflow.errors import SentinelError
 from alignflow.runner.engine import StepRunner
-from alignflow.testing import FakeTransport
+from tests.runner.hosts import on_disk
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "mindformers_2.1.0"
 
@@ -33,7 +33,7 @@ def reload_check(repo_root: Path, tmp_path: Path):  # type: ignore[no-untyped-de
     inventory = load_hosts(hosts)
     # the runner's own log check (StepRunner.read_log reads only the run's id and state dir of the runner)
     runner = SimpleNamespace(run_id="r1", state_dir=tmp_path)
-    transport = FakeTransport.on_disk(inventory.hosts["ascend"])
+    transport = on_disk(inventory.hosts["ascend"])
     (tmp_path / "wd").mkdir()
 
     def check(log: str) -> None:

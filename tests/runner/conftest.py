@@ -1,6 +1,7 @@
 """A lab of fake hosts for the runner's logic: the real planner, executors, recording, cache, walker and store
-(SQLite), with `alignflow.testing.FakeTransport` hosts whose jobs print real-format training logs and write
-their declared outputs — no process is started."""
+(SQLite), and real `Transport`s over `alignflow.testing.FakeShell` hosts (`tests/runner/hosts.py`: each a real
+directory, its commands answered in this process) whose jobs print real-format training logs and write their
+declared outputs — no process is started."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from alignflow.runner.run import execute_pipeline, start_run
 from alignflow.runner.session import RunOptions
 from alignflow.runview import RunView
 from alignflow.store import Store
-from alignflow.testing import FakeJob, FakeTransport
-from alignflow.transport import JobSpec
+from alignflow.transport import JobSpec, Transport
+from tests.runner.hosts import DirHost, FakeJob, VirtualClock, dir_transport
 
 TEMPLATE: dict[str, Path] = {}
 
@@ -68,19 +69,28 @@ class FakeLab:
     state: Path
     store: Store
     script: Callable[[JobSpec], FakeJob] = twin_job
-    fakes: dict[str, FakeTransport] = field(default_factory=dict)
+    hosts_of: dict[str, DirHost] = field(default_factory=dict)  # what each host's shell was asked, and its jobs
+    fakes: dict[str, Transport] = field(default_factory=dict)
     messages: list[str] = field(default_factory=list)
+    clock: VirtualClock = field(default_factory=VirtualClock)
 
-    def transport(self, host: Host) -> FakeTransport:
-        """One fake per host for the whole lab (its files outlive a run, as a real host's do)."""
+    def transport(self, host: Host) -> Transport:
+        """One host per inventory host for the whole lab (its files outlive a run, as a real host's do)."""
         fake = self.fakes.get(host.name)
         if fake is None:
-            fake = self.fakes[host.name] = FakeTransport(host, script=lambda spec: self.script(spec))
+            handler = self.hosts_of[host.name] = DirHost(host, script=lambda spec: self.script(spec))
+            fake = self.fakes[host.name] = dir_transport(host, handler, controller=self.controller_transport,
+                                                         clock=self.clock)
         return fake
 
-    def controller(self, host: Host) -> FakeTransport:
+    def controller(self, host: Host) -> Transport:
         """The controller's own files are real (the data, fetched logs, reports), unconfined as the real one's."""
-        return FakeTransport.on_disk(host.model_copy(update={"workdir": "/"}))
+        here = host.model_copy(update={"workdir": "/"})
+        return dir_transport(here, DirHost(here), clock=self.clock)
+
+    def controller_transport(self) -> Transport:
+        """The other end of a host's `put` and `get`."""
+        return self.controller(Host(name="controller", role="controller", transport="local", workdir="/"))
 
     def start(self, **options: Any) -> str:
         return start_run(self.experiment, self.hosts, store=self.store, state_dir=self.state,
@@ -104,7 +114,7 @@ class FakeLab:
         self.experiment.write_text(yaml.safe_dump(data, sort_keys=False))
 
     def launched(self, host: str) -> list[str]:
-        return [spec.name.split("-", 1)[1] for spec in self.fakes[host].launched] if host in self.fakes else []
+        return [spec.name.split("-", 1)[1] for spec in self.hosts_of[host].launched] if host in self.hosts_of else []
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +132,8 @@ def lab(tmp_path: Path, repo_root: Path, migrated_store: Path) -> Iterator[FakeL
     shutil.copy(SPEC_DIR / "twin-moe.yaml", tmp_path / "twin-moe.yaml")
     hosts = tmp_path / "hosts.yaml"
     hosts.write_text(yaml.safe_dump({"hosts": {
-        name: {"role": name, "transport": "local", "workdir": f"/fake/{name}"} for name in ("ascend", "cpu", "cuda")}}))
+        name: {"role": name, "transport": "local", "workdir": str(tmp_path / "hosts" / name)}
+        for name in ("ascend", "cpu", "cuda")}}))
     state = tmp_path / "state"
     state.mkdir()
     shutil.copy(migrated_store, state / "store.sqlite")

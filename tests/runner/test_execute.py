@@ -7,9 +7,10 @@ import pytest
 from alignflow.errors import HostUnreachable
 from alignflow.runview import RunView
 from alignflow.store.records import StepStatus
-from alignflow.testing import FakeJob, FakeTransport
-from alignflow.transport import JobHandle, JobSpec, JobState
+from alignflow.testing import Command
+from alignflow.transport import JobSpec
 from tests.runner.conftest import FakeLab, gpu_log, twin_job
+from tests.runner.hosts import DirHost, FakeJob, dir_transport
 
 EVERY_STEP = ("npu_base_train", "convert_bf16", "convert_megatron", "gpu_train", "npu_reload_train", "compare")
 
@@ -36,11 +37,11 @@ def test_a_run_executes_every_step_on_its_host_and_records_each_output(lab: Fake
 
 def test_a_second_run_reuses_every_step_and_launches_nothing(lab: FakeLab) -> None:
     first = lab.run()
-    launched = {h: len(f.launched) for h, f in lab.fakes.items()}
+    launched = {h: len(f.launched) for h, f in lab.hosts_of.items()}
     second = lab.run()
     assert statuses(second) == dict.fromkeys(EVERY_STEP, "cached")
     assert second.verdict == "pass"
-    assert {h: len(f.launched) for h, f in lab.fakes.items()} == launched
+    assert {h: len(f.launched) for h, f in lab.hosts_of.items()} == launched
     reused = {s.step: s.reused_from for s in lab.store.steps(second.run_id)}
     assert reused == {s.step: s.id for s in lab.store.steps(first.run_id)}
 
@@ -126,19 +127,7 @@ def test_a_step_past_its_time_limit_is_killed_and_fails_saying_which_limit(lab: 
     assert failed.status == StepStatus.FAILED
     assert "still running after 60 s" in (failed.error or "")
     assert "steps.convert_bf16.timeout_s" in (failed.error or "")
-    assert len(lab.fakes["cpu"].cancelled) == 1  # the job was killed, not left running
-
-
-class DropsOnce(FakeTransport):
-    """The host is lost for good in the middle of the first wait (the transport's own reconnects gave up)."""
-
-    drops = 1
-
-    def wait(self, handle: JobHandle, **kw: object) -> JobState:
-        if DropsOnce.drops:
-            DropsOnce.drops -= 1
-            raise HostUnreachable("connection lost while polling", host=self.host.name)
-        return super().wait(handle, **kw)  # type: ignore[arg-type]
+    assert len(lab.hosts_of["cpu"].cancelled) == 1  # the job was killed, not left running
 
 
 def test_a_retry_after_a_lost_connection_reattaches_to_the_job_instead_of_launching_again(lab: FakeLab) -> None:
@@ -150,8 +139,20 @@ def test_a_retry_after_a_lost_connection_reattaches_to_the_job_instead_of_launch
 
     run_id = lab.start()
     ctx = open_run(lab.store, run_id)
-    host_fake = DropsOnce(ctx.inventory.get("ascend"), script=twin_job)
-    runner = StepRunner(ctx, store=lab.store, state_dir=lab.state, transport_factory=lambda h: host_fake,
+    host = ctx.inventory.get("ascend")
+    ascend = DirHost(host, script=twin_job)
+    dropped: list[Command] = []
+
+    def lost_for_good_once(command: Command) -> None:
+        # the job has ended; reading its output is where the host is lost for good (the transport's own
+        # reconnects gave up), so the step's task fails with a retryable error
+        if command.name == "tail" and not dropped:
+            dropped.append(command)
+            raise HostUnreachable("connection lost while reading the job's output", host=host.name)
+
+    ascend.before = lost_for_good_once
+    host_t = dir_transport(host, ascend, controller=lab.controller_transport, clock=lab.clock)
+    runner = StepRunner(ctx, store=lab.store, state_dir=lab.state, transport_factory=lambda h: host_t,
                         controller=lab.controller)
     spec = pipeline.step("npu_base_train")
     data = data_artifact(ctx, state_dir=lab.state)
@@ -161,30 +162,32 @@ def test_a_retry_after_a_lost_connection_reattaches_to_the_job_instead_of_launch
     assert [s.status for s in open_step] == [StepStatus.RUNNING]  # left open for the retry
     outcome = run_job_step(runner, spec, {"data": data})  # what the task's retry does
     assert outcome.status == StepStatus.RAN
-    assert len(host_fake.launched) == 1
+    assert len(ascend.launched) == 1
     assert [s.status for s in lab.store.steps(run_id) if s.step == "npu_base_train"] == [StepStatus.RAN]
 
 
 def test_an_interrupted_run_cancels_its_running_jobs_and_records_them_cancelled(lab: FakeLab) -> None:
-    class Interrupts(FakeTransport):
-        def wait(self, handle: JobHandle, **kw: object) -> JobState:
+    def interrupted(command: Command) -> None:
+        if command.name == "status":
             raise KeyboardInterrupt
 
     run_id = lab.start()
-    fakes: dict[str, FakeTransport] = {}
+    handlers: dict[str, DirHost] = {}
 
-    def factory(host: object) -> FakeTransport:
+    def factory(host: object) -> object:
         from alignflow.config.hosts import Host
 
         assert isinstance(host, Host)
-        return fakes.setdefault(host.name, Interrupts(host, script=twin_job))
+        handler = handlers.setdefault(host.name, DirHost(host, script=twin_job))
+        handler.before = interrupted
+        return dir_transport(host, handler, controller=lab.controller_transport, clock=lab.clock)
 
     from alignflow.runner.run import execute_pipeline
 
     with pytest.raises(KeyboardInterrupt):
-        execute_pipeline(run_id, store=lab.store, state_dir=lab.state, transport_factory=factory,
+        execute_pipeline(run_id, store=lab.store, state_dir=lab.state, transport_factory=factory,  # type: ignore[arg-type]
                          controller=lab.controller)
-    assert fakes["ascend"].cancelled  # the job was killed
+    assert handlers["ascend"].cancelled  # the job was killed
     steps = {s.step: s for s in lab.store.steps(run_id)}
     assert steps["npu_base_train"].status == StepStatus.CANCELLED
     assert lab.store.get_run(run_id).status == "cancelled"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from alignflow.logs.render import megatron_line
 from alignflow.runner.progress import ProgressTracker, StepProgress, format_duration
-from alignflow.testing import FakeJob
 from tests.runner.conftest import FakeLab, twin_job
+from tests.runner.hosts import DirHost, FakeJob
 
 
 def _lines(upto: int, total: int = 30) -> str:
@@ -95,16 +95,17 @@ def test_a_job_in_a_schedulers_queue_is_shown_pending_with_its_reason(lab: FakeL
     from alignflow.runner.jobstep import run_job_step
     from alignflow.runner.run import data_artifact
     from alignflow.runner.session import open_run
-    from alignflow.testing import FakeTransport
     from alignflow.transport import JobHandle, JobSpec, JobState
+    from alignflow.transport.jobs_direct import DirectJobs
 
-    class Queued(FakeTransport):
-        """A host whose jobs wait in a scheduler's queue for their first two polls (a fake of Slurm's PENDING)."""
+    class Queued(DirectJobs):
+        """Jobs that wait in a scheduler's queue for their first two polls (a fake of Slurm's PENDING)."""
+
+        queued_polls = 0
 
         def status(self, handle: JobHandle) -> JobState:
-            queued = self.jobs[handle.job_id]
-            if getattr(queued, "queued_polls", 0) < 2:
-                queued.queued_polls = getattr(queued, "queued_polls", 0) + 1  # type: ignore[attr-defined]
+            if self.queued_polls < 2:
+                self.queued_polls += 1
                 return JobState("pending", note="Slurm PENDING in partition gpu: Resources")
             return super().status(handle)
 
@@ -114,8 +115,12 @@ def test_a_job_in_a_schedulers_queue_is_shown_pending_with_its_reason(lab: FakeL
 
     lab.script = slow
     from alignflow.config import load_hosts
+    from alignflow.testing import FakeShell
+    from alignflow.transport import Transport
 
-    fake = Queued(load_hosts(lab.hosts).get("ascend"), script=lambda spec: lab.script(spec))
+    host = load_hosts(lab.hosts).get("ascend")
+    shell = FakeShell(DirHost(host, script=lambda spec: lab.script(spec)), host)
+    fake = Transport(shell, jobs=Queued, controller=lab.controller_transport, clock=lab.clock)
     ctx = open_run(lab.store, lab.start())
     seen: list[StepProgress] = []
     runner = StepRunner(ctx, store=lab.store, state_dir=lab.state,

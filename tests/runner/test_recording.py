@@ -13,10 +13,11 @@ from alignflow.errors import RemoteJobError
 from alignflow.runner.control import cancel_interrupted, cancel_run_jobs
 from alignflow.runner.recording import recording
 from alignflow.store.records import RunStatus, StepRunRecord, StepStatus
-from alignflow.testing import FakeJob
+from alignflow.testing import Command
 from alignflow.transport import JobHandle, JobSpec, JobState
 from tests.deploy.team import wait_until
 from tests.runner.conftest import FakeLab, twin_job
+from tests.runner.hosts import FakeJob
 
 
 def _step_whose_job_the_run_cancel_killed(lab: FakeLab, run_id: str) -> list[str]:
@@ -81,11 +82,10 @@ def test_a_step_that_sees_its_job_killed_before_the_run_cancel_records_it_is_can
     lab.script = lambda spec: FakeJob(running_polls=10**6) if spec.name.endswith("npu_base_train") else twin_job(spec)
     run_id = lab.start()
     ascend = lab.transport(load_hosts(lab.hosts).get("ascend"))
-    polled = ascend.status
 
-    def slow_status(handle: JobHandle) -> JobState:
-        time.sleep(0.005)  # a job that trains until someone cancels it, polled as the runner polls
-        return polled(handle)
+    def slow_status(command: Command) -> None:
+        if command.name == "status":
+            time.sleep(0.005)  # a job that trains until someone cancels it, polled as the runner polls
 
     def step_record() -> StepRunRecord | None:
         return next((s for s in lab.store.steps(run_id) if s.step == "npu_base_train"), None)
@@ -98,7 +98,7 @@ def test_a_step_that_sees_its_job_killed_before_the_run_cancel_records_it_is_can
                    and rec.status != StepStatus.RUNNING, timeout_s=30, every_s=0.005)
         return state
 
-    ascend.status = slow_status  # type: ignore[method-assign]
+    lab.hosts_of["ascend"].before = slow_status
     ascend.cancel = cancel_then_let_the_step_record_first  # type: ignore[method-assign]
     walk = ThreadPoolExecutor(1).submit(lab.execute, run_id)
     wait_until("the step's job", lambda: (rec := step_record()) is not None and rec.job_handle is not None,

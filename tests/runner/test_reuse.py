@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from alignflow.testing import FakeJob
+from pathlib import Path
+
 from alignflow.transport import JobSpec
 from tests.runner.conftest import FakeLab, twin_job
+from tests.runner.hosts import FakeJob
 from tests.runner.test_execute import statuses
 
 
@@ -36,9 +38,9 @@ def test_a_corrupted_staged_input_is_replaced_by_a_verified_copy(lab: FakeLab) -
     # issue 16, item 5: a flipped byte in a staged checkpoint directory must not wedge every later run
     first = lab.run()
     cuda = lab.fakes["cuda"]
-    staged = [p for p in cuda.fs.files_under(cuda.path("inputs")) if "megatron_ckpt" in p]  # type: ignore[attr-defined]
+    staged = sorted(p for p in Path(cuda.path("inputs")).rglob("*") if p.is_file() and "megatron_ckpt" in str(p))
     assert staged
-    cuda.fs.write(staged[0], b"flipped")  # type: ignore[attr-defined]
+    staged[0].write_bytes(b"flipped")
     second = lab.run(force=("gpu_train",))
     assert second.status == "completed", second.error
     assert any("staged megatron_ckpt changed" in m for m in lab.messages)
@@ -48,8 +50,7 @@ def test_a_corrupted_staged_input_is_replaced_by_a_verified_copy(lab: FakeLab) -
 def test_two_steps_needing_one_input_on_one_host_stage_it_once(lab: FakeLab) -> None:
     lab.run()
     ascend = lab.fakes["ascend"]
-    staged_data = {p.split("/inputs/")[1].split("/")[0] for p in ascend.fs.files_under(ascend.path("inputs"))  # type: ignore[attr-defined]
-                   if "/inputs/data-" in p}
+    staged_data = {p.name for p in Path(ascend.path("inputs")).iterdir() if p.name.startswith("data-")}
     assert len(staged_data) == 1
 
 
@@ -75,17 +76,17 @@ def test_a_failed_step_is_never_reused(lab: FakeLab) -> None:
 
 def test_only_one_step_reuses_what_it_reads_and_executes_just_that_step(lab: FakeLab) -> None:
     lab.run()
-    launched = {h: len(f.launched) for h, f in lab.fakes.items()}
+    launched = {h: len(f.launched) for h, f in lab.hosts_of.items()}
     only = lab.run(only=("gpu_train",), force=("gpu_train",))
     assert only.status == "completed", only.error
     assert statuses(only) == {"npu_base_train": "cached", "convert_bf16": "cached", "convert_megatron": "cached",
                               "gpu_train": "ran", "npu_reload_train": "skipped", "compare": "skipped"}
-    assert len(lab.fakes["cuda"].launched) == launched["cuda"] + 1
-    assert len(lab.fakes["ascend"].launched) == launched["ascend"]
+    assert len(lab.hosts_of["cuda"].launched) == launched["cuda"] + 1
+    assert len(lab.hosts_of["ascend"].launched) == launched["ascend"]
 
 
 def test_only_a_step_whose_inputs_were_never_produced_fails_before_launching(lab: FakeLab) -> None:
     only = lab.run(only=("convert_megatron",))
     assert only.status == "failed"
     assert "npu_base_train: no valid earlier result to reuse" in (only.error or "")
-    assert not lab.fakes.get("cpu") or not lab.fakes["cpu"].launched
+    assert not lab.hosts_of.get("cpu") or not lab.hosts_of["cpu"].launched

@@ -49,7 +49,7 @@ class QueueThenRun:
 
 
 def _transport(sched: QueueThenRun) -> Transport:
-    return Transport(LocalShell(sched.host), jobs=sched)  # what a `scheduler: slurm` host gets is `SlurmJobs`
+    return Transport(LocalShell(sched.host), jobs=lambda files: sched)  # a `scheduler: slurm` host gets SlurmJobs
 
 
 def test_jobs_of_a_host_with_a_scheduler_go_to_the_scheduler() -> None:
