@@ -5,9 +5,10 @@
           -> alignflow.config -> the foundation (errors, pipeline, state, regression, fingerprint, ...)
 
 The graph is grimp's (https://grimp.readthedocs.io): it reads every `import` statement, those inside functions too
-(an import deferred to break a cycle is still the cycle), but not those under `if TYPE_CHECKING:` (annotations
-only, never executed). Third-party packages are not in the graph: a lazy import of a heavy library is fine.
-No process is started; building the graph takes a few hundredths of a second.
+(an import deferred to break a cycle is still the cycle) and those under `if TYPE_CHECKING:` (never executed, but
+a module that names another's types in its signatures depends on it: a circle through annotations is a circle;
+six transport modules once formed one, issue 34). Third-party packages are not in the graph: a lazy import of a
+heavy library is fine. No process is started; building the graph takes a few hundredths of a second.
 """
 
 from __future__ import annotations
@@ -31,9 +32,13 @@ FOUNDATION = ("alignflow.errors", "alignflow.pipeline", "alignflow.state", "alig
               "alignflow.fingerprint", "alignflow.controller", "alignflow.codeversion", "alignflow.lazy")
 
 
+def _build(*packages: str) -> grimp.ImportGraph:
+    return grimp.build_graph(*packages, cache_dir=None, exclude_type_checking_imports=False)
+
+
 @pytest.fixture(scope="module")
 def graph() -> grimp.ImportGraph:
-    return grimp.build_graph(*PACKAGES, cache_dir=None, exclude_type_checking_imports=True)
+    return _build(*PACKAGES)
 
 
 def _edges(graph: grimp.ImportGraph) -> dict[str, set[str]]:
@@ -187,3 +192,14 @@ def test_the_checks_see_a_cycle_and_an_upward_import() -> None:
     assert _cycle(edges, ["a", "b", "c"]) == ["a", "b", "c", "a"]
     assert _unit("alignflow.transport.shell") == "alignflow.transport"
     assert _unit("tasks.steps") == "tasks"
+
+
+def test_a_circle_through_type_checking_imports_is_a_circle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "circle_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name, other in (("a", "b"), ("b", "a")):
+        (package / f"{name}.py").write_text(f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                            f"    from circle_pkg.{other} import X\nX = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _strongly_connected(_edges(_build("circle_pkg"))) == [["circle_pkg.a", "circle_pkg.b"]]
