@@ -22,7 +22,6 @@ import select
 import stat
 import sys
 import types
-from typing import Any
 
 _POLL_S = 0.2
 
@@ -79,7 +78,7 @@ class Follower:
                 progressed = True
         return progressed
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self) -> dict[str, object]:
         while True:  # a final scan that hashed nothing has seen every file stable
             if not self.scan(final=True):
                 break

@@ -77,7 +77,7 @@ def _tool(argv: list[str]) -> dict[str, Any]:
     }
 
 
-def probe(request: dict[str, Any]) -> dict[str, Any]:
+def probe(request: dict[str, Any]) -> dict[str, object]:
     uname = platform.uname()
     env_names = set(request.get("env_names", []))
     prefixes = tuple(request.get("env_prefixes", []))
