@@ -6,7 +6,7 @@ store's schema. On each host, through its own transport (so a local host is chec
 reachable, its Python (and alignflow importable with it), rsync, setsid, flock, free disk in its workdir.
 
 What is required depends on the inventory: rsync and ssh only matter when some host is reached over SSH (local
-hosts copy with Python's shutil without rsync, alignflow.transport.transfer); setsid and flock always do (every
+hosts copy with Python's shutil without rsync, alignflow.transport.routes); setsid and flock always do (every
 step is a detached job holding a slot lock, alignflow/transport/jobs.py).
 """
 

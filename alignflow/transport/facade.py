@@ -18,11 +18,12 @@ from alignflow.transport.jobs import Clock, JobHandle, Jobs, JobSpec, JobState, 
 from alignflow.transport.jobs_direct import DirectJobs
 from alignflow.transport.local import LocalShell
 from alignflow.transport.results import Completed, PathStat, ProgressFn
+from alignflow.transport.routes import Route
 from alignflow.transport.shell import Shell, Workdir
 from alignflow.transport.slurm import SlurmJobs
 from alignflow.transport.snapshot import HostSnapshot, take_snapshot
 from alignflow.transport.ssh import SSHShell
-from alignflow.transport.transfer import Route, copy_files
+from alignflow.transport.transfer import copy_files
 
 SHELLS: dict[str, Callable[[Host], Shell]] = {"local": LocalShell, "ssh": SSHShell}
 """How a host of each `transport:` kind of hosts.yaml is reached."""

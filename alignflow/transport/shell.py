@@ -111,7 +111,7 @@ class Shell(ABC):
     def openssh_client(self) -> OpenSSHClient | None:
         """How the controller's OpenSSH tools (rsync -e, ssh) reach this host's files; None where they do not.
 
-        Copies pick their route from what both ends say here and in `on_this_machine` (transport.transfer); a
+        Copies pick their route from what both ends say here and in `on_this_machine` (transport.routes); a
         host reached neither way gets its bytes through `spawn`.
         """
         return None

@@ -14,7 +14,7 @@ from alignflow.config.hosts import Host
 from alignflow.errors import ConfigError, FingerprintMismatch
 from alignflow.fingerprint import Fingerprinter
 from alignflow.transport import copy_between, open_transport
-from alignflow.transport.transfer import _sender
+from alignflow.transport.routes import sender_for
 
 pytestmark = pytest.mark.integration  # real processes: the command line, hosts' commands
 
@@ -71,7 +71,7 @@ def test_an_ssh_copy_without_rsync_names_the_package_before_anything_moves(no_rs
     local = open_transport(_host(tmp_path, "a"))
     try:
         with pytest.raises(ConfigError, match=r"rsync is not installed.*gpu-a.*apt-get install rsync"):
-            _sender(local.files, ssh.files, "auto")
+            sender_for(local.files, ssh.files, "auto")
     finally:
         ssh.close()
         local.close()

@@ -144,7 +144,7 @@ def test_a_follower_stops_on_abort_and_fingerprints_the_root_at_end_of_file(
 
 def test_rsync_progress2_lines_become_progress_calls(tmp_path: Path) -> None:
     """What `rsync --info=progress2` writes: '\r'-separated updates, ',' thousands separators, then a summary."""
-    from alignflow.transport.transfer import _feed_progress
+    from alignflow.transport.routes import _feed_progress
 
     stream = (
         b"              0   0%    0.00kB/s    0:00:00  \r"

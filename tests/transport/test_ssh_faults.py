@@ -16,7 +16,7 @@ from alignflow.errors import (
     TransportError,
 )
 from alignflow.fingerprint import fingerprint
-from alignflow.transport import JobSpec, JobState, SSHShell, Transport, copy_between, open_transport, transfer
+from alignflow.transport import JobSpec, JobState, SSHShell, Transport, copy_between, open_transport, routes
 from tests.lab.sshd import SSHLab
 
 pytestmark = pytest.mark.integration
@@ -181,7 +181,7 @@ def test_host_to_host_copy_is_verified_on_the_destination(ssh_lab: SSHLab, route
 
 def test_direct_copy_falls_back_to_the_relay_when_the_source_cannot_run_it(ssh_lab: SSHLab,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(transfer, "DIRECT_MIN_BYTES", 0)  # try direct even for a tiny file
+    monkeypatch.setattr(routes, "DIRECT_MIN_BYTES", 0)  # try direct even for a tiny file
     home = ssh_lab.hosts["ascend"].home
     with _ssh(ssh_lab, "ascend", workdir=str(home / "work dir")) as a, _ssh(ssh_lab, "cpu") as c:
         a.write_text("x.txt", "relayed")
