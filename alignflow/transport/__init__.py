@@ -23,9 +23,10 @@ parts built on it, and docs/architecture.md#adding-a-transport for a new kind of
 from __future__ import annotations
 
 from alignflow.transport.facade import Transport, controller_transport, copy_between, open_transport
-from alignflow.transport.jobs import JobHandle, JobSpec, JobState, PollFn
+from alignflow.transport.jobs import JobHandle, JobSpec, JobState
 from alignflow.transport.local import LocalShell
 from alignflow.transport.results import Completed, PathStat, ProgressFn
+from alignflow.transport.scheduler import PollFn
 from alignflow.transport.shell import Result, Shell
 from alignflow.transport.snapshot import HostSnapshot
 from alignflow.transport.ssh import SSHShell

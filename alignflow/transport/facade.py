@@ -14,11 +14,12 @@ from typing import Literal
 from alignflow.config.hosts import Host
 from alignflow.fingerprint import Fingerprint
 from alignflow.transport.files import Files, FollowedHash
-from alignflow.transport.jobs import Clock, JobHandle, Jobs, JobSpec, JobState, PollFn, wait
+from alignflow.transport.jobs import JobHandle, JobSpec, JobState
 from alignflow.transport.jobs_direct import DirectJobs
 from alignflow.transport.local import LocalShell
 from alignflow.transport.results import Completed, PathStat, ProgressFn
 from alignflow.transport.routes import Route
+from alignflow.transport.scheduler import Clock, Jobs, PollFn, wait
 from alignflow.transport.shell import Shell, Workdir
 from alignflow.transport.slurm import SlurmJobs
 from alignflow.transport.snapshot import HostSnapshot, take_snapshot

@@ -9,7 +9,7 @@ open runs it on `exec` once it is read from -, and `workdir()`, the directory it
 ```
 Shell          LocalShell (local.py) | SSHShell (ssh.py) | SlurmLoginShell (slurm_login.py) | FakeShell (testing)
  +- Files      commands with the host's env, confined paths, small files, hashes on the host   (files.py)
- +- Jobs       DirectJobs (jobs_direct.py) | SlurmJobs (slurm.py), over Files                   (jobs.py)
+ +- Jobs       DirectJobs (jobs_direct.py) | SlurmJobs (slurm.py), over Files                  (scheduler.py)
  +- locks      one flock per key, held by a spawned holder                                     (locks.py)
  +- copies     verified copies between two hosts' Files                                        (transfer.py)
 Transport      the facade the runner drives: Files + Jobs + copies of one host                 (facade.py)

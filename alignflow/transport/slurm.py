@@ -34,16 +34,8 @@ from alignflow.errors import RemoteJobError, TransportError
 from alignflow.transport import commands
 from alignflow.transport.commands import MISSING_EXIT
 from alignflow.transport.files import Files
-from alignflow.transport.jobs import (
-    JobHandle,
-    JobSpec,
-    JobState,
-    checked_job_dir,
-    job_dir,
-    new_job_id,
-    read_tail,
-    spec_record,
-)
+from alignflow.transport.jobs import JobHandle, JobSpec, JobState, new_job_id
+from alignflow.transport.scheduler import checked_job_dir, job_dir, read_tail, spec_record
 from alignflow.transport.shell import CONTROL_TIMEOUT_S, Result
 from alignflow.transport.slurm_login import SlurmLoginShell
 from alignflow.transport.slurm_state import interpret, parse_answer, unreachable

@@ -25,7 +25,7 @@ from alignflow.config.hosts import Host
 from alignflow.fingerprint import fingerprint
 from alignflow.testing import Command, FakeShell
 from alignflow.transport import JobSpec, Result, Transport
-from alignflow.transport.jobs import Clock
+from alignflow.transport.scheduler import Clock
 
 Content = str | bytes
 
