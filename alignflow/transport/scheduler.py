@@ -25,7 +25,6 @@ from alignflow.transport.shell import CONTROL_TIMEOUT_S
 
 log = logging.getLogger(__name__)
 
-
 PollFn = Callable[[JobState], None]
 """Called by `wait` after every poll with the job's current state."""
 
@@ -59,6 +58,8 @@ class Clock(Protocol):
 
 
 class SystemClock:
+    """The real one: `time.monotonic` and `time.sleep`."""
+
     monotonic = staticmethod(time.monotonic)
     sleep = staticmethod(time.sleep)
 
