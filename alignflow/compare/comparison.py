@@ -23,7 +23,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from alignflow.compare.divergence import Divergence, Driver, criterion_first_outside, curve_level, drivers
+from alignflow.compare.divergence import Band, Divergence, Driver, criterion_first_outside, curve_level, drivers
 from alignflow.compare.evaluable import gaps_within, step_rel_steps, zero_reference
 from alignflow.compare.formatting import criterion_label, fmt_stat, fmt_threshold
 from alignflow.compare.performance import DEFAULT_WARMUP_STEPS, Performance, compare_performance
@@ -130,6 +130,7 @@ class MetricComparison:
     perplexity: Perplexity | None
     magnitude: float | None = None  # median |reference| over the compared steps
     divergence: Divergence | None = None  # the first step where the error leaves its band (curve level)
+    band: Band | None = None  # the band itself, per compared step: what the figures shade (one source with the text)
 
     def to_json(self) -> dict[str, Any]:
         s = self.stats
@@ -291,7 +292,7 @@ def compare(
     results = tuple(_evaluate(c, pairs, metrics, test, reference, t_metrics, r_metrics) for c in criteria)
     resolutions = {m: (test.resolution.get(m), reference.resolution.get(m)) for m in both}
     found = curve_level(pairs, criteria, resolutions, noise_floor)
-    metrics = {m: dataclasses.replace(mc, divergence=found.get(m)) for m, mc in metrics.items()}
+    metrics = {m: dataclasses.replace(mc, band=found[m][0], divergence=found[m][1]) for m, mc in metrics.items()}
     results = tuple(_with_curve_level(r, pairs, metrics, resolutions, noise_floor) for r in results)
     reasons = _reasons(results, {"test": test, "reference": reference}, coverage, criteria, tuple(require))
     return Comparison(

@@ -11,8 +11,17 @@ The band of a metric at step s is the widest of:
 - the measured noise floor of the metric, when there is one (`noise_floor`, absolute per-step error of the
   reference side against itself; `alignflow noise` measures it).
 
-A metric without a criterion has a band only when its noise floor is measured (the printed resolution alone
-would flag every cross-framework difference at step 1). Pure numpy over `Pairs`.
+Every compared metric has a band, criterion or not (issue 40: a report that says "every metric stays inside its
+band" must not draw a metric's error outside it). A metric without a criterion of its own is held to:
+
+- lm_loss's criteria, when it is a cross-entropy loss like lm_loss (`mtp_<k>_loss`): the same quantity in the same
+  unit, which the seeds judge by the same thresholds (docs/seeds.md#qwen35-criteria-relative-error: "the same two
+  relative criteria" for the MTP loss);
+- else the printed resolution and the noise floor: all the logs say of how far two values may differ (lr printed
+  to 7 digits on both sides should agree to 7 digits).
+
+The band is computed once per metric by `compare` (kept on `MetricComparison.band`); the report's sentences, its
+tables and both kinds of figure read that one band. `Band.basis` says what it was made of. Pure numpy over `Pairs`.
 """
 
 from __future__ import annotations
@@ -26,9 +35,10 @@ import numpy as np
 
 from alignflow.compare.statistics import REL_EPS, FloatArray, IntArray, Pairs, finite_or_none
 from alignflow.config.criteria import RELATIVE_STATISTICS, Criterion
-from alignflow.logs.schema import Resolution
+from alignflow.logs.schema import Resolution, is_cross_entropy
 
 TOP_DRIVERS = 5
+LM_LOSS = "lm_loss"  # the loss whose criteria a cross-entropy metric without its own is held to
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +53,21 @@ class Divergence:
     band_at_first: float | None
     error_at_first: float | None
     noise_floor: float | None
+    basis: str = ""  # what the band is made of (`Band.basis`)
+    judged_steps: int = 0  # compared steps the band bounds (0: the metric has no band, nothing can be said)
+    own_criteria: bool = True  # False: no criterion of its own judges the metric (the verdict does not read it)
+
+    @property
+    def inside(self) -> bool:
+        """Judged at some step, and inside the band at every one."""
+        return self.first_step is None and self.judged_steps > 0
 
     def to_json(self) -> dict[str, Any]:
         return {"metric": self.metric, "first_step": self.first_step, "steps_outside": self.steps_outside,
                 "worst_step": self.worst_step, "criterion": self.criterion,
                 "band_at_first": finite_or_none(self.band_at_first),
-                "error_at_first": finite_or_none(self.error_at_first), "noise_floor": finite_or_none(self.noise_floor)}
+                "error_at_first": finite_or_none(self.error_at_first), "noise_floor": finite_or_none(self.noise_floor),
+                "basis": self.basis, "judged_steps": self.judged_steps, "own_criteria": self.own_criteria}
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +90,8 @@ class Band:
     steps: IntArray
     width: FloatArray  # half-width, in the metric's unit (inf where nothing bounds the error)
     source: tuple[str | None, ...]  # per step: label of the criterion that sets it, None for resolution/noise
+    basis: str = ""  # what it is made of: "its criteria and the printed resolution", ...
+    own_criteria: bool = True  # False: borrowed (lm_loss's criteria) or no criterion at all
 
 
 def per_step_quantum(t: Resolution | None, r: Resolution | None, reference: FloatArray) -> FloatArray:
@@ -104,11 +125,21 @@ def criterion_width(c: Criterion, pairs: Pairs) -> FloatArray:
     return out
 
 
+def band_criteria(metric: str, criteria: Sequence[Criterion]) -> tuple[list[Criterion], bool]:
+    """The criteria that bound `metric`'s per-step error, and whether they are its own (see the module docstring)."""
+    # a threshold still written as 'Nx noise' with no measured noise (NaN) bounds no step: the criterion fails, and
+    # the metric's band is what is left
+    mine = [c for c in criteria if c.metric == metric and math.isfinite(c.threshold)]
+    if mine or metric == LM_LOSS or not is_cross_entropy(metric):
+        return mine, True
+    return [c for c in criteria if c.metric == LM_LOSS and math.isfinite(c.threshold)], False
+
+
 def band(metric: str, pairs: Pairs, criteria: Sequence[Criterion], t: Resolution | None, r: Resolution | None,
          noise_floor: float | None = None) -> Band:
     """The band of `metric` at each compared step (see the module docstring)."""
     n = len(pairs.steps)
-    mine = [c for c in criteria if c.metric == metric]
+    mine, own = band_criteria(metric, criteria)
     width: FloatArray = np.full(n, np.inf)
     owner = np.full(n, -1)
     for i, c in enumerate(mine):
@@ -127,22 +158,42 @@ def band(metric: str, pairs: Pairs, criteria: Sequence[Criterion], t: Resolution
     owner = np.where(judged & (width >= floor), owner, -1)
     names: list[str | None] = [c.label for c in mine]
     labels = tuple(names[o] if o >= 0 else None for o in owner.tolist())
-    return Band(pairs.steps, final, labels)
+    return Band(pairs.steps, final, labels, _basis(metric, mine, own, floor, noise_floor), own and bool(mine))
+
+
+def _basis(metric: str, mine: Sequence[Criterion], own: bool, floor: FloatArray, noise: float | None) -> str:
+    """`its criteria and the printed resolution`, `lm_loss's criteria (no criterion of its own) and ...`."""
+    parts = []
+    if mine:
+        parts.append("its criteria" if own else f"{LM_LOSS}'s criteria (no criterion of its own)")
+    if (floor > 0).any():
+        parts.append("the measured noise floor" if noise is not None and math.isfinite(noise)
+                     else "the printed resolution")
+    if not parts:
+        return "no criterion, printed resolution unknown"
+    text = " and ".join(parts)
+    return text if mine else f"{text} (no criterion)"
 
 
 def divergence(metric: str, pairs: Pairs, b: Band, noise_floor: float | None = None) -> Divergence:
-    """The first compared step whose |error| exceeds the band, how many do, and the worst one."""
-    err = np.abs(pairs.error)
+    """The first compared step whose |error| exceeds the band, how many do, and the worst one.
+
+    |error| is taken less the float64 rounding of the subtraction itself (a few ulps of the operands): two printed
+    values one unit apart (1.000001 - 1.000000) subtract to 1.0000000001e-06, which is one unit, not more.
+    """
+    ulps = 4 * np.finfo(np.float64).eps * (np.abs(pairs.test) + np.abs(pairs.reference))
+    err = np.maximum(np.abs(pairs.error) - ulps, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(np.isinf(b.width), 0.0, err / np.where(b.width > 0, b.width, np.nan))
     ratio = np.where(np.isnan(ratio), np.where(err > 0, np.inf, 0.0), ratio)
     outside = ratio > 1.0
+    judged = int(np.isfinite(b.width).sum())
     if not outside.any():
-        return Divergence(metric, None, 0, None, None, None, None, noise_floor)
+        return Divergence(metric, None, 0, None, None, None, None, noise_floor, b.basis, judged, b.own_criteria)
     i = int(np.argmax(outside))
     worst = int(np.argmax(ratio))
     return Divergence(metric, int(pairs.steps[i]), int(outside.sum()), int(pairs.steps[worst]), b.source[i],
-                      float(b.width[i]), float(pairs.error[i]), noise_floor)
+                      float(b.width[i]), float(pairs.error[i]), noise_floor, b.basis, judged, b.own_criteria)
 
 
 def drivers(c: Criterion, pairs: Pairs, value: float, top: int = TOP_DRIVERS) -> tuple[Driver, ...]:
@@ -187,15 +238,14 @@ def curve_level(
     pairs: Mapping[str, Pairs], criteria: Sequence[Criterion], resolutions: Mapping[str, tuple[Resolution | None,
                                                                                                  Resolution | None]],
     noise_floor: Mapping[str, float] | None = None,
-) -> dict[str, Divergence]:
-    """The divergence of every compared metric that has a band (a criterion or a measured noise floor)."""
-    out: dict[str, Divergence] = {}
-    judged = {c.metric for c in criteria}
+) -> dict[str, tuple[Band, Divergence]]:
+    """The band of every compared metric, and where its error first leaves it."""
+    out: dict[str, tuple[Band, Divergence]] = {}
     for metric, p in pairs.items():
         t, r = resolutions.get(metric, (None, None))
         floor = (noise_floor or {}).get(metric)
-        if metric in judged or floor is not None:
-            out[metric] = divergence(metric, p, band(metric, p, criteria, t, r, floor), floor)
+        b = band(metric, p, criteria, t, r, floor)
+        out[metric] = (b, divergence(metric, p, b, floor))
     return out
 
 

@@ -21,9 +21,8 @@ import numpy as np
 import plotly.io as pio
 
 from alignflow.compare.comparison import Comparison
-from alignflow.compare.divergence import band
 from alignflow.compare.formatting import fmt_stat
-from alignflow.compare.statistics import FloatArray, IntArray, Pairs
+from alignflow.compare.statistics import FloatArray, IntArray
 
 BUCKETS = 1500
 REFERENCE_COLOR = "#1e8449"  # the seeds' GPU green
@@ -121,22 +120,17 @@ def _error_traces(c: Comparison, metric: str, label: str, color: str, steps: Int
                   idx: IntArray, i: int) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     mc = c.metrics[metric]
-    test = c.test.frame[metric].reindex(steps).to_numpy(dtype=float, na_value=np.nan)
-    pairs = Pairs.from_arrays(steps, test, test - error)
-    if len(pairs.steps) and i == 0:
-        b = band(metric, pairs, [r.criterion for r in c.criteria], c.test.resolution.get(metric),
-                 c.reference.resolution.get(metric), mc.divergence.noise_floor if mc.divergence else None)
+    b = mc.band
+    if b is not None and len(b.steps) and i == 0:  # the band the comparison computed: the one its sentences read
         width = np.full(len(steps), np.nan)
-        width[np.searchsorted(steps, pairs.steps)] = np.where(np.isfinite(b.width), b.width, np.nan)
-        judged = any(r.metric == metric for r in c.criteria)
+        width[np.searchsorted(steps, b.steps)] = np.where(np.isfinite(b.width), b.width, np.nan)
         if np.isfinite(width).any():
             w = width[idx]
             out.append({"type": "scatter", "mode": "lines", "x": steps[idx], "y": w, "line": {"width": 0},
                         "hoverinfo": "skip", "showlegend": False, "legendgroup": "band", **BOTTOM})
             out.append({"type": "scatter", "mode": "lines", "x": steps[idx], "y": -w, "line": {"width": 0},
                         "fill": "tonexty", "fillcolor": "rgba(46,134,193,0.15)", "legendgroup": "band",
-                        "name": "band (threshold, resolution)" if judged else "band (printed resolution)",
-                        "hoverinfo": "skip", **BOTTOM})
+                        "name": f"band: {b.basis}", "hoverinfo": "skip", **BOTTOM})
     out.append({**_line(steps[idx], error[idx], f"error {label}", color, 1.1, BOTTOM), "hovertemplate": "%{y:.3e}"})
     me = mc.stats.me
     if math.isfinite(me):

@@ -19,10 +19,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from alignflow.compare.comparison import Comparison
-from alignflow.compare.divergence import band
 from alignflow.compare.formatting import fmt_stat
 from alignflow.compare.names import THUMBNAIL_METRICS
-from alignflow.compare.statistics import FloatArray, Pairs
+from alignflow.compare.statistics import FloatArray
 
 BUCKETS = 2000  # envelope buckets per curve: about the figure's width in pixels
 REFERENCE_COLOR = "#1e8449"  # the seeds' GPU green
@@ -93,18 +92,14 @@ def metric_figure(comparisons: Sequence[Comparison], metric: str, *, labels: Seq
 
 
 def _band(ax: Any, c: Comparison, metric: str) -> None:
-    steps = c.aligned.index.to_numpy(dtype=np.int64)
-    test = c.aligned[f"{metric}_test"].to_numpy(dtype=float)
-    pairs = Pairs.from_arrays(steps, test, test - c.aligned[f"{metric}_error"].to_numpy(dtype=float))
-    if not len(pairs.steps):
+    """Shade the metric's band as the comparison computed it (the one the report's sentences read)."""
+    b = c.metrics[metric].band
+    if b is None:
         return
-    mc = c.metrics[metric]
-    b = band(metric, pairs, [r.criterion for r in c.criteria], c.test.resolution.get(metric),
-             c.reference.resolution.get(metric), mc.divergence.noise_floor if mc.divergence else None)
     ok = np.isfinite(b.width)
     if ok.any():
-        x, w = envelope(pairs.steps[ok].astype(float), b.width[ok])
-        ax.fill_between(x, -w, w, color="#2e86c1", alpha=0.15, linewidth=0, label="band")
+        x, w = envelope(b.steps[ok].astype(float), b.width[ok])
+        ax.fill_between(x, -w, w, color="#2e86c1", alpha=0.15, linewidth=0, label=f"band: {b.basis}")
 
 
 def png_bytes(fig: Figure) -> bytes:

@@ -72,18 +72,43 @@ def failed_lines(comparisons: Sequence[Comparison], labels: Sequence[str]) -> li
 
 
 def divergence_lines(comparisons: Sequence[Comparison], labels: Sequence[str]) -> list[str]:
-    """Per metric: the first step where the error leaves its band, or that it never does."""
+    """Per test log, every compared metric by where its error stands against its band (the band the figures shade,
+    `MetricComparison.band`): the first step outside it; inside at every step; inside at every step yet failing a
+    criterion (an average can fail where no single step leaves the per-step band, e.g. under a noise floor); no
+    band at all. A metric is named in exactly one of these, so no sentence contradicts a panel or a criterion."""
     multi = len(comparisons) > 1
     out = []
     for label, c in _tests(comparisons, labels):
-        outside = [(m, mc.divergence) for m, mc in c.metrics.items()
-                   if mc.divergence is not None and mc.divergence.first_step is not None]
-        inside = [m for m, mc in c.metrics.items() if mc.divergence is not None and mc.divergence.first_step is None]
-        parts = [f"{m} at step {d.first_step} ({d.steps_outside} step(s) outside, worst {d.worst_step})"
-                 for m, d in outside]
-        text = ("first outside its band: " + "; ".join(parts)) if parts else "every metric stays inside its band"
-        if parts and inside:
-            text += f"; inside: {', '.join(inside)}"
+        failing: dict[str, list[str]] = {}
+        for r in c.criteria:
+            if r.evaluated and not r.passed:
+                failing.setdefault(r.metric, []).append(criterion_label(r.criterion))
+        outside, inside, inside_failing, unbanded = [], [], [], []
+        for m, mc in c.metrics.items():
+            d = mc.divergence
+            if d is None or d.judged_steps == 0:
+                unbanded.append(f"{m} ({d.basis if d else 'no steps compared'})")
+            elif d.first_step is not None:
+                basis = "" if d.own_criteria else f"; band: {d.basis}"
+                outside.append(f"{m} at step {d.first_step} ({d.steps_outside} step(s) outside, worst "
+                               f"{d.worst_step}{basis})")
+            elif m in failing:
+                inside_failing.append(f"{m} ({', '.join(failing[m])} failed)")
+            else:
+                inside.append(m)
+        parts = []
+        if outside:
+            parts.append("first outside its band: " + "; ".join(outside))
+        if inside_failing:
+            parts.append("inside its per-step band at every step but failing a criterion over the run: "
+                         + "; ".join(inside_failing))
+        if inside and (outside or inside_failing or unbanded):
+            parts.append(f"inside its band at every step: {', '.join(inside)}")
+        elif inside:
+            parts.append("every metric stays inside its band")
+        if unbanded:
+            parts.append(f"no band to judge it by: {'; '.join(unbanded)}")
+        text = "; ".join(parts) if parts else "no metric compared"
         out.append(f"{label}: {text}" if multi else text)
     return out
 
