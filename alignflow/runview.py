@@ -17,8 +17,9 @@ from datetime import datetime
 from typing import Any
 
 from alignflow import pipeline
-from alignflow.compare.context import FingerprintRow, ReportContext, StepRow
+from alignflow.compare.context import FingerprintRow, ReportContext, StepRow, TimingConditions
 from alignflow.store import Store
+from alignflow.store.records import StepRunRecord
 
 SCHEMA_VERSION = 1
 
@@ -169,15 +170,22 @@ def criterion_view(doc: Mapping[str, Any]) -> CriterionView:
         source=str(doc.get("source") or ""))
 
 
-def report_context(view: RunView, *, sides: Mapping[str, str] | None = None, description: str | None = None
-                   ) -> ReportContext:
+DEFAULT_SIDES = {"NPU": "npu_reload_train", "GPU": "gpu_train"}
+
+
+def report_context(view: RunView, *, sides: Mapping[str, str] | None = None, description: str | None = None,
+                   writing: str | None = None, generated_at: datetime | None = None,
+                   timing: Mapping[str, TimingConditions] | None = None) -> ReportContext:
     """What the HTML report shows of the run: its steps, every artifact's and input's fingerprint, and the host
     snapshots of the sides. `sides`: report label -> the step whose host is that side (default NPU ->
-    npu_reload_train, GPU -> gpu_train)."""
-    sides = sides or {"NPU": "npu_reload_train", "GPU": "gpu_train"}
-    rows = tuple(StepRow(s.step, s.status, s.host, s.duration_s, s.exit_code,
-                         s.error or (f"outputs of step run {s.reused_from}" if s.reused_from else ""))
-                 for s in view.steps)
+    npu_reload_train, GPU -> gpu_train).
+
+    `writing`: the step that writes this report (compare), still open in the store while it does; the report is
+    its output, so a reader of the report reads a finished step: shown `ran`, timed up to `generated_at` (issue 40:
+    every report showed `compare` as `running`). `timing`: how each side's step times were taken
+    (`timing_conditions`)."""
+    sides = sides or DEFAULT_SIDES
+    rows = tuple(_step_row(s, writing, generated_at) for s in view.steps)
     prints: list[FingerprintRow] = []
     seen: set[tuple[str, str]] = set()
     produced = {a.name for s in view.steps for a in s.artifacts}
@@ -197,8 +205,81 @@ def report_context(view: RunView, *, sides: Mapping[str, str] | None = None, des
         sv = view.step(step)
         if sv is not None and sv.host is not None and sv.host in view.snapshots:
             snapshots[label] = view.snapshots[sv.host]
-    return ReportContext(run_id=view.run_id, experiment=view.experiment, description=description, steps=rows,
-                         fingerprints=tuple(prints), snapshots=snapshots)
+    return ReportContext(run_id=view.run_id, experiment=view.experiment, description=description,
+                         generated_at=generated_at, steps=rows, fingerprints=tuple(prints), snapshots=snapshots,
+                         timing=dict(timing or {}))
+
+
+def _step_row(s: StepView, writing: str | None, generated_at: datetime | None) -> StepRow:
+    note = s.error or (f"outputs of step run {s.reused_from}" if s.reused_from else "")
+    if s.step == writing and s.status in ("pending", "running"):
+        took = (generated_at - s.started).total_seconds() if generated_at and s.started else None
+        return StepRow(s.step, "ran", s.host, took, 0, "wrote this report")
+    return StepRow(s.step, s.status, s.host, s.duration_s, s.exit_code, note)
+
+
+def timing_conditions(store: Store, view: RunView, sides: Mapping[str, str] | None = None
+                      ) -> dict[str, TimingConditions]:
+    """label -> how that side's training was timed: on which device and machine, in which run (a cached training
+    was timed in the run it was reused from), beside which steps on the same machine, under what load."""
+    out: dict[str, TimingConditions] = {}
+    for label, step in (sides or DEFAULT_SIDES).items():
+        sv = view.step(step)
+        if sv is None or sv.status not in ("ran", "cached"):
+            continue
+        origin = store.get_step(sv.step_run_id)
+        for _ in range(100):  # a cached step points at the step run that executed (or at another cached one)
+            if origin.reused_from is None:
+                break
+            origin = store.get_step(origin.reused_from)
+        snaps = {snap.host: snap.data for snap in store.snapshots(origin.run_id)}
+        mine = snaps.get(origin.host or "", {})
+        machine = mine.get("hostname") or origin.host
+        others = [o for o in store.steps(origin.run_id)
+                  if o.id != origin.id and o.reused_from is None and o.host is not None
+                  and (snaps.get(o.host, {}).get("hostname") or o.host) == machine and _overlap(origin, o)]
+        load = mine.get("load") or [None]
+        out[label] = TimingConditions(
+            device=_device(mine) if mine else None, machine=machine, measured_in=origin.run_id,
+            cached=origin.run_id != view.run_id, beside=tuple(sorted({o.step for o in others})),
+            shared=_shared(origin, others), load_1m=load[0], cpus=mine.get("cpus"))
+    return out
+
+
+def _overlap(a: StepRunRecord, b: StepRunRecord) -> bool:
+    """Two step runs were executing at the same moment (an unfinished one counts as running on)."""
+    if a.started_at is None or b.started_at is None:
+        return False
+    return (b.finished_at is None or a.started_at < b.finished_at) and (
+        a.finished_at is None or b.started_at < a.finished_at)
+
+
+def _shared(step: StepRunRecord, others: list[StepRunRecord]) -> float | None:
+    """The share of `step`'s wall time during which at least one of `others` was executing (None: not timed)."""
+    if step.started_at is None or step.finished_at is None or step.finished_at <= step.started_at:
+        return None
+    start, end = step.started_at, step.finished_at
+    spans = sorted((max(o.started_at, start), min(o.finished_at or end, end)) for o in others if o.started_at)
+    covered, reach = 0.0, start
+    for a, b in spans:
+        a = max(a, reach)
+        if b > a:
+            covered += (b - a).total_seconds()
+            reach = b
+    return covered / (end - start).total_seconds()
+
+
+def _device(snapshot: Mapping[str, Any]) -> str:
+    """What the host's own tools report: `NVIDIA H100 80GB HBM3 x8`, `Ascend NPU (npu-smi)`, or CPU only."""
+    acc = snapshot.get("accelerators") or {}
+    nvidia = acc.get("nvidia-smi") or {}
+    names = [line.split(",")[1].strip() for line in (nvidia.get("output") or "").splitlines() if line.count(",") >= 1]
+    if names:
+        counted = {n: names.count(n) for n in names}
+        return ", ".join(f"{n} x{k}" for n, k in counted.items())
+    if (acc.get("npu-smi") or {}).get("present"):
+        return "Ascend NPU (npu-smi)"
+    return "CPU (no npu-smi, no nvidia-smi on the host)"
 
 
 def _pipeline_order() -> dict[str, int]:

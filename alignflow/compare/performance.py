@@ -3,16 +3,25 @@
 Definitions (docs/seeds.md#performance-statistics): samples/s = global_batch_size * 1000 / mean(ms/iter); throughput
 change = samples/s(test) / samples/s(reference) - 1. The first steps include compilation, allocator growth and data
 loader start-up, so they are left out (seed 004 measured steps 101-200 of 200 and 11-40 of 40).
+
+A speed ratio means something only between timings taken alike (the seeds compare OFF/ON pairs "only inside one
+experiment group; timing, memory, load probes run separately"). So a report states each side's conditions
+(`TimingConditions`: the device, the machine, the run that measured it — a cached training's log was timed in an
+earlier run —, the steps that ran beside it on its machine, the load when its run started) and gives no ratio
+between unlike ones (`unlike_conditions`), saying why (issue 40: "NPU is 14.79x faster" from a cached log against
+one trained under load).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from alignflow.compare.context import SHARED_TOLERANCE, TimingConditions
 from alignflow.compare.statistics import finite_or_none
 
 DEFAULT_WARMUP_STEPS = 10
@@ -116,15 +125,47 @@ def compare_performance(
     return Performance(t, r, throughput, time)
 
 
-def speed_summary(performance: Performance, labels: tuple[str, str]) -> str:
+def unlike_conditions(a: TimingConditions, b: TimingConditions, labels: tuple[str, str]) -> list[str]:
+    """Why timings taken under `a` and `b` give no ratio ([] when alike). The device is not one of the reasons:
+    it is what an NPU-against-GPU comparison compares; it is stated with every figure instead."""
+    why = []
+    if a.measured_in != b.measured_in:
+        timed = [f"{label} in run {c.measured_in}" + (" (cached)" if c.cached else "")
+                 for label, c in zip(labels, (a, b), strict=True)]
+        why.append(f"timed in different runs ({', '.join(timed)})")
+    share_a = a.shared if a.shared is not None else float(bool(a.beside))
+    share_b = b.shared if b.shared is not None else float(bool(b.beside))
+    if abs(share_a - share_b) > SHARED_TOLERANCE:
+        why.append("they shared their machines for different parts of their time ("
+                   + ", ".join(f"{label} {share * 100:.0f}%" + (f" beside {', '.join(c.beside)}" if c.beside else "")
+                               for label, c, share in zip(labels, (a, b), (share_a, share_b), strict=True)) + ")")
+    if a.loaded is not None and b.loaded is not None and a.loaded != b.loaded:
+        busy, idle = (labels[0], labels[1]) if a.loaded else (labels[1], labels[0])
+        why.append(f"{busy}'s host was loaded when its run started, {idle}'s was not")
+    return why
+
+
+def speed_summary(performance: Performance, labels: tuple[str, str],
+                  conditions: Mapping[str, TimingConditions] | None = None) -> str:
     """Which side is faster and by how much, with units: `GPU is 2.70x faster than NPU (samples/s: ...)`.
 
     Samples/s when both logs give the batch size (the seeds' throughput), else mean ms/iter; '' without figures.
+    `conditions` (label -> how that side was timed): no ratio between unlike ones (`unlike_conditions`).
     """
     t, r = performance.test, performance.reference
     if t is None or r is None:
         missing = [name for name, side in zip(labels, (t, r), strict=True) if side is None]
         return f"no speed comparison: no step time in the {' and '.join(missing)} log" if missing else ""
+    conditions = conditions or {}
+    caveat = "; how each side was timed is not recorded: a ratio holds only between timings taken alike"
+    if labels[0] in conditions and labels[1] in conditions:
+        ca, cb = conditions[labels[0]], conditions[labels[1]]
+        why = unlike_conditions(ca, cb, labels)
+        if why:
+            return f"no speed ratio: the two sides were not timed alike: {'; '.join(why)}"
+        shared = [w for w, both in (("shared their machines", ca.beside and cb.beside),
+                                    ("ran on loaded hosts", ca.loaded and cb.loaded)) if both]
+        caveat = f"; timed alike, but both {' and '.join(shared)}" if shared else "; timed alike"
     if t.samples_per_s and r.samples_per_s:
         a, b, unit, higher_is_faster = t.samples_per_s, r.samples_per_s, "samples/s", True
     else:
@@ -133,9 +174,9 @@ def speed_summary(performance: Performance, labels: tuple[str, str]) -> str:
         return ""
     figures = f"{unit}: {labels[0]} {a:.4g}, {labels[1]} {b:.4g}"
     if a == b:
-        return f"{labels[0]} and {labels[1]} are equally fast ({figures})"
+        return f"{labels[0]} and {labels[1]} are equally fast ({figures}{caveat})"
     test_faster = (a > b) == higher_is_faster
     ratio = max(a, b) / min(a, b)
     fast, slow = (labels[0], labels[1]) if test_faster else (labels[1], labels[0])
     return (f"{fast} is {ratio:.2f}x faster than {slow} ({figures}; after {t.warmup_steps}/{r.warmup_steps} "
-            "warm-up steps)")
+            f"warm-up steps{caveat})")

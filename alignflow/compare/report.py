@@ -85,8 +85,8 @@ def write_report(
     csv_path = _atomic_write(out / CSV_NAME, aligned_csv(comparisons[0].aligned).encode())
     for n, c in enumerate(comparisons[1:], start=2):
         _atomic_write(out / f"aligned-{n}.csv", aligned_csv(c.aligned).encode())
-    json_path = _atomic_write(out / JSON_NAME, json.dumps(report_json(comparisons, names, fingerprints), indent=2,
-                                                          default=str).encode())
+    json_path = _atomic_write(out / JSON_NAME, json.dumps(report_json(comparisons, names, fingerprints, context),
+                                                          indent=2, default=str).encode())
     md_path = _atomic_write(out / MARKDOWN_NAME, markdown_summary(
         comparisons, title=title, labels=names, fingerprints=fingerprints, context=context,
         png_names=[p.name for p in png_paths.values()]).encode())
@@ -103,8 +103,10 @@ def verdict_of(comparisons: Sequence[Comparison]) -> str:
 
 
 def report_json(comparisons: Sequence[Comparison], labels: Sequence[str],
-                fingerprints: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """`comparison.json`: one test log -> the `Comparison` document; several -> verdict + one document each."""
+                fingerprints: Mapping[str, Any] | None = None, context: ReportContext | None = None) -> dict[str, Any]:
+    """`comparison.json`: one test log -> the `Comparison` document; several -> verdict + one document each.
+    With the run's timing conditions (`context.timing`): how each side was timed and the speed sentences, ratio or
+    refusal, as the report prints them (`timing`)."""
     if len(comparisons) == 1:
         doc = comparisons[0].to_json()
     else:
@@ -112,6 +114,9 @@ def report_json(comparisons: Sequence[Comparison], labels: Sequence[str],
                "comparisons": [{"label": label, **c.to_json()} for label, c in zip(labels, comparisons, strict=False)]}
     if fingerprints:
         doc["fingerprints"] = dict(fingerprints)
+    if context is not None and context.timing:
+        doc["timing"] = {"sides": {label: cond.to_json() for label, cond in context.timing.items()},
+                         "speed": tables.performance_table(comparisons, labels, context).notes}
     return doc
 
 
@@ -181,7 +186,7 @@ def markdown_summary(
         ppl = tables.perplexity_table(cs, labels)
         if ppl.rows:
             parts += [md_table(ppl), ""]
-    perf = tables.performance_table(cs, labels)
+    perf = tables.performance_table(cs, labels, context)
     parts += ["## Performance", "", md_table(perf), ""] + [f"- {n}" for n in perf.notes] + [""]
     parts += ["## Steps compared", ""] + [f"- {line}" for line in tables.coverage_lines(cs, labels)] + [""]
     parts += ["## Sentinels", ""]
@@ -247,7 +252,7 @@ def html_report(
         criteria=tables.criteria_table(cs, labels),
         metrics=tables.metrics_table(cs, labels) if any(c.metrics for c in cs) else None,
         perplexity=tables.perplexity_table(cs, labels),
-        performance=tables.performance_table(cs, labels),
+        performance=tables.performance_table(cs, labels, ctx),
         inputs=tables.inputs_table(cs, labels),
         first_interval=tables.first_interval_lines(cs, labels),
         fingerprints=tables.fingerprint_table(tables.fingerprint_rows(fingerprints, context)),

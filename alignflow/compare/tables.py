@@ -165,7 +165,10 @@ def perplexity_table(comparisons: Sequence[Comparison], labels: Sequence[str]) -
                  rows)
 
 
-def performance_table(comparisons: Sequence[Comparison], labels: Sequence[str]) -> Table:
+def performance_table(comparisons: Sequence[Comparison], labels: Sequence[str],
+                      context: ReportContext | None = None) -> Table:
+    """Each side's step-time figures; the notes say how each side was timed (`context.timing`, when the run
+    recorded it) and which is faster — or why no ratio is given (`performance.speed_summary`)."""
     rows = []
     sides = [(labels[-1], comparisons[0].performance.reference)]
     sides += [(label, c.performance.test) for label, c in _tests(comparisons, labels)]
@@ -178,7 +181,9 @@ def performance_table(comparisons: Sequence[Comparison], labels: Sequence[str]) 
                      fmt_number(side.global_batch_size, 6), fmt_number(side.samples_per_s, 5)])
     from alignflow.compare.performance import speed_summary
 
-    notes = [speed_summary(c.performance, (label, labels[-1])) for label, c in _tests(comparisons, labels)]
+    timing = context.timing if context is not None else {}
+    notes = [f"{label} timed: {timing[label].describe()}" for label in (labels[-1], *labels[:-1]) if label in timing]
+    notes += [speed_summary(c.performance, (label, labels[-1]), timing) for label, c in _tests(comparisons, labels)]
     return Table(["side", "steps measured", "warm-up steps left out", "mean (ms/iter)", "P95 (ms/iter)",
                   "P99 (ms/iter)", "global batch (samples)", "throughput (samples/s)"], rows,
                  notes=[n for n in notes if n])

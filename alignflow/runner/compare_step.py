@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 
 from alignflow import pipeline
@@ -19,7 +20,7 @@ from alignflow.runner.cache import cache_key
 from alignflow.runner.engine import StepRunner
 from alignflow.runner.recording import recording
 from alignflow.runner.session import StepOutcome, compare_code_version
-from alignflow.runview import report_context, run_view
+from alignflow.runview import report_context, run_view, timing_conditions
 from alignflow.store.records import StepStatus
 
 LOGS = ("npu_log", "gpu_log")  # test, reference
@@ -61,7 +62,9 @@ def run_compare(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping[
     with recording(runner.store, runner.run_id, spec.name, host=host.name, command=command, cache_key=key,
                    inputs=inputs) as rec:
         comparison = compare(parsed["npu_log"], parsed["gpu_log"], criteria_used, noise_floor=noise)
-        context = report_context(run_view(runner.store, runner.run_id), description=experiment.description)
+        view = run_view(runner.store, runner.run_id)
+        context = report_context(view, description=experiment.description, writing=spec.name,
+                                 generated_at=datetime.now(UTC), timing=timing_conditions(runner.store, view))
         files = write_report(comparison, report_dir, title=f"{experiment.name} — run {runner.run_id}",
                              labels=("NPU", "GPU"), fingerprints={n: ref.sha256 for n, ref in available.items()},
                              context=context)

@@ -63,6 +63,8 @@ class HostSnapshot:
     env: Mapping[str, str] = field(default_factory=dict)
     declared_env_missing: tuple[str, ...] = ()
     error: str | None = None  # set when the probe itself could not run (e.g. the host's python is missing)
+    load: tuple[float, ...] | None = None  # 1/5/15-minute load averages when taken (the report's timing conditions)
+    cpus: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +80,8 @@ class HostSnapshot:
             "env": dict(self.env),
             "declared_env_missing": list(self.declared_env_missing),
             "error": self.error,
+            "load": list(self.load) if self.load is not None else None,
+            "cpus": self.cpus,
         }
 
     @classmethod
@@ -96,6 +100,8 @@ class HostSnapshot:
             env=dict(data.get("env") or {}),
             declared_env_missing=tuple(data.get("declared_env_missing") or ()),
             error=data.get("error"),
+            load=tuple(float(x) for x in data["load"]) if data.get("load") else None,
+            cpus=int(data["cpus"]) if data.get("cpus") else None,
         )
 
     @classmethod

@@ -77,6 +77,14 @@ def _tool(argv: list[str]) -> dict[str, Any]:
     }
 
 
+def _load() -> list[float] | None:
+    """1, 5 and 15-minute load averages: a step time measured on a host busier than its cores measures the sharing."""
+    try:
+        return list(os.getloadavg())
+    except (OSError, AttributeError):
+        return None
+
+
 def probe(request: dict[str, Any]) -> dict[str, object]:
     uname = platform.uname()
     env_names = set(request.get("env_names", []))
@@ -101,6 +109,8 @@ def probe(request: dict[str, Any]) -> dict[str, object]:
         "tools": {name: shutil.which(name) for name in ("rsync", "openssl", "git", "tar", "ssh")},
         "env": env,
         "declared_env_missing": sorted(env_names - set(os.environ)),
+        "load": _load(),
+        "cpus": os.cpu_count(),
     }
 
 

@@ -140,3 +140,38 @@ def test_an_unmeasured_noise_threshold_leaves_the_metric_its_resolution_band(tmp
     assert div["basis"] == "the printed resolution (no criterion)"
     assert "grad_norm at step 1" in files.markdown.read_text()
     assert not result.passed
+
+
+def test_a_speed_ratio_is_given_only_between_sides_timed_alike(tmp_path: Path) -> None:
+    from alignflow.compare.context import ReportContext, TimingConditions
+
+    ref_run = make_run(STEPS, seed=8)
+    test_run = perturbed(ref_run, loss_noise=1e-6, seed=9, time_scale=0.25)  # the NPU "4x faster"
+    result = compare(parse_log(mindformers_lines(test_run), source="npu.log"),
+                     parse_log(megatron_lines(ref_run), source="gpu.log"), default_criteria())
+    plain = write_report(result, tmp_path / "plain", labels=("NPU", "GPU"), plots=False).markdown.read_text()
+    assert "NPU is 4.00x faster than GPU" in plain
+    assert "how each side was timed is not recorded: a ratio holds only between timings taken alike" in plain
+    alone = TimingConditions(device="NVIDIA H100 80GB HBM3 x8", machine="gpu-a", measured_in="run1", load_1m=0.5,
+                             cpus=64)
+    cases = {
+        "loaded": (replace(alone, device="Ascend NPU (npu-smi)", machine="npu-a", load_1m=130.0, cpus=64),
+                   "NPU's host was loaded when its run started, GPU's was not"),
+        "shared": (replace(alone, machine="npu-a", beside=("convert_megatron",), shared=0.6),
+                   "they shared their machines for different parts of their time (NPU 60% beside convert_megatron, "
+                   "GPU 0%)"),
+        "cached": (replace(alone, machine="npu-a", measured_in="run0", cached=True),
+                   "timed in different runs (NPU in run run0 (cached), GPU in run run1)"),
+    }
+    for name, (npu, why) in cases.items():
+        context = ReportContext(run_id="run1", timing={"NPU": npu, "GPU": alone})
+        files = write_report(result, tmp_path / name, labels=("NPU", "GPU"), plots=False, context=context)
+        md = files.markdown.read_text()
+        assert f"no speed ratio: the two sides were not timed alike: {why}" in md, name
+        assert "faster" not in md, name
+        assert f"NPU timed: {npu.describe()}" in md
+        assert json.loads(files.json.read_text())["timing"]["sides"]["NPU"]["text"] == npu.describe()
+    alike = ReportContext(run_id="run1", timing={"NPU": replace(alone, machine="npu-a"), "GPU": alone})
+    md = write_report(result, tmp_path / "alike", labels=("NPU", "GPU"), plots=False, context=alike).markdown
+    assert "NPU is 4.00x faster than GPU (samples/s: " in md.read_text()
+    assert "warm-up steps; timed alike)" in md.read_text()

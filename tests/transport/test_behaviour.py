@@ -220,6 +220,10 @@ def test_snapshot_records_versions_repos_env_and_missing_tools(make_transport: M
     assert snap.repos["alignflow"]["dirty"] in (True, False)
     assert snap.repos["gone"]["error"] == "no such directory"
     assert snap.accelerators["nvidia-smi"]["present"] is False  # no GPU driver here: missing, not an error
+    assert snap.cpus is not None
+    assert snap.cpus >= 1
+    assert snap.load is not None  # the report's timing conditions: a loaded host times its trainings slower
+    assert len(snap.load) == 3
     assert type(snap).from_dict(data) == snap
     assert "python 3." in snap.summary()
 
