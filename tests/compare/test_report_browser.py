@@ -50,7 +50,8 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     context = ReportContext(
         run_id="5f1c0a9e2b7d", experiment="glm-mini", description="GLM mini: MindFormers on Ascend vs Megatron",
         steps=(StepRow("npu_base_train", "ran", "ascend", 754.0, 0), StepRow("convert_bf16", "ran", "cpu", 12.5, 0),
-               StepRow("gpu_train", "ran", "cuda", 401.2, 0), StepRow("compare", "running", "controller")),
+               StepRow("gpu_train", "ran", "cuda", 401.2, 0),
+               StepRow("compare", "ran", "controller", 3.1, 0, "wrote this report")),
         fingerprints=(FingerprintRow("data", "d" * 64, 4096, "cpu:/w/data.bin"),
                       FingerprintRow("bf16_ckpt", "f" * 64, 3 * 2**30, "cpu:/w/bf16", "convert_bf16")),
         snapshots={"NPU": snapshot("ascend", mindspore="2.10.0"), "GPU": snapshot("cuda", torch="2.6.0")})
@@ -127,9 +128,44 @@ def test_hover_shows_both_sides_and_the_legend_and_log_buttons_work(browser: Any
         page.wait_for_function("() => document.getElementById('plot-0').data[0].visible === 'legendonly'")
         names = page.evaluate("() => document.getElementById('plot-0').data.map(t => t.name)")
         assert names[:2] == ["GPU", "NPU"]
-        assert "band (threshold, resolution)" in names
+        assert "band: its criteria and the printed resolution" in names
         assert any((n or "").startswith("steps driving a failed criterion") for n in names)
         shapes = page.evaluate("() => document.getElementById('plot-0').layout.shapes.map(s => s.x0)")
         assert 1 in shapes  # the first-divergence marker at step 1
+    finally:
+        page.close()
+
+
+# Per figure: its metric, and the steps whose drawn error lies outside the drawn band (the band's upper edge is the
+# unnamed trace of the 'band' legend group), as plotly.js holds them after drawing.
+PANEL_OUTSIDE = """() => [...document.querySelectorAll('.plot')].map(div => {
+  const data = div.querySelector('.js-plotly-plot').data;
+  const upper = data.find(t => t.legendgroup === 'band' && !t.fill);
+  const error = data.find(t => (t.name || '').startsWith('error '));
+  const width = new Map();
+  if (upper) { Array.from(upper.x).forEach((x, i) => { if (upper.y[i] !== null) width.set(x, upper.y[i]); }); }
+  const out = [];
+  Array.from(error.x).forEach((x, i) => {
+    const e = error.y[i];
+    if (e !== null && width.has(x) && Math.abs(e) > width.get(x) * (1 + 1e-9)) out.push(x);
+  });
+  return [div.dataset.metric, out];
+})"""
+
+
+def test_what_the_summary_says_of_each_metric_is_what_its_panel_draws(browser: Any, report: Path) -> None:
+    """Issue 40: a PASS report said "every metric stays inside its band" above an mtp_1_loss panel whose error
+    sat outside its shaded band. Read both from the page as a reader sees them."""
+    page, _ = _open(browser, report, 1400)
+    try:
+        summary = page.locator("#summary").inner_text()
+        panels = page.evaluate(PANEL_OUTSIDE)
+        assert len(panels) >= 4
+        for metric, outside in panels:
+            if outside:
+                assert f"{metric} at step {outside[0]} ({len(outside)} step(s) outside" in summary, (metric, summary)
+            else:
+                assert f"{metric} at step" not in summary, (metric, summary)
+        assert dict(panels)["lm_loss"]  # the fixture's offset run leaves lm_loss's band: the check has teeth
     finally:
         page.close()
