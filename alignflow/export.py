@@ -1,36 +1,51 @@
-"""Exports of a recorded run to where these users already look: TensorBoard and MLflow (issue 20).
+"""Exports of a recorded run to where these users already look: TensorBoard and MLflow (issues 20, 40).
 
-- `export_tensorboard(series, log_dir)`: one TensorBoard run (`<log_dir>/<run id>/`) with every metric of both
-  sides as scalars `<metric>/<side>` and the per-step error `<metric>/error`, written with TensorBoard's own
-  writer (`tensorboard.summary.Writer`), plus a custom-scalars layout that overlays the sides in one chart.
-- `export_mlflow(series, tracking_uri)`: two MLflow runs (NPU and GPU) in the experiment named after the
-  alignflow experiment, tagged with the alignflow run id and side, the criteria and every fingerprint as
-  params and the criteria's results as tags, the metrics per step; through MLflow's own client.
+Each is laid out the way its tool shows runs side by side, so its default view compares the two sides:
 
-Both refuse to write a run that was already exported there (nothing is appended twice or overwritten). The
-series come from the store (`run_series`): each side's metrics as its training step recorded them, also when
-the step was reused from an earlier run.
+- `export_tensorboard(series, log_dir)`: under `<log_dir>/<run id>/`, one TensorBoard run per side (`NPU/`, `GPU/`)
+  with the same tags (`lm_loss`, `grad_norm`, ...), so the scalars dashboard draws both sides' curves in one chart
+  per metric, and one run `error/` with the per-step error NPU - GPU (`error/<metric>`); written with TensorBoard's
+  own writer (`tensorboard.summary.Writer`).
+- `export_mlflow(series, tracking_uri)`: in the MLflow experiment named after the alignflow experiment, a parent run
+  for the alignflow run (parameters: the training, the model, the data fingerprint, the criteria and every
+  artifact's sha256; metrics: each criterion's value and pass (1/0) and the per-step error; artifacts: the report
+  directory, report.html and the aligned CSV included) and one child run per side (`mlflow.parentRunId`; the side's
+  host, device and framework versions as parameters, its per-step metrics as metrics), so selecting the two
+  children overlays their curves. Through MLflow's own client. `default_mlflow_uri(state)` is the local default,
+  a SQLite tracking store under the state dir (MLflow 3 keeps no file stores).
+
+Both refuse to write a run that was already exported there (nothing is appended twice or overwritten). The series
+come from the store (`run_series`): each side's metrics as its training step recorded them, also when the step was
+reused from an earlier run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+import os
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from alignflow.errors import AlignflowError
+from alignflow.errors import AlignflowError, ConfigError
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from alignflow.runview import RunView
 
-# side label -> (the step that trains it, the metrics source its log is recorded under)
-SIDES: dict[str, tuple[str, str]] = {"NPU": ("npu_reload_train", "npu"), "GPU": ("gpu_train", "gpu")}
+# side label -> (the step that trains it, the metrics source its log is recorded under, its experiment section)
+SIDES: dict[str, tuple[str, str, str]] = {"NPU": ("npu_reload_train", "npu", "npu"),
+                                          "GPU": ("gpu_train", "gpu", "gpu")}
+ERROR_RUN = "error"  # the TensorBoard run of the per-step error NPU - GPU
 MLFLOW_BATCH = 1000  # MLflow's limit of metrics per log_batch call
-TAG_RUN_ID, TAG_SIDE = "alignflow.run_id", "alignflow.side"
+MLFLOW_PARAM_BATCH = 100  # and of params (and of tags)
+MLFLOW_PARAM_CHARS = 6000  # the longest param value MLflow keeps
+TAG_RUN_ID, TAG_SIDE, TAG_PARENT = "alignflow.run_id", "alignflow.side", "mlflow.parentRunId"
+MLFLOW_DB = Path("mlflow") / "mlflow.db"  # under the state dir: the local default tracking store
 
 
 class ExportError(AlignflowError):
@@ -43,19 +58,32 @@ class NothingToExport(ExportError):
 
 @dataclass(frozen=True, slots=True)
 class RunSeries:
-    """What an export writes: the run's view and each side's per-step metrics (index step, one column each)."""
+    """What an export writes: the run's view, each side's per-step metrics (index step, one column each), the
+    experiment configuration the run recorded and each side's host snapshot."""
 
     view: RunView
     sides: Mapping[str, pd.DataFrame]
+    config: Mapping[str, Any] = field(default_factory=dict)  # the experiment as the run recorded it
+    snapshots: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # side label -> host snapshot
+
+    @property
+    def report_dir(self) -> Path | None:
+        """The directory of the run's report (report.html, aligned.csv, ...), when it is on this machine."""
+        if self.view.report is None:
+            return None
+        folder = Path(self.view.report).parent
+        return folder if folder.is_dir() else None
 
 
 def run_series(store: Any, run_id: str) -> RunSeries:
     """Both sides' recorded metrics of run `run_id` (a side whose training step never ran is left out)."""
+    from alignflow.errors import RecordNotFound
     from alignflow.runview import run_view
 
     view = run_view(store, run_id)
     sides: dict[str, pd.DataFrame] = {}
-    for label, (step, source) in SIDES.items():
+    snapshots: dict[str, Mapping[str, Any]] = {}
+    for label, (step, source, _) in SIDES.items():
         sv = view.step(step)
         if sv is None or sv.status not in ("ran", "cached"):
             continue
@@ -66,150 +94,265 @@ def run_series(store: Any, run_id: str) -> RunSeries:
             wide = long.pivot(index="step", columns="metric", values="value")
             wide.columns.name = None
             sides[label] = wide.sort_index()
+        if sv.host is not None and sv.host in view.snapshots:
+            snapshots[label] = view.snapshots[sv.host]
     if not sides:
         raise NothingToExport(f"run {view.run_id}: no training metrics recorded (steps "
-                          f"{', '.join(s for s, _ in SIDES.values())} did not run); nothing to export")
-    return RunSeries(view, sides)
+                              f"{', '.join(s for s, _, _ in SIDES.values())} did not run); nothing to export")
+    run = store.get_run(view.run_id)
+    try:
+        recorded = store.experiment_config(run.experiment, run.config_sha256)
+    except RecordNotFound:
+        recorded = {}
+    config = recorded.get("experiment") if isinstance(recorded.get("experiment"), Mapping) else recorded
+    return RunSeries(view, sides, dict(config or {}), snapshots)
+
+
+def default_mlflow_uri(state: Path) -> str:
+    """The local tracking store: SQLite under the state dir (`mlflow ui --backend-store-uri` opens it)."""
+    return f"sqlite:///{(state / MLFLOW_DB).resolve()}"
+
+
+def check_mlflow_uri(uri: str) -> str:
+    """`uri` if MLflow 3 can track into it; a ConfigError naming the fix for what it refuses (file stores)."""
+    if uri.startswith("file:") or "://" not in uri:
+        raise ConfigError(f"--mlflow-uri {uri!r}: MLflow 3 keeps no file stores; give a database URI "
+                          "(sqlite:///PATH/mlflow.db) or a tracking server (http://HOST:5000), or leave the option "
+                          "out for the state dir's own store")
+    return uri
 
 
 def export_run(store: Any, run_id: str, *, tensorboard: str | Path | None = None, mlflow: str | None = None
                ) -> list[str]:
-    """Export run `run_id` to the targets given; one line per target saying where it went."""
+    """Export run `run_id` to the targets given; lines saying where it went and how to open it."""
     series = run_series(store, run_id)
     done: list[str] = []
     if tensorboard is not None:
         out = export_tensorboard(series, tensorboard)
-        done.append(f"tensorboard: {out} (tensorboard --logdir {tensorboard})")
+        done.append(f"tensorboard: {out} (runs {', '.join(p.name for p in _tb_runs(out))}; "
+                    f"open with: tensorboard --logdir {tensorboard})")
     if mlflow:
         runs = export_mlflow(series, mlflow)
-        done.append(f"mlflow: {mlflow}: " + ", ".join(f"{side} run {rid}" for side, rid in runs.items()))
+        children = ", ".join(f"{side} {rid}" for side, rid in runs.items() if side != "run")
+        done.append(f"mlflow: {mlflow}: run {runs['run']} (children {children})"
+                    + (f"; open with: mlflow ui --backend-store-uri {mlflow}" if mlflow.startswith("sqlite:") else ""))
+        if series.report_dir is None:
+            done.append(f"mlflow: the report of run {series.view.run_id} is not on this machine "
+                        f"({series.view.report or 'none recorded'}): no report artifacts")
     return done
 
 
+# ---- TensorBoard --------------------------------------------------------------------------------------------
+
 def export_tensorboard(series: RunSeries, log_dir: str | Path) -> Path:
-    """Write the run as one TensorBoard run under `log_dir`; returns its directory."""
+    """Write the run under `<log_dir>/<run id>/`: one TensorBoard run per side and one of the error; returns the
+    run's directory."""
     from tensorboard.summary import Writer
-    from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     out = Path(log_dir) / series.view.run_id
-    if out.exists() and any(out.glob("events.out.tfevents.*")):
+    if out.exists() and any(out.rglob("events.out.tfevents.*")):
         raise ExportError(f"{out}: run {series.view.run_id} was already exported there; remove it to export again")
-    out.mkdir(parents=True, exist_ok=True)
     metrics = _metric_order(series)
-    writer = Writer(str(out))
-    try:
-        for label, frame in series.sides.items():
-            for metric in metrics:
-                if metric in frame.columns:
-                    for step, value in frame[metric].items():
-                        if math.isfinite(value):
-                            writer.add_scalar(f"{metric}/{label}", float(value), int(step))
-        if {"NPU", "GPU"} <= set(series.sides):
-            npu, gpu = series.sides["NPU"], series.sides["GPU"]
-            for metric in metrics:
-                if metric in npu.columns and metric in gpu.columns:
-                    error = (npu[metric] - gpu[metric]).dropna()
-                    for step, value in error.items():
-                        if math.isfinite(value):
-                            writer.add_scalar(f"{metric}/error", float(value), int(step),
-                                              description="NPU - GPU at the step")
-        writer.flush()
-    finally:
-        writer.close()
-    layout = EventFileWriter(str(out))
-    try:
-        layout.add_event(_layout_event(metrics, list(series.sides)))
-    finally:
-        layout.close()
+    for name, tags in _tb_series(series, metrics):
+        writer = Writer(str(out / name))
+        try:
+            for tag, values in tags:
+                for step, value in values:
+                    writer.add_scalar(tag, value, step)
+            writer.flush()
+        finally:
+            writer.close()
     return out
 
 
-def _layout_event(metrics: list[str], sides: list[str]) -> Any:
-    """A custom-scalars layout (TensorBoard's `custom_scalars` plugin): one chart per metric with every side.
+def _tb_series(series: RunSeries, metrics: list[str]
+               ) -> Iterator[tuple[str, list[tuple[str, list[tuple[int, float]]]]]]:
+    """(TensorBoard run, [(tag, [(step, value)])]): each side's metrics under their own names, then the error."""
+    for label, frame in series.sides.items():
+        yield label, [(m, _finite(frame[m])) for m in metrics if m in frame.columns]
+    if {"NPU", "GPU"} <= set(series.sides):
+        npu, gpu = series.sides["NPU"], series.sides["GPU"]
+        both = [m for m in metrics if m in npu.columns and m in gpu.columns]
+        yield ERROR_RUN, [(f"error/{m}", _finite((npu[m] - gpu[m]).dropna())) for m in both]
 
-    Built from the plugin's own protos and metadata; the plugin's `summary.pb` would import TensorFlow for the
-    string tensor, which this is, written directly.
-    """
-    import re
 
-    from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
-    from tensorboard.plugins.custom_scalar import layout_pb2, metadata
+def _tb_runs(out: Path) -> list[Path]:
+    return sorted(p for p in out.iterdir() if p.is_dir())
 
-    charts = [layout_pb2.Chart(title=m, multiline=layout_pb2.MultilineChartContent(
-        tag=[rf"^{re.escape(m)}/({'|'.join(map(re.escape, sides))})$"])) for m in metrics]
-    layout = layout_pb2.Layout(category=[layout_pb2.Category(title="alignflow: both sides", chart=charts)])
-    tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_STRING, string_val=[layout.SerializeToString()],
-                                    tensor_shape=tensor_shape_pb2.TensorShapeProto())
-    value = summary_pb2.Summary.Value(tag=metadata.CONFIG_SUMMARY_TAG, tensor=tensor,
-                                      metadata=metadata.create_summary_metadata())
-    return event_pb2.Event(summary=summary_pb2.Summary(value=[value]), step=0, wall_time=0.0)
 
+def _finite(values: pd.Series) -> list[tuple[int, float]]:
+    return [(int(step), float(v)) for step, v in values.items() if math.isfinite(v)]
+
+
+# ---- MLflow -------------------------------------------------------------------------------------------------
 
 def export_mlflow(series: RunSeries, tracking_uri: str) -> dict[str, str]:
-    """Write one MLflow run per side into `tracking_uri`; returns side -> MLflow run id."""
-    from mlflow.entities import Metric, Param
+    """Write the parent run and one child per side into `tracking_uri`; returns {"run": parent id, side: child id}.
+
+    A failure part-way deletes the MLflow runs it created, so a retry is not refused as already exported.
+    MLflow's telemetry is off unless the environment asks for it (MLFLOW_DISABLE_TELEMETRY=false): left on, MLflow
+    writes an installation id under ~/.config and posts usage records from every export (issue 40: nothing
+    outside the state dir, no telemetry).
+    """
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # read by mlflow.telemetry when it is imported
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     view = series.view
+    created: list[str] = []
+    client = None
+    if check_mlflow_uri(tracking_uri).startswith("sqlite:///"):  # SQLite creates the file, not its directory
+        Path(tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
     try:
         client = MlflowClient(tracking_uri=tracking_uri)
-        experiment = client.get_experiment_by_name(view.experiment)
-        experiment_id = (experiment.experiment_id if experiment is not None
-                         else client.create_experiment(view.experiment, tags={"alignflow.experiment": view.experiment}))
+        experiment_id = _experiment(client, view.experiment, tracking_uri)
         done = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_RUN_ID}` = '{view.run_id}'")
         if done:
             raise ExportError(f"{tracking_uri}: run {view.run_id} was already exported to experiment "
                               f"{view.experiment!r} (MLflow runs {', '.join(r.info.run_id for r in done)})")
-        params = _params(view)
         started_ms = int(view.started.timestamp() * 1000)
-        out: dict[str, str] = {}
+        tags = {TAG_RUN_ID: view.run_id, "alignflow.experiment": view.experiment,
+                "alignflow.verdict": view.verdict or "none", "alignflow.status": view.status}
+        parent = client.create_run(experiment_id, start_time=started_ms, run_name=view.run_id, tags={
+            **tags, "mlflow.note.content": f"alignflow run {view.run_id} of {view.experiment}: verdict "
+            f"{view.verdict or 'none'}; one child run per side (error = NPU - GPU)"}).info.run_id
+        created.append(parent)
+        _log(client, parent, _run_params(series), _run_metrics(series, started_ms))
+        if series.report_dir is not None:
+            client.log_artifacts(parent, str(series.report_dir), artifact_path="report")
+        out = {"run": parent}
         for label, frame in series.sides.items():
-            tags = {TAG_RUN_ID: view.run_id, TAG_SIDE: label, "alignflow.experiment": view.experiment,
-                    "alignflow.verdict": view.verdict or "none", "alignflow.status": view.status,
-                    "mlflow.note.content": f"alignflow run {view.run_id}, {label} side (error = NPU - GPU)",
-                    **_criteria_tags(view)}
-            run = client.create_run(experiment_id, start_time=started_ms, tags=tags, run_name=f"{view.run_id} {label}")
-            rid = run.info.run_id
-            client.log_batch(rid, params=[Param(k, v) for k, v in params.items()])
-            metrics = [Metric(str(m), float(v), started_ms, int(step)) for m in _metric_order(series)
-                       if m in frame.columns for step, v in frame[m].items() if math.isfinite(v)]
-            for i in range(0, len(metrics), MLFLOW_BATCH):
-                client.log_batch(rid, metrics=metrics[i:i + MLFLOW_BATCH])
-            client.set_terminated(rid, status="FINISHED" if view.status == "completed" else "FAILED")
-            out[label] = rid
+            child = client.create_run(experiment_id, start_time=started_ms, run_name=f"{view.run_id} {label}",
+                                      tags={**tags, TAG_SIDE: label, TAG_PARENT: parent}).info.run_id
+            created.append(child)
+            metrics = [(str(m), step, v) for m in _metric_order(series) if m in frame.columns
+                       for step, v in _finite(frame[m])]
+            _log(client, child, _side_params(series, label), metrics, started_ms)
+            client.set_terminated(child, status="FINISHED")
+            out[label] = child
+        client.set_terminated(parent, status="FINISHED" if view.status == "completed" else "FAILED")
         return out
     except MlflowException as exc:
+        _undo(client, created)
         raise ExportError(f"{tracking_uri}: MLflow refused the export: {exc.message}") from None
+    except BaseException:
+        _undo(client, created)
+        raise
 
 
-def _params(view: RunView) -> dict[str, str]:
-    """Criteria (as judged) and every fingerprint of the run: what defines the experiment, as MLflow params."""
+def _experiment(client: Any, name: str, uri: str) -> str:
+    """The id of MLflow experiment `name`, created if missing (artifacts beside a SQLite store, not in the cwd)."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        if found.lifecycle_stage != "active":
+            raise ExportError(f"{uri}: MLflow experiment {name!r} is deleted; restore it "
+                              f"(mlflow experiments restore --experiment-id {found.experiment_id}) or remove it "
+                              "for good (mlflow gc) before exporting")
+        return str(found.experiment_id)
+    location = None
+    if uri.startswith("sqlite:///"):  # MLflow's own default would be ./mlruns of whatever directory this runs in
+        location = (Path(uri[len("sqlite:///"):]).parent / "artifacts").resolve().as_uri()
+    return str(client.create_experiment(name, artifact_location=location, tags={"alignflow.experiment": name}))
+
+
+def _log(client: Any, run_id: str, params: Mapping[str, str], metrics: list[tuple[str, int, float]],
+         timestamp_ms: int = 0) -> None:
+    from mlflow.entities import Metric, Param
+
+    items = [Param(k, v[:MLFLOW_PARAM_CHARS]) for k, v in params.items()]
+    for i in range(0, len(items), MLFLOW_PARAM_BATCH):
+        client.log_batch(run_id, params=items[i:i + MLFLOW_PARAM_BATCH])
+    values = [Metric(key, value, timestamp_ms, step) for key, step, value in metrics]
+    for i in range(0, len(values), MLFLOW_BATCH):
+        client.log_batch(run_id, metrics=values[i:i + MLFLOW_BATCH])
+
+
+def _undo(client: Any, created: list[str]) -> None:
+    """Delete the MLflow runs of a failed export (what failed first is the error to report, not this)."""
+    for rid in reversed(created):
+        with contextlib.suppress(Exception):
+            client.delete_run(rid)
+
+
+def _run_params(series: RunSeries) -> dict[str, str]:
+    """What defines the run: training and model settings, the data and its fingerprint, the conversion, the
+    criteria with their thresholds, the code version and every artifact's sha256."""
+    view, cfg = series.view, series.config
     params = {"alignflow.run_id": view.run_id, "alignflow.code_version": view.code_version}
+    for section in ("training", "model"):
+        params.update(_flat(cfg.get(section), section))
+    data = cfg.get("data")
+    data = data if isinstance(data, Mapping) else {}
+    params.update({f"data.{k}": str(data[k]) for k in ("path", "prefix") if data.get(k) is not None})
+    params.update(_flat(cfg.get("conversion"), "conversion"))
     params.update({f"criterion.{i}": c.label for i, c in enumerate(view.criteria)})
     for s in view.steps:
-        for a in s.artifacts:
-            params[f"sha256.{s.step}.{a.name}"] = a.sha256
         for name, ref in s.inputs.items():
             if isinstance(ref, Mapping) and ref.get("sha256"):
                 params.setdefault(f"sha256.input.{name}", str(ref["sha256"]))
+        for a in s.artifacts:
+            params[f"sha256.{s.step}.{a.name}"] = a.sha256
+    if "sha256.input.data" in params:
+        params["data.sha256"] = params["sha256.input.data"]
     return params
 
 
-def _criteria_tags(view: RunView) -> dict[str, str]:
-    tags: dict[str, str] = {}
-    for i, c in enumerate(view.criteria):
-        tags[f"criterion.{i}.result"] = "PASS" if c.passed else "FAIL"
-        tags[f"criterion.{i}.value"] = c.value_text
-        if c.first_outside is not None:
-            tags[f"criterion.{i}.first_outside"] = str(c.first_outside)
-        if c.driving_steps:
-            tags[f"criterion.{i}.driving_steps"] = ",".join(map(str, c.driving_steps))
-    return tags
+def _run_metrics(series: RunSeries, timestamp_ms: int) -> list[tuple[str, int, float]]:
+    """Each criterion's value and pass (1/0) at step 0, and the per-step error NPU - GPU of every metric."""
+    out: list[tuple[str, int, float]] = []
+    for c in series.view.criteria:
+        key = criterion_key(c.label)
+        if c.value is not None and math.isfinite(c.value):
+            out.append((f"criterion/{key}", 0, float(c.value)))
+        out.append((f"criterion_passed/{key}", 0, 1.0 if c.passed else 0.0))
+    if {"NPU", "GPU"} <= set(series.sides):
+        npu, gpu = series.sides["NPU"], series.sides["GPU"]
+        for m in _metric_order(series):
+            if m in npu.columns and m in gpu.columns:
+                out += [(f"error/{m}", step, v) for step, v in _finite((npu[m] - gpu[m]).dropna())]
+    return out
+
+
+def criterion_key(label: str) -> str:
+    """An MLflow metric name for a criterion label: `|mean_rel(lm_loss, excluding step 2)| < 1%` ->
+    `mean_rel lm_loss excluding step 2` (MLflow names allow letters, digits, _ - . : / and spaces)."""
+    head = label.rsplit(" <", 1)[0]
+    return re.sub(r"\s+", " ", re.sub(r"[^\w.\-:/ ]", " ", head)).strip()
+
+
+def _side_params(series: RunSeries, label: str) -> dict[str, str]:
+    """The side's training settings and the host it trained on: device, framework versions, host name."""
+    step, _, section = SIDES[label]
+    params = {"alignflow.run_id": series.view.run_id, "alignflow.side": label, "step": step}
+    sv = series.view.step(step)
+    if sv is not None and sv.host:
+        params["host"] = sv.host
+    params.update(_flat(series.config.get(section), section))
+    snap = series.snapshots.get(label) or {}
+    if snap.get("hostname"):
+        params["hostname"] = str(snap["hostname"])
+    from alignflow.runview import host_device
+
+    if snap:
+        params["device"] = host_device(snap)
+    params.update({f"package.{k}": str(v) for k, v in (snap.get("packages") or {}).items() if v})
+    return params
+
+
+def _flat(data: Any, prefix: str) -> dict[str, str]:
+    """`{"lr": 0.001, "moe": {"num_experts": 4}}` -> `{"training.lr": "0.001", "training.moe.num_experts": "4"}`;
+    unset values (None, {}) left out."""
+    if isinstance(data, Mapping):
+        out: dict[str, str] = {}
+        for k, v in data.items():
+            out.update(_flat(v, f"{prefix}.{k}"))
+        return out
+    if data is None or data == [] or data == "":
+        return {}
+    return {prefix: ",".join(map(str, data)) if isinstance(data, list | tuple) else str(data)}
 
 
 def _metric_order(series: RunSeries) -> list[str]:
     from alignflow.logs.schema import column_order
 
     return column_order(sorted({str(c) for f in series.sides.values() for c in f.columns}))
-

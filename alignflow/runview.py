@@ -240,7 +240,7 @@ def timing_conditions(store: Store, view: RunView, sides: Mapping[str, str] | No
                   and (snaps.get(o.host, {}).get("hostname") or o.host) == machine and _overlap(origin, o)]
         load = mine.get("load") or [None]
         out[label] = TimingConditions(
-            device=_device(mine) if mine else None, machine=machine, measured_in=origin.run_id,
+            device=host_device(mine) if mine else None, machine=machine, measured_in=origin.run_id,
             cached=origin.run_id != view.run_id, beside=tuple(sorted({o.step for o in others})),
             shared=_shared(origin, others), load_1m=load[0], cpus=mine.get("cpus"))
     return out
@@ -269,7 +269,7 @@ def _shared(step: StepRunRecord, others: list[StepRunRecord]) -> float | None:
     return covered / (end - start).total_seconds()
 
 
-def _device(snapshot: Mapping[str, Any]) -> str:
+def host_device(snapshot: Mapping[str, Any]) -> str:
     """What the host's own tools report: `NVIDIA H100 80GB HBM3 x8`, `Ascend NPU (npu-smi)`, or CPU only."""
     acc = snapshot.get("accelerators") or {}
     nvidia = acc.get("nvidia-smi") or {}

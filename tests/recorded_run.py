@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alignflow.compare.comparison import compare
+from alignflow.compare.report import write_report
 from alignflow.config.criteria import default_criteria
 from alignflow.logs import parse_log
 from alignflow.store import Store
@@ -15,6 +16,13 @@ from tests.store.sample import TickingClock
 
 DATA_SHA = "d" * 64
 STEPS = 30
+# What a run records of its experiment (`experiment` is the validated experiment file), in part.
+CONFIG = {"experiment_path": "experiments/glm-mini.yaml", "experiment": {
+    "name": "glm-mini", "data": {"path": "/w/data", "prefix": "data", "sha256": DATA_SHA},
+    "model": {"family": "glm-mini", "num_layers": 4, "hidden_size": 128, "moe": {"num_experts": 4}},
+    "training": {"seed": 1234, "steps": STEPS, "lr": 1e-3, "micro_batch_size": 4, "global_batch_size": 8},
+    "npu": {"kind": "mindformers", "template": "glm52_mini.yaml"}, "gpu": {"kind": "megatron", "extra_args": []},
+    "conversion": {"spec": "glm-mini"}}}
 
 
 @dataclass(frozen=True)
@@ -40,7 +48,7 @@ def record_run(root: Path, *, loss_offset: float = 0.003, fail_step: str | None 
     npu = parse_log(mindformers_lines(perturbed(ref_run, loss_noise=1e-4, loss_offset=loss_offset, seed=42)),
                     source="ascend:/w/npu.log")
     with Store.open(url, clock=TickingClock()) as store:
-        store.ensure_experiment("glm-mini", config={"name": "glm-mini"}, config_sha256="a" * 64)
+        store.ensure_experiment("glm-mini", config=CONFIG, config_sha256="a" * 64)
         run = store.create_run("glm-mini", trigger="cli", code_version="alignflow 0.1.0", params={})
         store.add_snapshot(run.id, "ascend", snapshot("ascend", mindspore="2.10.0"))
         store.add_snapshot(run.id, "cuda", snapshot("cuda", torch="2.6.0"))
@@ -69,5 +77,6 @@ def record_run(root: Path, *, loss_offset: float = 0.003, fail_step: str | None 
         doc = result.to_json()
         store.add_comparison(run.id, verdict=result.verdict, criteria=doc["criteria"], summary=doc)
         store.finish_step(sr.id, status="ran", exit_code=0, stdout_tail="", stderr_tail="")
-        store.finish_run(run.id, status="completed", verdict=result.verdict, report=str(root / "report.html"))
+        files = write_report(result, root / "reports" / f"{run.id}-0a1b2c", labels=("NPU", "GPU"), plots=False)
+        store.finish_run(run.id, status="completed", verdict=result.verdict, report=str(files.html))
         return Recorded(url, run.id, npu, gpu)

@@ -1,7 +1,9 @@
-"""`alignflow export RUN --tensorboard DIR --mlflow URI`: a recorded run where these users already look."""
+"""`alignflow export RUN --tensorboard DIR --mlflow [--mlflow-uri URI]`: a recorded run where these users already
+look."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import typer
@@ -12,23 +14,34 @@ def register(app: typer.Typer) -> None:
     def export_cmd(
         run_id: str = typer.Argument(..., help="Run id (a unique prefix is enough)."),
         tensorboard: Path | None = typer.Option(None, "--tensorboard", help="TensorBoard log dir: the run is written "
-                                                "as DIR/<run id>/, both sides' metrics as scalars."),
-        mlflow: str | None = typer.Option(None, "--mlflow", help="MLflow tracking URI (e.g. sqlite:///mlflow.db, "
-                                          "http://host:5000): one MLflow run per side."),
+                                                "as DIR/<run id>/ with one TensorBoard run per side (NPU/, GPU/) "
+                                                "and one of the per-step error (error/)."),
+        mlflow: bool = typer.Option(False, "--mlflow", help="Export to MLflow: a parent run (parameters, criteria, "
+                                    "the report as artifacts) and one child run per side (per-step metrics)."),
+        mlflow_uri: str | None = typer.Option(None, "--mlflow-uri", help="MLflow tracking URI (http://HOST:5000, "
+                                              "sqlite:///PATH/mlflow.db). Default: $MLFLOW_TRACKING_URI, else "
+                                              "<state dir>/mlflow/mlflow.db."),
     ) -> None:
-        """Export a run's curves (both sides), criteria and fingerprints to TensorBoard and/or MLflow."""
-        from alignflow.export import export_run
-        from alignflow.state import database_url
+        """Export a run's curves (both sides), criteria, parameters, fingerprints and report to TensorBoard and/or
+        MLflow."""
+        from alignflow.export import check_mlflow_uri, default_mlflow_uri, export_run
+        from alignflow.state import database_url, state_dir
         from alignflow.store import Store, database
 
+        if mlflow_uri and not mlflow:
+            mlflow = True  # naming where to export is asking to export there
         if tensorboard is None and not mlflow:
-            typer.echo("error: export: name a target: --tensorboard DIR and/or --mlflow URI", err=True)
+            typer.echo("error: export: name a target: --tensorboard DIR and/or --mlflow [--mlflow-uri URI]", err=True)
             raise typer.Exit(2)
+        uri = None
+        if mlflow:
+            uri = check_mlflow_uri(mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+                                   or default_mlflow_uri(state_dir()))
         url = database_url()
         missing = database.missing_sqlite_file(url)
         if missing is not None:
             typer.echo(f"error: no store at {missing}; nothing has been recorded yet", err=True)
             raise typer.Exit(1)
         with Store.open(url) as store:
-            for line in export_run(store, run_id, tensorboard=tensorboard, mlflow=mlflow):
+            for line in export_run(store, run_id, tensorboard=tensorboard, mlflow=uri):
                 typer.echo(line)
