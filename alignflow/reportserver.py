@@ -6,6 +6,11 @@ handler with three things taken away: no directory listings, nothing outside the
 that leads out is refused), no method but GET and HEAD (the handler has no other). Each request is logged at
 debug level, not printed.
 
+One thing added: `/` is an index of the reports (issue 40: it was a 404), newest first - run id, experiment,
+verdict, time, each linking to its report; `/?experiment=NAME` keeps one experiment's. It is made at each request
+from each report directory's `meta.json` (alignflow.compare.report), so it lists what is there now, without the
+store; a report written before meta.json existed is listed from its directory name and comparison.json.
+
 Where the reports are served is told to the runs that link them (`reports_url`): `$ALIGNFLOW_REPORTS_URL` when
 set, else the address `serve` publishes in the state dir (`<state>/reports-url`, removed when it stops), so an
 `alignflow run` on the controller links over http too while `serve` is up.
@@ -13,15 +18,21 @@ set, else the address `serve` publishes in the state dir (`<state>/reports-url`,
 
 from __future__ import annotations
 
+import html
+import io
+import json
 import logging
 import os
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, quote, urlsplit
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +75,81 @@ def withdraw_url(state_dir: Path, url: str) -> None:
         pass
 
 
+REPORT_PAGE, META, COMPARISON = "report.html", "meta.json", "comparison.json"  # alignflow.compare.report's names
+
+
+@dataclass(frozen=True, slots=True)
+class IndexRow:
+    """One report as the index lists it."""
+
+    folder: str  # the report's directory under the served root
+    run_id: str
+    experiment: str
+    verdict: str
+    generated: datetime
+    title: str
+
+
+def index_rows(root: Path) -> list[IndexRow]:
+    """Every report directory under `root` (one holding report.html), newest first."""
+    rows = []
+    for folder in root.iterdir():
+        page = folder / REPORT_PAGE
+        if folder.is_symlink() or not page.is_file() or not page.resolve().is_relative_to(root):
+            continue
+        meta = _json(folder / META)
+        verdict = meta.get("verdict") or _json(folder / COMPARISON).get("verdict") or "?"
+        try:
+            generated = datetime.fromisoformat(str(meta["generated_at"]))
+        except (KeyError, TypeError, ValueError):
+            generated = datetime.fromtimestamp(page.stat().st_mtime, UTC)
+        if generated.tzinfo is None:
+            generated = generated.replace(tzinfo=UTC)
+        rows.append(IndexRow(folder.name, str(meta.get("run_id") or folder.name.split("-", 1)[0]),
+                             str(meta.get("experiment") or ""), str(verdict), generated,
+                             str(meta.get("title") or "")))
+    return sorted(rows, key=lambda r: (r.generated, r.folder), reverse=True)
+
+
+def _json(path: Path) -> dict[str, Any]:
+    """A small JSON file of a report, {} when missing or unreadable (a report being written, an old one)."""
+    try:
+        with path.open(encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+INDEX_STYLE = """body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1100px;padding:1rem 1.2rem;color:#1c2833}
+h1{font-size:1.3rem}table{border-collapse:collapse;font-size:.9rem;width:100%}
+th,td{border:1px solid #d5d8dc;padding:.3rem .5rem;text-align:left}th{background:#f4f6f7}
+td.pass{color:#1e8449;font-weight:700}td.fail{color:#c0392b;font-weight:700}.meta{color:#566573;font-size:.85rem}
+td.run{font-family:ui-monospace,monospace}"""
+
+
+def index_page(root: Path, experiment: str | None = None) -> str:
+    """The HTML index of the reports under `root` (only `experiment`'s, when given)."""
+    rows = [r for r in index_rows(root) if experiment is None or r.experiment == experiment]
+    esc = html.escape
+    body = "".join(
+        f'<tr><td class="run"><a href="{esc(quote(r.folder))}/{REPORT_PAGE}">{esc(r.run_id)}</a></td>'
+        f"<td>{_experiment_link(r.experiment)}</td><td class=\"{esc(r.verdict.lower())}\">{esc(r.verdict.upper())}"
+        f"</td><td>{r.generated.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S UTC')}</td><td>{esc(r.title)}</td></tr>\n"
+        for r in rows)
+    scope = f" of experiment {esc(experiment)} (<a href=\"/\">all</a>)" if experiment else ""
+    empty = "" if rows else "<p>No report yet: a run writes its report when its compare step runs.</p>"
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>alignflow reports</title>'
+            f"<style>{INDEX_STYLE}</style></head><body><h1>alignflow reports{scope}</h1>"
+            f'<p class="meta">{len(rows)} report(s), newest first</p>{empty}'
+            f'<table id="reports"><thead><tr><th>run</th><th>experiment</th><th>verdict</th><th>generated</th>'
+            f"<th>title</th></tr></thead><tbody>\n{body}</tbody></table></body></html>\n")
+
+
+def _experiment_link(name: str) -> str:
+    return f'<a href="/?experiment={html.escape(quote(name))}">{html.escape(name)}</a>' if name else ""
+
+
 class _ReadOnlyFiles(SimpleHTTPRequestHandler):
     root: Path
 
@@ -72,6 +158,9 @@ class _ReadOnlyFiles(SimpleHTTPRequestHandler):
         super().__init__(*args, directory=str(root), **kwargs)
 
     def send_head(self) -> Any:
+        url = urlsplit(self.path)
+        if url.path == "/":
+            return self._index(parse_qs(url.query).get("experiment", [None])[0])
         target = Path(self.translate_path(self.path))
         try:
             inside = target.resolve().is_relative_to(self.root)
@@ -81,6 +170,15 @@ class _ReadOnlyFiles(SimpleHTTPRequestHandler):
             self.send_error(HTTPStatus.NOT_FOUND, "Not found")
             return None
         return super().send_head()
+
+    def _index(self, experiment: str | None) -> io.BytesIO:
+        data = index_page(self.root, experiment).encode("utf-8")
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Cache-Control", "no-store")  # it lists what is there now
+        self.end_headers()
+        return io.BytesIO(data)
 
     def list_directory(self, path: Any) -> Any:
         self.send_error(HTTPStatus.NOT_FOUND, "Not found")

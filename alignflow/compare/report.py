@@ -14,6 +14,7 @@ comparisons (same reference) and labels `(test_1, ..., test_n, reference)`; the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -36,6 +37,7 @@ from alignflow.compare.names import png_name, thumbnail_name
 log = logging.getLogger(__name__)
 
 HTML_NAME, MARKDOWN_NAME, CSV_NAME, JSON_NAME = "report.html", "summary.md", "aligned.csv", "comparison.json"
+META_NAME = "meta.json"  # what an index of reports lists: run, experiment, verdict, time (alignflow.reportserver)
 MAX_SENTINEL_ROWS_HTML = 500
 MAX_SENTINEL_ROWS_MD = 10
 MAX_TOP_LINES = 6  # reasons shown above the curves; the rest are in the criteria table
@@ -54,6 +56,7 @@ class ReportFiles:
     json: Path
     pngs: dict[str, Path] = field(default_factory=dict)
     thumbnails: dict[str, Path] = field(default_factory=dict)  # small loss / grad-norm PNGs (Prefect summary)
+    meta: Path | None = None
 
 
 def write_report(
@@ -73,6 +76,9 @@ def write_report(
                          f"(tests, then the reference), got {len(names)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # one time for the page, the summary and the index's meta.json
+    context = dataclasses.replace(context or ReportContext(),
+                                  generated_at=(context.generated_at if context else None) or datetime.now(UTC))
     png_paths: dict[str, Path] = {}
     thumbs: dict[str, Path] = {}
     if plots and any(c.metrics for c in comparisons):
@@ -92,9 +98,20 @@ def write_report(
         png_names=[p.name for p in png_paths.values()]).encode())
     html_path = _atomic_write(out / HTML_NAME, html_report(
         comparisons, title=title, labels=names, fingerprints=fingerprints, context=context, plots=plots).encode())
+    meta_path = _atomic_write(out / META_NAME, json.dumps(report_meta(comparisons, title, names, context),
+                                                          indent=2).encode())
     log.info("report written to %s (verdict %s)", out, verdict_of(comparisons))
     return ReportFiles(html=html_path, markdown=md_path, csv=csv_path, json=json_path, pngs=png_paths,
-                       thumbnails=thumbs)
+                       thumbnails=thumbs, meta=meta_path)
+
+
+def report_meta(comparisons: Sequence[Comparison], title: str, labels: Sequence[str],
+                context: ReportContext) -> dict[str, Any]:
+    """`meta.json`: the few facts an index of reports lists, so it never parses a whole comparison."""
+    return {"title": title, "run_id": context.run_id, "experiment": context.experiment,
+            "verdict": verdict_of(comparisons), "labels": list(labels),
+            "generated_at": context.generated_at.isoformat() if context.generated_at else None,
+            "steps_compared": [c.steps.compared for c in comparisons]}
 
 
 def verdict_of(comparisons: Sequence[Comparison]) -> str:
