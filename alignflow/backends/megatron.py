@@ -229,7 +229,8 @@ def pretrain_flags(
     if training.deterministic:
         f.append("--deterministic-mode")
     f += kernel_flags(transformer_impl=transformer_impl, normalization=model.normalization,
-                      rope=model.position_embedding_type == "rope", extensions=extensions)
+                      rope=model.position_embedding_type == "rope", extensions=extensions,
+                      dsa=model.dsa is not None)
     return merge_flags(f, extra_args)
 
 

@@ -52,8 +52,28 @@ def describe_parser(parser: argparse.ArgumentParser) -> list[dict[str, Any]]:
             "nargs": action.nargs,
             "type": typ,
             "choices": None if action.choices is None or typ == "other" else sorted(str(c) for c in action.choices),
+            "default": _jsonable(action.default),
+            "sets": _sets(action),
         })
     return sorted(rows, key=lambda r: r["flags"][0])
+
+
+def _jsonable(value: Any) -> Any:
+    """`value` if JSON holds it as is, else `{"repr": ...}` (an enum default, say): readable, never evaluated."""
+    try:
+        json.dumps(value)
+    except TypeError:
+        return {"repr": repr(value)}
+    return value
+
+
+def _sets(action: argparse.Action) -> dict[str, Any] | None:
+    """What each option string of a switch stores (`--no-rope-fusion` -> False); None for an argument with values."""
+    if action.nargs != 0:
+        return None
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return {flag: not flag.startswith("--no-") for flag in action.option_strings}
+    return {flag: _jsonable(action.const) for flag in action.option_strings}
 
 
 class _Refused(Exception):

@@ -34,9 +34,46 @@ from dataclasses import dataclass
 
 from alignflow.convert.layout import parse_version
 
-SUPPORTED = ("0.16", "0.17", "0.18", "0.19")
 TE = "transformer_engine"
 APEX = "apex"
+
+# The megatron-core versions alignflow accepts: each has a flag table (`megatron_flags/`) generated from its tag and
+# the PyPI releases whose `megatron/core` the CI checks construct configs, specs and models with
+# (`alignflow.frameworks.megatron_build`; installed side by side by `python -m alignflow.frameworks.megatron_installs`).
+# Each release listed first is byte for byte the tag's `megatron/core` (package_info aside): 0.19.0 is the tag
+# core_v0.19.0, which calls itself 0.19.1; 0.19.2 is a later patch release of the same series, checked too.
+CHECKED_RELEASES: dict[str, tuple[str, ...]] = {
+    "0.16": ("0.16.1",),
+    "0.17": ("0.17.1",),
+    "0.18": ("0.18.2",),
+    "0.19": ("0.19.0", "0.19.2"),
+}
+SUPPORTED = tuple(CHECKED_RELEASES)
+# Versions refused by name, with why: a version nobody checked must not pass as "not checked".
+REFUSED: dict[str, str] = {
+    "0.20": "Megatron-LM main (megatron-core 0.20.0) is not a release: its code moves daily, no PyPI wheel holds it, "
+            "and as fetched (2026-08-22) it cannot build any MTP model without Transformer Engine (`TypeError: "
+            "isinstance() arg 2 must be a type` when instantiating MultiTokenPredictionLayer: the MagicMock "
+            "stand-ins of megatron/core/extensions/transformer_engine.py for TE's classes); use core_v0.19.0",
+}
+# A TE release the TE-side checks pretend is installed (`megatron_build`: megatron-core asks for its version).
+TE_STAND_IN_VERSION = "2.9.0"
+
+
+def accepted_problem(version: str) -> str | None:
+    """Why megatron-core `version` is not one alignflow accepts (None: it is)."""
+    from alignflow.convert.layout import MegatronVersionError
+
+    try:
+        major, minor = parse_version(version)
+    except MegatronVersionError as exc:
+        return str(exc)
+    series = f"{major}.{minor}"
+    if series in SUPPORTED:
+        return None
+    why = REFUSED.get(series, "alignflow has no flag table and no checked configuration, spec or model code for it")
+    return (f"megatron-core {version} is not accepted: {why}. Accepted: {', '.join(SUPPORTED)} (a new release "
+            "needs its flag table and its checks: docs/recipes/README.md#a-new-megatron-release)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +102,11 @@ def null_tokenizer(version: str) -> NullTokenizer:
 
 
 def kernel_flags(*, transformer_impl: str, normalization: str, rope: bool,
-                 extensions: Collection[str] | None) -> list[str]:
-    """The `--no-*-fusion` switches for a host that has `extensions` (None: not known, assume none)."""
+                 extensions: Collection[str] | None, dsa: bool = False) -> list[str]:
+    """The `--no-*-fusion` switches for a host that has `extensions` (None: not known, assume none). DSA refuses
+    RoPE fusion on every implementation (`megatron_refusals`, dsa-rope-fusion)."""
     if transformer_impl != "local":
-        return []
+        return ["--no-rope-fusion"] if dsa else []
     has = set(extensions or ())
     f = []
     if APEX not in has or normalization == "RMSNorm":
@@ -76,7 +114,7 @@ def kernel_flags(*, transformer_impl: str, normalization: str, rope: bool,
     if APEX not in has:
         f += ["--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion"]
     f += ["--no-bias-dropout-fusion", "--no-bias-swiglu-fusion"]
-    if rope and TE not in has:
+    if (rope and TE not in has) or dsa:
         f.append("--no-rope-fusion")
     return f
 

@@ -2,10 +2,13 @@
 
 `megatron_lm.check_flags` proves `pretrain_gpt.py`'s parser takes the command line; this module checks what
 fails after parsing, on the GPU host, from Megatron-LM's code for each supported version
-(`alignflow.frameworks.megatron_versions` cites each): a fused kernel whose extension the host lacks, no
-`--eval-interval`, `--deterministic-mode` with an environment it refuses, a warm-up not shorter than the decay
-(`OptimizerParamScheduler` asserts `lr_warmup_steps < lr_decay_steps`), Transformer Engine asked for on a host
-without it. Each problem quotes what Megatron would say.
+(`alignflow.frameworks.megatron_versions` cites each): a version alignflow does not accept (0.20, Megatron-LM main,
+is refused by name), a fused kernel whose extension the host lacks, no `--eval-interval`, `--deterministic-mode`
+with an environment it refuses, a warm-up not shorter than the decay (`OptimizerParamScheduler` asserts
+`lr_warmup_steps < lr_decay_steps`), Transformer Engine asked for on a host without it — naming what in the model
+needs it —, and every row of `alignflow.frameworks.megatron_refusals` (what the real config classes, layer specs and
+model constructors refuse: DSA with RoPE fusion, an attention variant or MLA without TE, ...), each with Megatron's
+own message and its source line.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from collections.abc import Collection, Mapping, Sequence
 
 from alignflow.convert.layout import MegatronVersionError, parse_version
 from alignflow.errors import ConfigError
-from alignflow.frameworks.megatron_versions import APEX, SUPPORTED, TE, determinism_env_problems
+from alignflow.frameworks.megatron_config import parse_args, settle
+from alignflow.frameworks.megatron_refusals import refusals, te_requirements
+from alignflow.frameworks.megatron_versions import APEX, TE, accepted_problem, determinism_env_problems
 from alignflow.twin.megatron_flags import parse_megatron_args
 
 
@@ -27,10 +32,13 @@ def combination_problems(argv: Sequence[str], *, env: Mapping[str, str], version
         v = parse_version(version)
     except MegatronVersionError as exc:
         return False, [str(exc)]
-    if f"{v[0]}.{v[1]}" not in SUPPORTED:
-        return None, [f"megatron-core {version}: alignflow knows the combinations of {', '.join(SUPPORTED)}"]
+    not_accepted = accepted_problem(version)
+    if not_accepted is not None:
+        return False, [not_accepted]
+    series = f"{v[0]}.{v[1]}"
     try:
         ns = parse_megatron_args(argv, strict=False)
+        args = settle(parse_args(argv, series, strict=False))
     except ConfigError as exc:
         return False, [str(exc)]
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
@@ -42,8 +50,14 @@ def combination_problems(argv: Sequence[str], *, env: Mapping[str, str], version
                         "with eval_interval None (TypeError: unsupported operand type(s) for //: 'int' and "
                         "'NoneType'), even with --eval-iters 0")
     if ns.transformer_impl == "transformer_engine" and extensions is not None and TE not in has:
-        problems.append(f"--transformer-impl transformer_engine on {host}: declare `cuda_extensions: "
+        needs = te_requirements(args)
+        why = "; ".join(f"{r.what} needs it: the local implementation stops at {r.level} level with {r.error} "
+                        f"({r.source.get(series, 'megatron-core ' + series)})" for r in needs)
+        problems.append(f"--transformer-impl transformer_engine on {host}"
+                        + (f": this model needs Transformer Engine — {why}" if needs else "")
+                        + "; run it on a host with Transformer Engine, or declare `cuda_extensions: "
                         "[transformer_engine]` for that host in hosts.yaml if it has it")
+    problems += [r.line(series) for r in refusals(args)]
     if ns.transformer_impl == "local":
         if ns.position_embedding_type == "rope" and TE not in has and "--no-rope-fusion" not in given:
             problems.append(f"RoPE fusion on {host}: give --no-rope-fusion (ValueError: apply_rope_fusion is not "

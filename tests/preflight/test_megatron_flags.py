@@ -18,8 +18,10 @@ from alignflow.backends import TrainSpec, render_training
 from alignflow.backends.commands import data_placeholder, step_command
 from alignflow.cli import app
 from alignflow.config import load_experiment
+from alignflow.errors import ConfigError
 from alignflow.frameworks.megatron_lm import available, check_flags, describe_parser, load_table, parser_from_table
 from alignflow.preflight import check_experiment
+from alignflow.preflight.megatron_combos import combination_problems
 from alignflow.preflight.sides import _megatron_flags
 from tests.recipes.copies import RECIPES, example_inventory, load_copy, recipe_copy
 
@@ -125,14 +127,24 @@ def test_a_flag_of_a_newer_megatron_is_refused_for_an_older_one(repo_root: Path,
         assert (finding.status == "ok") is ok, finding.line()
 
 
-def test_a_megatron_without_a_table_is_reported_unchecked_not_refused(repo_root: Path, tmp_path: Path) -> None:
-    path = recipe_copy(repo_root, tmp_path, "qwen35_dense", experiment={"gpu.megatron_version": "0.25"})
-    report = check_experiment(load_copy(path, repo_root), inventory=example_inventory(repo_root))
-    assert report.ok, report.summary()
-    finding = next(f for f in report.findings if f.setting == "gpu.flags")
-    assert finding.gpu is not None
-    assert finding.gpu.value == "not checked"
-    assert "no flag table for megatron-core 0.25 (alignflow has 0.16, 0.17, 0.18, 0.19" in finding.gpu.source
+@pytest.mark.parametrize(("version", "why"), [
+    ("0.25", "alignflow has no flag table and no checked configuration, spec or model code for it"),
+    ("0.20", "Megatron-LM main (megatron-core 0.20.0) is not a release"),
+])
+def test_a_megatron_version_without_checks_is_refused_by_name(repo_root: Path, tmp_path: Path, version: str,
+                                                              why: str) -> None:
+    path = recipe_copy(repo_root, tmp_path, "qwen35_dense", experiment={"gpu.megatron_version": version})
+    with pytest.raises(ConfigError) as err:
+        load_copy(path, repo_root)
+    assert f"megatron-core {version} is not accepted: {why}" in str(err.value)
+    assert "Accepted: 0.16, 0.17, 0.18, 0.19" in str(err.value)
+    assert f"{path}:" in str(err.value)  # file:line of gpu.megatron_version
+    # a caller that skips the loader (a hand-built argv) is refused by preflight's combination check too
+    accepted, problems = combination_problems(["--num-layers", "2"], env={}, version=version, extensions=None)
+    assert accepted is False
+    assert why in problems[0]
+    if version == "0.20":
+        assert "cannot build any MTP model without Transformer Engine" in problems[0]
 
 
 def test_the_twin_is_not_held_to_megatron_lms_flags(repo_root: Path) -> None:

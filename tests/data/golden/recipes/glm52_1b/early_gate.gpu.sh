@@ -82,5 +82,6 @@ CUBLAS_WORKSPACE_CONFIG=:4096:8 \
 --eval-iters 0 \
 --eval-interval 20 \
 --deterministic-mode \
+--no-rope-fusion \
 --no-gradient-accumulation-fusion \
 --rope-type rope

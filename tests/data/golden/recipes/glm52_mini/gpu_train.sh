@@ -81,5 +81,6 @@ CUBLAS_WORKSPACE_CONFIG=:4096:8 \
 --eval-iters 0 \
 --eval-interval 2000 \
 --deterministic-mode \
+--no-rope-fusion \
 --no-gradient-accumulation-fusion \
 --rope-type rope
