@@ -31,12 +31,11 @@ class Refusal:
     level: str  # megatron_build's level that stops: config, spec or model
     error: str  # Megatron's exception, as it prints it
     fix: str
-    source: Mapping[str, str]  # megatron-core series -> megatron/...:LINE
+    source: Mapping[str, str]  # megatron-core series where it refuses -> megatron/...:LINE
 
     def line(self, series: str) -> str:
-        where = self.source.get(series)
         return (f"{self.what}: megatron-core {series} refuses it at {self.level} level ({self.error}; "
-                f"{where or 'source line not tabled for ' + series}); {self.fix}")
+                f"{self.source[series]}); {self.fix}")
 
 
 def _variant(args: Args) -> Any:
@@ -71,15 +70,24 @@ REFUSALS: tuple[Refusal, ...] = (
         source={"0.19": "megatron/core/transformer/transformer_config.py:1386"},
     ),
     Refusal(
+        key="dsa-needs-0.18",
+        what="DSA (--experimental-attention-variant dsa) on megatron-core before 0.18",
+        applies=lambda a: _variant(a) == "dsa" and _te(a),
+        level="spec",
+        error="ValueError: Invalid experimental attention variant: dsa",
+        fix="use megatron-core 0.18 or 0.19 (gpu.megatron_version): 0.16 and 0.17 accept the flag and the config, but "
+            "their experimental block spec builds only gated_delta_net",
+        source={"0.16": "megatron/core/models/gpt/experimental_attention_variant_module_specs.py:142",
+                "0.17": "megatron/core/models/gpt/experimental_attention_variant_module_specs.py:142"},
+    ),
+    Refusal(
         key="dsa-without-mla",
         what="DSA (--experimental-attention-variant dsa) without --multi-latent-attention",
         applies=lambda a: _variant(a) == "dsa" and _te(a) and not a.get("multi_latent_attention"),
         level="spec",
         error="AssertionError: Currently only MLA supports sparse attention.",
         fix="DSA needs MLA (model.mla)",
-        source={"0.16": "megatron/core/models/gpt/experimental_attention_variant_module_specs.py:81",
-                "0.17": "megatron/core/models/gpt/experimental_attention_variant_module_specs.py:81",
-                "0.18": "megatron/core/models/gpt/experimental_attention_variant_module_specs.py:83",
+        source={"0.18": "megatron/core/models/gpt/experimental_attention_variant_module_specs.py:83",
                 "0.19": "megatron/core/models/gpt/experimental_attention_variant_module_specs.py:85"},
     ),
     Refusal(
@@ -112,17 +120,17 @@ REFUSALS: tuple[Refusal, ...] = (
 )
 
 
-def refusals(args: Args) -> list[Refusal]:
-    """The rows that refuse these settled arguments (in table order)."""
-    return [r for r in REFUSALS if r.applies(args)]
+def refusals(args: Args, series: str) -> list[Refusal]:
+    """The rows that refuse these settled arguments on megatron-core `series` (`0.19`), in table order."""
+    return [r for r in REFUSALS if series in r.source and r.applies(args)]
 
 
-def te_requirements(args: Args) -> list[Refusal]:
-    """What in these arguments the local implementation refuses, i.e. what needs Transformer Engine."""
+def te_requirements(args: Args, series: str) -> list[Refusal]:
+    """What in these arguments the local implementation of `series` refuses, i.e. what needs Transformer Engine."""
     local = {**args, "transformer_impl": "local"}
-    return [r for r in REFUSALS if r.key in ("variant-needs-te", "mla-needs-te") and r.applies(local)]
+    return [r for r in refusals(local, series) if r.key in ("variant-needs-te", "mla-needs-te")]
 
 
-def model_te_requirements(*, mla: bool, variant: str | None) -> list[Refusal]:
+def model_te_requirements(*, mla: bool, variant: str | None, series: str) -> list[Refusal]:
     """`te_requirements` of a model with MLA or not and an attention variant (for the converter's flavours)."""
-    return te_requirements({"multi_latent_attention": mla, "experimental_attention_variant": variant})
+    return te_requirements({"multi_latent_attention": mla, "experimental_attention_variant": variant}, series)

@@ -50,14 +50,14 @@ def combination_problems(argv: Sequence[str], *, env: Mapping[str, str], version
                         "with eval_interval None (TypeError: unsupported operand type(s) for //: 'int' and "
                         "'NoneType'), even with --eval-iters 0")
     if ns.transformer_impl == "transformer_engine" and extensions is not None and TE not in has:
-        needs = te_requirements(args)
+        needs = te_requirements(args, series)
         why = "; ".join(f"{r.what} needs it: the local implementation stops at {r.level} level with {r.error} "
-                        f"({r.source.get(series, 'megatron-core ' + series)})" for r in needs)
+                        f"({r.source[series]})" for r in needs)
         problems.append(f"--transformer-impl transformer_engine on {host}"
                         + (f": this model needs Transformer Engine — {why}" if needs else "")
                         + "; run it on a host with Transformer Engine, or declare `cuda_extensions: "
                         "[transformer_engine]` for that host in hosts.yaml if it has it")
-    problems += [r.line(series) for r in refusals(args)]
+    problems += [r.line(series) for r in refusals(args, series)]
     if ns.transformer_impl == "local":
         if ns.position_embedding_type == "rope" and TE not in has and "--no-rope-fusion" not in given:
             problems.append(f"RoPE fusion on {host}: give --no-rope-fusion (ValueError: apply_rope_fusion is not "

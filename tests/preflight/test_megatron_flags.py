@@ -107,9 +107,9 @@ def test_preflight_stops_a_recipe_with_a_misspelt_extra_flag(repo_root: Path, tm
     report = check_experiment(load_copy(path, repo_root), inventory=example_inventory(repo_root))
     assert [f.setting for f in report.mismatches] == ["gpu.flags"]
     assert report.mismatches[0].line() == (
-        "pretrain_gpt.py accepts every flag: GPU refused (the parser of Megatron-LM core_v0.17.1 (megatron-core "
-        "0.17.1): unknown flag --moe-grouped-gem (did you mean --moe-grouped-gemm?)) — GPU must be accepted or "
-        "not checked")
+        "pretrain_gpt.py accepts every flag: GPU refused (the parser of Megatron-LM core_v0.19.0 (megatron-core "
+        "0.19.1+5be9626709): unknown flag --moe-grouped-gem (did you mean --moe-grouped-gemm?)) — GPU must be "
+        "accepted or not checked")
     result = CliRunner().invoke(app, ["preflight", str(path), "--hosts", str(repo_root / "hosts.ssh.example.yaml")])
     assert result.exit_code == 1, result.output
     assert "--moe-grouped-gem" in result.output

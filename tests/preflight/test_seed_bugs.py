@@ -70,7 +70,7 @@ BUGS = [
                  id="vocab-padding-forgot-nulltokenizer-eod"),
     pytest.param("glm52_1b", {"experiment": {"gpu.extra_args+": ["--make-vocab-size-divisible-by", "1024"]}},
                  "model.vocab_size", "NPU 154880 (model.vocab_size)",
-                 "GPU 155648 (--vocab-size 154879 + 1 (NullTokenizer eod) padded to a multiple of 1024",
+                 "GPU 155648 (--vocab-size 154880 (NullTokenizer, eod included) padded to a multiple of 1024",
                  id="vocab-padding-divisor"),
     pytest.param("qwen35_moe", {"experiment": {"npu.overrides": {
         "train_dataset.dataloader.config.data_path": ["1", "/data/other/qwen35_text_document"]}}}, "data.file",

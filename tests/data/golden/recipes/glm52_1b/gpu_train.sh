@@ -23,7 +23,8 @@ CUBLAS_WORKSPACE_CONFIG=:4096:8 \
 --qk-layernorm \
 --untie-embeddings-and-output-weights \
 --tokenizer-type NullTokenizer \
---vocab-size 154879 \
+--vocab-size 154880 \
+--null-tokenizer-eod-id 154879 \
 --make-vocab-size-divisible-by 128 \
 --attention-dropout 0.0 \
 --hidden-dropout 0.0 \

@@ -23,7 +23,8 @@ CUBLAS_WORKSPACE_CONFIG=:4096:8 \
 --qk-layernorm \
 --untie-embeddings-and-output-weights \
 --tokenizer-type NullTokenizer \
---vocab-size 127 \
+--vocab-size 128 \
+--null-tokenizer-eod-id 127 \
 --make-vocab-size-divisible-by 128 \
 --attention-dropout 0.0 \
 --hidden-dropout 0.0 \
