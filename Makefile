@@ -11,6 +11,9 @@ STAMP  := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 # extra brings its other requirements, then the wheel itself goes in without dependencies (tests/lab).
 MINDFORMERS := 2.1.0
 MF_STAMP := $(VENV)/.mindformers-$(MINDFORMERS)-$(shell sha256sum pyproject.toml | cut -c1-12)
+# Every checked megatron-core release side by side (+ triton, which 0.18+ imports), for tests/recipes/test_megatron_core.py:
+# alignflow/frameworks/megatron_versions.py (CHECKED_RELEASES) lists them, megatron_installs.py installs them.
+MCORE_STAMP := $(VENV)/megatron-core/.stamp-$(shell cat alignflow/frameworks/megatron_versions.py alignflow/frameworks/megatron_installs.py | sha256sum | cut -c1-12)
 PYTEST_ARGS ?=
 # Python caches compiled modules (prefect, torch, the tests' rewritten asserts) between runs: an environment that
 # turns that off makes every test session compile them again (collection takes ~30% longer).
@@ -37,13 +40,18 @@ $(MF_STAMP): $(STAMP)
 	rm -f $(VENV)/.mindformers-*
 	touch $(MF_STAMP)
 
-venv: $(STAMP) $(MF_STAMP)
+$(MCORE_STAMP): $(STAMP)
+	$(BIN)/python -m alignflow.frameworks.megatron_installs install $(VENV)/megatron-core
+	rm -f $(VENV)/megatron-core/.stamp-*
+	touch $(MCORE_STAMP)
+
+venv: $(STAMP) $(MF_STAMP) $(MCORE_STAMP)
 
 demo: $(STAMP) $(MF_STAMP)
 	$(BIN)/alignflow doctor
 	$(BIN)/alignflow run experiments/demo.yaml
 
-test: $(STAMP) $(MF_STAMP)
+test: $(STAMP) $(MF_STAMP) $(MCORE_STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 # The fast tier: no real process (sshd, PostgreSQL, Prefect, trainings); under a minute on 2 cores.

@@ -75,6 +75,7 @@ MEASURED_S = {
     "ssh-labs": 198, "tests/deploy/test_team.py": 141, "slurm-lab": 133, "tests/flows/test_server.py": 46,  # the lane's
     "tests/faults/test_crash.py": 136, "tests/flows/test_alignment.py": 113, "tests/deploy/test_ui_browser.py": 107,
     "twin-ms-base": 103, "tests/flows/test_gate.py": 90, "tests/diagnose/test_msprobe.py": 77,
+    "tests/recipes/test_megatron_core.py": 280,
     "tests/lab/test_mindformers_lab.py": 65, "tests/flows/test_interrupt.py": 58,
     "tests/diagnose/test_seed_bugs.py": 48, "tests/logs/test_fuzz.py": 32, "tests/store/test_concurrency.py": 28,
 }
