@@ -123,11 +123,28 @@ def _model_problems(spec: Spec, model: ModelConfig) -> list[str]:
     return problems
 
 
+def _refuse_local(spec: Spec, model: ModelConfig, megatron_version: str) -> None:
+    """A local-flavour checkpoint of a model no local (non-TE) spec of that megatron-core builds would load into
+    nothing: refuse it, naming where Megatron stops (`alignflow.frameworks.megatron_refusals`)."""
+    from alignflow.frameworks.megatron_refusals import model_te_requirements
+
+    major, minor = parse_version(megatron_version)
+    variant = "dsa" if model.dsa is not None else "gated_delta_net" if model.linear_attention is not None else None
+    needs = model_te_requirements(mla=model.mla is not None, variant=variant, series=f"{major}.{minor}")
+    if needs:
+        why = "; ".join(f"{r.what}: {r.error} ({r.source[f'{major}.{minor}']})" for r in needs)
+        raise ValueError(f"spec {spec.name}: no local (non-Transformer-Engine) layer spec of megatron-core "
+                         f"{major}.{minor} builds this model — {why}; convert with --flavor te (gpu.transformer_impl "
+                         "transformer_engine)")
+
+
 def build_plan(spec: Spec, model: ModelConfig | None = None, *, flavor: Flavor = "local",
                megatron_version: str = "0.16") -> Plan:
     """Expand `spec` for `model` (default: the spec's own). Problems of the model are in `Plan.problems`;
     shape inconsistencies between a rule and the model become problems too, naming the rule and its keys."""
     model = model if model is not None else spec.model
+    if flavor == "local":
+        _refuse_local(spec, model, megatron_version)
     if flavor not in spec.flavors:
         raise ValueError(f"spec {spec.name} has no {flavor!r} flavour; it writes: {', '.join(spec.flavors)}")
     inner = mtp_inner_layer(megatron_version)

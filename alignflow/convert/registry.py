@@ -101,7 +101,11 @@ def _deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any
 def _self_check(spec: Spec, path: Path) -> None:
     problems = []
     for flavor in spec.flavors:
-        plan = build_plan(spec, flavor=flavor)
+        try:
+            plan = build_plan(spec, flavor=flavor)
+        except ValueError as exc:  # a flavour no Megatron layer spec builds for the spec's model
+            problems.append((str(path), None, f"flavors: {flavor}: {exc}"))
+            continue
         problems += [(str(path), None, f"{flavor}: {p}") for p in plan.problems]
     if problems:
         raise ConfigError(problems)

@@ -12,13 +12,14 @@ import torch
 from alignflow.config.model import LinearAttentionConfig, ModelConfig, MoEConfig, MTPConfig
 from alignflow.convert import build_plan, convert_bf16, convert_to_megatron, convert_to_mindformers, load_spec
 from alignflow.convert.megatron import write_megatron
-from alignflow.errors import ConversionError
+from alignflow.errors import ConfigError, ConversionError
 
 from .synthetic import read_megatron, read_mindformers, same_bits, source_state, write_mindformers
 
 # The Qwen3.5 specs convert real-size layers (seconds each): the slow tier.
-ROUND_TRIPS = [(name, flavor) for name in ("twin-dense", "twin-moe", "twin-moe-bias", "gpt-dense", "glm52-mini")
-               for flavor in ("local", "te")] + [pytest.param("qwen35-dense", "te", marks=pytest.mark.slow),
+ROUND_TRIPS = [(name, flavor) for name in ("twin-dense", "twin-moe", "twin-moe-bias", "gpt-dense")
+               for flavor in ("local", "te")] + [("glm52-mini", "te"),  # no local Megatron spec builds MLA + DSA
+                                                 pytest.param("qwen35-dense", "te", marks=pytest.mark.slow),
                                                  pytest.param("qwen35-moe", "te", marks=pytest.mark.slow)]
 
 
@@ -145,22 +146,40 @@ def test_qwen35_layouts_follow_seed_001(tmp_path):
     assert torch.equal(mg[p + "shared_experts.gate_weight"], src[p + "shared_experts.shared_experts_gate.weight"])
 
 
-@pytest.mark.parametrize("flavor", ["te", "local"])
-def test_glm52_mla_dsa_layout(tmp_path, flavor):
+def test_glm52_mla_dsa_layout(tmp_path):
+    flavor = "te"
     src, payload = _twin_mg(tmp_path, spec="glm52-mini", flavor=flavor)
     mg, p = payload["model"], "decoder.layers.1.self_attention."
     qkv = src[p + "linear_qkv.weight"]
     assert torch.equal(mg[p + "linear_q_down_proj.weight"], qkv[:64])
     assert torch.equal(mg[p + "linear_kv_down_proj.weight"], qkv[64:])
-    norms = {"te": ("linear_q_up_proj.layer_norm_weight", "linear_kv_up_proj.layer_norm_weight"),
-             "local": ("q_layernorm.weight", "kv_layernorm.weight")}[flavor]
+    norms = ("linear_q_up_proj.layer_norm_weight", "linear_kv_up_proj.layer_norm_weight")
     assert torch.equal(mg[p + norms[0]], src[p + "q_layernorm.weight"])
     assert torch.equal(mg[p + norms[1]], src[p + "k_layernorm.weight"])
     assert torch.equal(mg[p + "core_attention.indexer.k_norm.bias"], src[p + "core_attention.indexer.k_norm.beta"])
     assert mg["decoder.layers.1.mlp.router.expert_bias"].dtype == torch.float32
-    assert torch.equal(mg["decoder.layers.2.mlp.experts." + ("linear_fc1.weight7" if flavor == "te" else
-                                                           "local_experts.7.linear_fc1.weight")],
+    assert torch.equal(mg["decoder.layers.2.mlp.experts.linear_fc1.weight7"],
                        src["decoder.layers.2.mlp.experts.weight1"][7].T)
+
+
+@pytest.mark.parametrize(("spec", "version", "where"), [
+    ("glm52-mini", "0.16", "experimental_attention_variant_module_specs.py:356"),
+    ("glm52-1b", "0.19", "experimental_attention_variant_module_specs.py:442"),
+    ("qwen35-dense", "0.19", "experimental_attention_variant_module_specs.py:442"),
+])
+def test_a_local_flavour_no_megatron_spec_builds_is_refused_before_anything_is_written(tmp_path, spec, version,
+                                                                                        where):
+    """MLA, DSA and GatedDeltaNet have no local (non-TE) layer spec in any checked megatron-core
+    (alignflow/frameworks/megatron_refusals.py): a local-named checkpoint of them would load into nothing."""
+    write_mindformers(tmp_path / "bf16", {"embedding.word_embeddings.weight": torch.zeros(2, 2)})
+    with pytest.raises(ConfigError) as err:
+        convert_to_megatron(tmp_path / "bf16", tmp_path / "mg", spec=spec, flavor="local", megatron_version=version)
+    assert f"no local (non-Transformer-Engine) layer spec of megatron-core {version} builds this model" in str(err.value)
+    assert where in str(err.value)
+    assert "--flavor te" in str(err.value)
+    assert not (tmp_path / "mg").exists()
+    if spec.startswith("glm52"):  # MLA is refused on its own too: the local DotProductAttention has no k_channels
+        assert "k_channels" in str(err.value)
 
 
 # --- failure classes: every offending key listed, nothing written ------------------------------------------------

@@ -109,14 +109,16 @@ def test_model_outside_what_a_spec_covers_is_a_problem():
     assert any(p.startswith("model.qk_layernorm = True: spec twin-moe covers only [False]") for p in problems)
     assert any("pads to 256" in p for p in problems)
     with pytest.raises(ValueError, match="no 'local' flavour"):
-        build_plan(load_spec("qwen35-moe"), flavor="local")
+        build_plan(load_spec("qwen35-moe"), model.model_copy(update={"qk_layernorm": False}), flavor="local")
+    with pytest.raises(ValueError, match=r"no local \(non-Transformer-Engine\) layer spec of megatron-core 0.16"):
+        build_plan(load_spec("qwen35-moe"), flavor="local")  # GatedDeltaNet: TE only
 
 
 def test_model_without_the_sections_a_spec_needs_lists_them():
     glm = load_spec("glm52-mini")
     dense = ModelConfig(family="x", num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4,
                         vocab_size=128, seq_length=8)
-    problems = build_plan(glm, dense).problems
+    problems = build_plan(glm, dense, flavor="te").problems
     assert "model.mla is not set, but spec glm52-mini needs it" in problems
     assert any("needs 'q_lora'" in p for p in problems)
 
