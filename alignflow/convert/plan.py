@@ -126,13 +126,14 @@ def _model_problems(spec: Spec, model: ModelConfig) -> list[str]:
 def _refuse_local(spec: Spec, model: ModelConfig, megatron_version: str) -> None:
     """A local-flavour checkpoint of a model no local (non-TE) spec of that megatron-core builds would load into
     nothing: refuse it, naming where Megatron stops (`alignflow.frameworks.megatron_refusals`)."""
-    from alignflow.frameworks.megatron_refusals import model_te_requirements
+    from alignflow.frameworks.megatron_refusals import model_te_requirements, needs_te_what
 
     major, minor = parse_version(megatron_version)
     variant = "dsa" if model.dsa is not None else "gated_delta_net" if model.linear_attention is not None else None
     needs = model_te_requirements(mla=model.mla is not None, variant=variant, series=f"{major}.{minor}")
     if needs:
-        why = "; ".join(f"{r.what}: {r.error} ({r.source[f'{major}.{minor}']})" for r in needs)
+        args = {"experimental_attention_variant": variant}
+        why = "; ".join(f"{needs_te_what(r, args)}: {r.error} ({r.source[f'{major}.{minor}']})" for r in needs)
         raise ValueError(f"spec {spec.name}: no local (non-Transformer-Engine) layer spec of megatron-core "
                          f"{major}.{minor} builds this model — {why}; convert with --flavor te (gpu.transformer_impl "
                          "transformer_engine)")

@@ -131,6 +131,17 @@ def te_requirements(args: Args, series: str) -> list[Refusal]:
     return [r for r in refusals(local, series) if r.key in ("variant-needs-te", "mla-needs-te")]
 
 
+_VARIANTS = {"dsa": "DSA", "gated_delta_net": "GatedDeltaNet"}
+
+
+def needs_te_what(row: Refusal, args: Args) -> str:
+    """The feature a TE-requirement row is about, for these arguments: `DSA (--experimental-attention-variant dsa)`."""
+    if row.key == "variant-needs-te":
+        variant = _variant(args)
+        return f"{_VARIANTS.get(variant, variant)} (--experimental-attention-variant {variant})"
+    return "MLA (--multi-latent-attention)"
+
+
 def model_te_requirements(*, mla: bool, variant: str | None, series: str) -> list[Refusal]:
     """`te_requirements` of a model with MLA or not and an attention variant (for the converter's flavours)."""
     return te_requirements({"multi_latent_attention": mla, "experimental_attention_variant": variant}, series)

@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 from alignflow.convert.layout import MegatronVersionError, parse_version
 from alignflow.errors import ConfigError
 from alignflow.frameworks.megatron_config import parse_args, settle
-from alignflow.frameworks.megatron_refusals import refusals, te_requirements
+from alignflow.frameworks.megatron_refusals import needs_te_what, refusals, te_requirements
 from alignflow.frameworks.megatron_versions import APEX, TE, accepted_problem, determinism_env_problems
 from alignflow.twin.megatron_flags import parse_megatron_args
 
@@ -51,8 +51,8 @@ def combination_problems(argv: Sequence[str], *, env: Mapping[str, str], version
                         "'NoneType'), even with --eval-iters 0")
     if ns.transformer_impl == "transformer_engine" and extensions is not None and TE not in has:
         needs = te_requirements(args, series)
-        why = "; ".join(f"{r.what} needs it: the local implementation stops at {r.level} level with {r.error} "
-                        f"({r.source[series]})" for r in needs)
+        why = "; ".join(f"{needs_te_what(r, args)}: without it megatron-core {series} stops at {r.level} level "
+                        f"with {r.error} ({r.source[series]})" for r in needs)
         problems.append(f"--transformer-impl transformer_engine on {host}"
                         + (f": this model needs Transformer Engine — {why}" if needs else "")
                         + "; run it on a host with Transformer Engine, or declare `cuda_extensions: "
