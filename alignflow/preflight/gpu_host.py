@@ -4,8 +4,10 @@ A GPU host without Megatron-LM at `gpu.entry` would otherwise be found out when 
 base training and both conversions, hours in. Before step 1, a short probe runs with the host's Python (over the
 host's transport, with its env and setup lines) and reports: `gpu.entry` is an absolute path to a file; beside it
 is a Megatron-LM tree (`megatron/training/arguments.py`, `megatron/core/package_info.py`); that tree's
-megatron-core version is `gpu.megatron_version`; the host's Python has torch and every extension the experiment
-counts on (`gpu.extensions`, from hosts.yaml's `cuda_extensions`). Only for `gpu.kind: megatron`.
+megatron-core version equals `gpu.megatron_version` in every part the declaration gives (`0.19` takes any 0.19.x,
+`0.19.0` only 0.19.0: flags, NullTokenizer, the converted checkpoint and the checked Megatron code all follow it);
+the host's Python has torch, Transformer Engine when the experiment asks for its implementation, and every extension
+the experiment counts on (`gpu.extensions`, from hosts.yaml's `cuda_extensions`). Only for `gpu.kind: megatron`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from alignflow.config.experiment import Experiment
 from alignflow.config.hosts import Host, Inventory
+from alignflow.frameworks.megatron_versions import TE
 
 PROBE = r'''
 import importlib.util, json, os, re, sys
@@ -53,6 +56,8 @@ def check_gpu_host(experiment: Experiment, inventory: Inventory,
     gpu = experiment.gpu
     host = resolve_host(experiment, inventory, "gpu_train", Path("."))
     wanted = ["torch", *(gpu.extensions or ())]
+    if gpu.transformer_impl == "transformer_engine" and TE not in wanted:
+        wanted.append(TE)
     where = f"host {host.name}"
     transport = transport_factory(host)
     try:
@@ -71,10 +76,25 @@ def check_gpu_host(experiment: Experiment, inventory: Inventory,
         found = json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return [f"{where}: unreadable probe output {done.stdout[-200:]!r}"]
-    return _problems(found, where=where, entry=entry, version=gpu.megatron_version, wanted=wanted)
+    return _problems(found, where=where, entry=entry, version=gpu.megatron_version, wanted=wanted,
+                     extensions=gpu.extensions)
 
 
-def _problems(found: dict[str, Any], *, where: str, entry: str, version: str, wanted: list[str]) -> list[str]:
+def same_version(have: str, declared: str) -> bool:
+    """Does the host's megatron-core `have` (MAJOR.MINOR.PATCH) equal `declared` in every part `declared` gives?"""
+    from alignflow.convert.layout import MegatronVersionError, parse_version
+
+    try:
+        parse_version(declared)
+    except MegatronVersionError:
+        return False
+    parts = declared.strip().removeprefix("core_v").removeprefix("v").split(".")
+    numbers = [p for p in parts if p.isdigit()]
+    return have.split(".")[:len(numbers)] == numbers and len(numbers) == len(parts)
+
+
+def _problems(found: dict[str, Any], *, where: str, entry: str, version: str, wanted: list[str],
+              extensions: list[str] | None = None) -> list[str]:
     if not found["absolute"]:
         return [f"{where}: gpu.entry {entry!r} must be an absolute path (the job runs in its own output directory)"]
     if not found["entry"]:
@@ -88,11 +108,14 @@ def _problems(found: dict[str, Any], *, where: str, entry: str, version: str, wa
     if have is None:
         problems.append(f"{where}: no megatron/core/package_info.py beside {entry}: the megatron-core version is "
                         f"unknown (gpu.megatron_version says {version})")
-    elif tuple(have.split(".")[:2]) != tuple(version.split(".")[:2]):
+    elif not same_version(have, version):
         problems.append(f"{where}: the Megatron-LM beside {entry} is megatron-core {have}, but gpu.megatron_version "
-                        f"is {version}: flags, NullTokenizer and the converted checkpoint follow the version")
+                        f"is {version}: flags, NullTokenizer, the converted checkpoint and the Megatron code alignflow "
+                        "checked follow the version (set gpu.megatron_version to the host's, or check out the "
+                        "declared release there)")
     for name in wanted:
         if not found["modules"].get(name):
-            what = "declared in cuda_extensions (gpu.extensions)" if name != "torch" else "needed by pretrain_gpt.py"
+            what = ("needed by pretrain_gpt.py" if name == "torch" else "gpu.transformer_impl transformer_engine"
+                    if name == TE and name not in (extensions or ()) else "declared in cuda_extensions (gpu.extensions)")
             problems.append(f"{where}: its Python has no {name} ({what})")
     return problems

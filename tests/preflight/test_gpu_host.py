@@ -34,9 +34,11 @@ def checkout(root: Path, minor: int = 19) -> Path:
     return root / "pretrain_gpt.py"
 
 
-def experiment(repo_root: Path, tmp_path: Path, entry: str, extensions: list[str] | None = None) -> Path:
+def experiment(repo_root: Path, tmp_path: Path, entry: str, extensions: list[str] | None = None,
+               **gpu: str) -> Path:
     exp = yaml.safe_load((repo_root / "experiments" / "demo-megatron.yaml").read_text())
     exp["gpu"]["entry"] = entry
+    exp["gpu"].update(gpu)
     exp["data"]["path"] = str(tmp_path / "data")
     hosts = {name: {"role": name, "transport": "local", "workdir": str(tmp_path / "hosts" / name)}
              for name in ("ascend", "cpu", "cuda")}
@@ -70,6 +72,8 @@ def test_no_megatron_at_gpu_entry_is_named(repo_root: Path, tmp_path: Path) -> N
     ("not-a-checkout", "is not in a Megatron-LM checkout (no megatron/training/arguments.py beside it)"),
     ("extension", "its Python has no apex (declared in cuda_extensions (gpu.extensions))"),
     ("relative", "must be an absolute path"),
+    ("patch", "is megatron-core 0.19.1, but gpu.megatron_version is 0.19.0"),
+    ("te", "its Python has no transformer_engine (gpu.transformer_impl transformer_engine)"),
 ])
 def test_each_way_the_host_differs_from_the_experiment_is_named(repo_root: Path, tmp_path: Path, setup: str,
                                                                 message: str) -> None:
@@ -77,7 +81,8 @@ def test_each_way_the_host_differs_from_the_experiment_is_named(repo_root: Path,
     if setup == "not-a-checkout":
         (tmp_path / "Megatron-LM" / "megatron" / "training" / "arguments.py").unlink()
     where = "Megatron-LM/pretrain_gpt.py" if setup == "relative" else str(entry)
-    path = experiment(repo_root, tmp_path, where, extensions=["apex"] if setup == "extension" else None)
+    gpu = {"patch": {"megatron_version": "0.19.0"}, "te": {"transformer_impl": "transformer_engine"}}.get(setup, {})
+    path = experiment(repo_root, tmp_path, where, extensions=["apex"] if setup == "extension" else None, **gpu)
     found = problems(path)
     assert any(message in p for p in found), found
 
