@@ -115,7 +115,8 @@ def _problems(found: dict[str, Any], *, where: str, entry: str, version: str, wa
                         "declared release there)")
     for name in wanted:
         if not found["modules"].get(name):
+            declared = name in (extensions or ())
             what = ("needed by pretrain_gpt.py" if name == "torch" else "gpu.transformer_impl transformer_engine"
-                    if name == TE and name not in (extensions or ()) else "declared in cuda_extensions (gpu.extensions)")
+                    if name == TE and not declared else "declared in cuda_extensions (gpu.extensions)")
             problems.append(f"{where}: its Python has no {name} ({what})")
     return problems

@@ -174,7 +174,8 @@ def test_a_local_flavour_no_megatron_spec_builds_is_refused_before_anything_is_w
     write_mindformers(tmp_path / "bf16", {"embedding.word_embeddings.weight": torch.zeros(2, 2)})
     with pytest.raises(ConfigError) as err:
         convert_to_megatron(tmp_path / "bf16", tmp_path / "mg", spec=spec, flavor="local", megatron_version=version)
-    assert f"no local (non-Transformer-Engine) layer spec of megatron-core {version} builds this model" in str(err.value)
+    message = str(err.value)
+    assert f"no local (non-Transformer-Engine) layer spec of megatron-core {version} builds this model" in message
     assert where in str(err.value)
     assert "--flavor te" in str(err.value)
     assert not (tmp_path / "mg").exists()
