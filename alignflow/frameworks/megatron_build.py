@@ -85,14 +85,23 @@ def _version() -> tuple[str, tuple[int, int]]:
 
 
 @contextlib.contextmanager
-def world() -> Iterator[None]:
-    """A process group of one (gloo, file store) with TP = PP = 1: the specs ask how many layers this rank builds."""
+def world(device: str = "cpu") -> Iterator[None]:
+    """A process group of one (gloo, or nccl on CUDA; file store) with TP = PP = 1: the specs ask how many layers
+    this rank builds."""
+    import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
 
     with tempfile.TemporaryDirectory(prefix="mcore-build-") as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/store", rank=0, world_size=1)
+        if device == "cuda":
+            torch.cuda.set_device(0)
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", init_method=f"file://{tmp}/store", rank=0,
+                                world_size=1)
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=1, pipeline_model_parallel_size=1)
+        if device == "cuda":
+            from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+            model_parallel_cuda_manual_seed(1234)
         try:
             yield
         finally:
@@ -166,16 +175,17 @@ def padded_vocab(args: dict[str, Any], series: str) -> int:
     return -(-vocab // divisor) * divisor
 
 
-def build_model(config: Any, args: dict[str, Any], decoder: Any, mtp: Any, series: str) -> Any:
-    """The real GPTModel on the CPU (module docstring: the accommodations)."""
+def build_model(config: Any, args: dict[str, Any], decoder: Any, mtp: Any, series: str, device: str = "cpu") -> Any:
+    """The real GPTModel on `device` (on the CPU with the module docstring's accommodations; on CUDA as is)."""
     import torch
     from megatron.core.models.gpt.gpt_model import GPTModel
 
-    config.use_cpu_initialization = True
-    if config.num_moe_experts:
-        config.moe_token_dispatcher_type = "allgather"
     original = torch.cuda.current_device
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+    if device == "cpu":
+        config.use_cpu_initialization = True
+        if config.num_moe_experts:
+            config.moe_token_dispatcher_type = "allgather"
+        torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
     try:
         return GPTModel(
             config=config, transformer_layer_spec=decoder, vocab_size=padded_vocab(args, series),
@@ -199,25 +209,26 @@ def load_checkpoint(model: Any, checkpoint: Path) -> dict[str, Any]:
     model.load_state_dict(state["model"], strict=True)
     own = model.state_dict()
     tensors = {k: v for k, v in state["model"].items() if isinstance(v, torch.Tensor)}
-    differing = sorted(k for k, v in tensors.items() if not torch.equal(own[k].to(v.dtype), v))
+    differing = sorted(k for k, v in tensors.items() if not torch.equal(own[k].detach().cpu().to(v.dtype), v))
     if differing:
         raise ValueError(f"{len(differing)} tensors differ after the strict load: {', '.join(differing[:5])}")
     return {"tensors": len(tensors)}
 
 
-def check(case: dict[str, Any], *, te_stand_in: bool) -> dict[str, Any]:
-    """One case through the levels (module docstring)."""
+def check(case: dict[str, Any], *, te_stand_in: bool, device: str = "cpu") -> dict[str, Any]:
+    """One case through the levels (module docstring); `device` cuda builds the model on the GPU, with whatever
+    Transformer Engine is installed there (a real one: then TE command lines reach `model` and `load` too)."""
     text, version = _version()
     series = f"{version[0]}.{version[1]}"
     levels: dict[str, str] = {}
-    out: dict[str, Any] = {"name": case["name"], "megatron_core": text,
-                           "transformer_engine": "stand-in (spec level only)" if te_stand_in else "absent",
+    out: dict[str, Any] = {"name": case["name"], "megatron_core": text.split("+")[0], "device": device,
+                           "transformer_engine": "stand-in (spec level only)" if te_stand_in else _te_installed(),
                            "levels": levels, "refused": None}
     argv = list(case["argv"])
     try:
         config, args = build_config(argv, series)
         levels |= {"flags": "ok", "config": f"ok: {type(config).__name__}"}
-        with world():
+        with world(device):
             try:
                 decoder, mtp = select_specs(config, args, version)
             except Exception as exc:
@@ -227,7 +238,7 @@ def check(case: dict[str, Any], *, te_stand_in: bool) -> dict[str, Any]:
                 levels["model"] = "not run: Transformer Engine's modules cannot be built on a CPU (stand-in)"
             else:
                 try:
-                    model = build_model(config, args, decoder, mtp, series)
+                    model = build_model(config, args, decoder, mtp, series, device)
                 except Exception as exc:
                     raise Refused("model", exc) from exc
                 levels["model"] = f"ok: {sum(p.numel() for p in model.parameters())} parameters"
@@ -249,6 +260,16 @@ def check(case: dict[str, Any], *, te_stand_in: bool) -> dict[str, Any]:
     return out
 
 
+def _te_installed() -> str:
+    import importlib.util
+
+    if importlib.util.find_spec("transformer_engine") is None:
+        return "absent"
+    import transformer_engine
+
+    return f"installed {getattr(transformer_engine, '__version__', '?')}"
+
+
 def _describe(decoder: Any, mtp: Any) -> str:
     specs = getattr(decoder, "layer_specs", None) or [decoder]
     names = []
@@ -265,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m alignflow.frameworks.megatron_build", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--te-stand-in", action="store_true", help="megatron-core sees a stand-in Transformer Engine")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model is built")
     opts = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     if not hasattr(typing, "override"):  # megatron-core 0.17+ imports typing.override (Python 3.12); a no-op here
@@ -276,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         te_stand_in.install(TE_STAND_IN_VERSION)
     cases = json.load(sys.stdin)
     for case in cases:
-        sys.stdout.write(json.dumps(check(case, te_stand_in=opts.te_stand_in)) + "\n")
+        sys.stdout.write(json.dumps(check(case, te_stand_in=opts.te_stand_in, device=opts.device)) + "\n")
         sys.stdout.flush()
     return 0
 

@@ -13,7 +13,8 @@ each megatron-core release can be built from a rendered command line on a machin
    fusion off, a linear bias turns the q/k/v bias on; a position embedding other than RoPE turns RoPE fusion off;
    `--num-experts 0` means none and the experts' FFN defaults to `--ffn-hidden-size`; the FFN defaults to 4 x hidden
    (8/3 x hidden rounded down to a multiple of 64 with `--swiglu`) and the head dimension to hidden / heads; one
-   load-balancing type or aux-loss coefficient given as a list is that value.
+   load-balancing type or aux-loss coefficient given as a list is that value; without an interleaved pipeline
+   schedule there is no point-to-point overlap; weights are in one shard unless `--*-num-weight-shards` says (0.19).
 3. **Map** (`core_transformer_config_from_args`): `--multi-latent-attention` picks `MLATransformerConfig`; every
    config field named like an argument takes its value; then the fields whose argument has another name or meaning:
    `persist_layer_norm` is the negation of `--no-persist-layer-norm`, `num_moe_experts` is `--num-experts`,
@@ -155,6 +156,12 @@ def settle(args: dict[str, Any]) -> dict[str, Any]:
     for name in ("moe_router_load_balancing_type", "moe_aux_loss_coeff"):
         if isinstance(a.get(name), list) and len(a[name]) == 1:
             a[name] = a[name][0]
+    if a.get("virtual_pipeline_model_parallel_size") is None:  # no interleaved schedule: nothing to overlap
+        a["overlap_p2p_comm"] = False
+        a["align_param_gather"] = False
+    for name in ("tensor_parallel_num_weight_shards", "expert_tensor_parallel_num_weight_shards"):
+        if name in a and a[name] is None:  # 0.19+: unsharded weights unless asked
+            a[name] = 1
     return a
 
 

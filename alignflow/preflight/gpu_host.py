@@ -13,7 +13,7 @@ the experiment counts on (`gpu.extensions`, from hosts.yaml's `cuda_extensions`)
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +94,7 @@ def same_version(have: str, declared: str) -> bool:
 
 
 def _problems(found: dict[str, Any], *, where: str, entry: str, version: str, wanted: list[str],
-              extensions: list[str] | None = None) -> list[str]:
+              extensions: Sequence[str] | None = None) -> list[str]:
     if not found["absolute"]:
         return [f"{where}: gpu.entry {entry!r} must be an absolute path (the job runs in its own output directory)"]
     if not found["entry"]:
