@@ -32,7 +32,12 @@ from alignflow.backends.template import CommandTemplate, TrainSpec
 from alignflow.config.experiment import Experiment
 from alignflow.config.model import ModelConfig, TrainingConfig
 from alignflow.errors import ConfigError
-from alignflow.frameworks.megatron_versions import determinism_env, kernel_flags, null_tokenizer
+from alignflow.frameworks.megatron_versions import (
+    accepted_problem,
+    determinism_env,
+    kernel_flags,
+    null_tokenizer,
+)
 
 
 def _num(value: float) -> str:
@@ -240,6 +245,9 @@ def gpu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
     gpu = experiment.gpu
     assert gpu.entry is not None
     assert spec.load is not None
+    problem = accepted_problem(gpu.megatron_version)  # real Megatron-LM only on a checked release (the twin mimics)
+    if problem is not None:
+        raise ConfigError(f"gpu.megatron_version: {problem}")
     layout = spec.layout or layout_for(experiment.parallel("gpu"), None, side="gpu")
     flags = pretrain_flags(experiment.model, experiment.training, steps=spec.steps, data_path=spec.data,
                            load=spec.load, transformer_impl=gpu.transformer_impl,

@@ -111,17 +111,6 @@ class GpuBackend(_Strict):
                       "side (part of each step's cache key).")
     parallel: ParallelConfig | None = Field(None, description="The GPU training's layout; default: training.parallel.")
 
-    @model_validator(mode="after")
-    def _accepted_megatron(self) -> GpuBackend:
-        """Real Megatron-LM runs only on a version whose flags and code alignflow checked (the twin mimics any)."""
-        if self.kind == "megatron":
-            from alignflow.frameworks.megatron_versions import accepted_problem
-
-            problem = accepted_problem(self.megatron_version)
-            if problem is not None:
-                raise ValueError(f"megatron_version: {problem}")
-        return self
-
 
 class ConversionConfig(_Strict):
     """How the bf16 checkpoint becomes a Megatron checkpoint."""

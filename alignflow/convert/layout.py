@@ -11,7 +11,8 @@ import re
 import tempfile
 from pathlib import Path
 
-from alignflow.errors import ConfigError
+from alignflow.frameworks.megatron_versions import MegatronVersionError as MegatronVersionError
+from alignflow.frameworks.megatron_versions import parse_version as parse_version
 
 TRACKER = "latest_checkpointed_iteration.txt"  # both layouts: names the iteration (or `release`, Megatron)
 
@@ -62,25 +63,8 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-class MegatronVersionError(ConfigError, ValueError):
-    """A megatron-core version that is not `X.Y[.Z][suffix]`; a ConfigError and, for older callers, a ValueError."""
-
-
 # megatron-core renamed the MTP inner layer in core_v0.17.0 (docs/megatron.md#mtp-layers): first version -> name.
 MTP_INNER_LAYER: tuple[tuple[tuple[int, int], str], ...] = (((0, 17), "mtp_model_layer"), ((0, 0), "transformer_layer"))
-# An optional `v`, `core_v` or `core_r` (git tags / release branches), X.Y, optional .Z, optional suffix (rc1, +sha).
-_VERSION = re.compile(r"^(?:core_[rv]|v)?(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?\w+)*$")
-
-
-def parse_version(version: str) -> tuple[int, int]:
-    """`0.16`, `0.16.1`, `0.17.0rc1`, `v0.16`, `core_r0.17.0` -> (major, minor); MegatronVersionError otherwise."""
-    m = _VERSION.match(version.strip())
-    if m is None:
-        raise MegatronVersionError(f"megatron-core version {version!r} is not X.Y or X.Y.Z (optionally prefixed "
-                                   "by v, core_v or core_r, suffixed like rc1)")
-    return int(m.group(1)), int(m.group(2))
-
-
 def mtp_inner_layer(version: str) -> str:
     """The name of the MTP block's inner transformer layer in megatron-core `version`."""
     v = parse_version(version)

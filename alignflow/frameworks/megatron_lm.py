@@ -28,7 +28,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from alignflow.convert.layout import MegatronVersionError, parse_version
+from alignflow.frameworks.megatron_versions import MegatronVersionError, parse_version
 
 TABLES = "megatron_flags"
 _TYPES: dict[str, Any] = {"int": int, "float": float, "str": str}

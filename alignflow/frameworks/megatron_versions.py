@@ -29,10 +29,29 @@ Transformer Engine or Apex:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from alignflow.convert.layout import parse_version
+from alignflow.errors import ConfigError
+
+
+class MegatronVersionError(ConfigError, ValueError):
+    """A megatron-core version that is not `X.Y[.Z][suffix]`; a ConfigError and, for older callers, a ValueError."""
+
+
+# An optional `v`, `core_v` or `core_r` (git tags / release branches), X.Y, optional .Z, optional suffix (rc1, +sha).
+_VERSION = re.compile(r"^(?:core_[rv]|v)?(\d+)\.(\d+)(?:\.\d+)?(?:[.+-]?\w+)*$")
+
+
+def parse_version(version: str) -> tuple[int, int]:
+    """`0.16`, `0.16.1`, `0.17.0rc1`, `v0.16`, `core_r0.17.0` -> (major, minor); MegatronVersionError otherwise."""
+    m = _VERSION.match(version.strip())
+    if m is None:
+        raise MegatronVersionError(f"megatron-core version {version!r} is not X.Y or X.Y.Z (optionally prefixed "
+                                   "by v, core_v or core_r, suffixed like rc1)")
+    return int(m.group(1)), int(m.group(2))
+
 
 TE = "transformer_engine"
 APEX = "apex"
@@ -62,8 +81,6 @@ TE_STAND_IN_VERSION = "2.9.0"
 
 def accepted_problem(version: str) -> str | None:
     """Why megatron-core `version` is not one alignflow accepts (None: it is)."""
-    from alignflow.convert.layout import MegatronVersionError
-
     try:
         major, minor = parse_version(version)
     except MegatronVersionError as exc:

@@ -12,6 +12,7 @@ import yaml
 from typer.testing import CliRunner
 
 from alignflow.cli import app
+from alignflow.errors import ConfigError
 from alignflow.frameworks.megatron_refusals import REFUSALS
 from tests.recipes.copies import recipe_copy
 
@@ -82,10 +83,13 @@ def test_convert_to_the_local_flavour_of_glm52_is_refused(tmp_path: Path, spec: 
     assert not (tmp_path / "mg").exists()
 
 
-def test_an_unchecked_megatron_release_is_refused_by_name_at_validate(repo_root: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("command", ["preflight", "render"])
+def test_an_unchecked_megatron_release_is_refused_by_name(repo_root: Path, tmp_path: Path, command: str) -> None:
     path = recipe_copy(repo_root, tmp_path, "qwen35_moe", experiment={"gpu.megatron_version": "0.20"})
-    result = CliRunner().invoke(app, ["validate", "--hosts", str(repo_root / "hosts.ssh.example.yaml"), str(path)])
-    assert result.exit_code == 2, result.output
-    out = " ".join(result.output.split())
+    argv = [command, str(path), *(["gpu_train"] if command == "render" else [])]
+    result = CliRunner().invoke(app, [*argv, "--hosts", str(repo_root / "hosts.ssh.example.yaml")])
+    assert isinstance(result.exception, ConfigError), result.output  # `alignflow.cli.main` prints it, exit 2
+    assert result.exception.exit_code == 2
+    out = " ".join(str(result.exception).split())
     assert "megatron-core 0.20 is not accepted: Megatron-LM main (megatron-core 0.20.0) is not a release" in out
     assert "cannot build any MTP model without Transformer Engine" in out
