@@ -194,16 +194,42 @@ def schema_state(engine: Engine) -> SchemaState:
 
 
 def upgrade(engine: Engine) -> SchemaState:
-    """Apply every pending migration in one transaction (serialized across processes); return the new state."""
-    with translate_errors(engine, "migration failed"), engine.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
-        before = current_revision(conn)
-        command.upgrade(alembic_config(conn), "head")
-        after = current_revision(conn)
+    """Apply every pending migration in one transaction (serialized across processes); return the new state.
+
+    On SQLite a migration that changes a table rebuilds it (batch mode: copy, drop, rename), and dropping `runs`
+    while step runs point at it trips the foreign keys. SQLite's own procedure for such changes
+    (https://www.sqlite.org/lang_altertable.html#otheralter) is followed: enforcement off for the migration
+    (it can only change outside a transaction), `PRAGMA foreign_key_check` before the commit — a migration that
+    left a dangling reference is rolled back — and on again after."""
+    with translate_errors(engine, "migration failed"), engine.connect() as conn:
+        sqlite = conn.dialect.name == "sqlite"
+        if sqlite:
+            _sqlite_foreign_keys(conn, on=False)
+        try:
+            with conn.begin():
+                if conn.dialect.name == "postgresql":
+                    conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
+                before = current_revision(conn)
+                command.upgrade(alembic_config(conn), "head")
+                after = current_revision(conn)
+                dangling = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall() if sqlite else []
+                if dangling:
+                    raise StoreError(f"{mask_url(engine.url)}: migration to {after} left rows whose references "
+                                     f"are gone ({dangling[:3]}); nothing was changed")
+        finally:
+            if sqlite:
+                _sqlite_foreign_keys(conn, on=True)
     if before != after:
         log.info("%s: schema upgraded from %s to %s", mask_url(engine.url), before or "empty", after)
     return SchemaState(url=mask_url(engine.url), current=after, head=head_revision())
+
+
+def _sqlite_foreign_keys(conn: Connection, *, on: bool) -> None:
+    """Switch SQLite's foreign key enforcement on the DBAPI connection itself: the pragma is a no-op inside a
+    transaction, and every statement through SQLAlchemy would begin one (`_on_begin`)."""
+    dbapi = conn.connection.dbapi_connection
+    assert dbapi is not None
+    dbapi.execute(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
 
 
 def require_current(engine: Engine, *, upgrade_if_behind: bool) -> SchemaState:

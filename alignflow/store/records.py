@@ -21,11 +21,17 @@ class RunStatus(StrEnum):
     `interrupted`: the controller that drove the run died (kill -9, crash, reboot) and a later command noticed
     (`alignflow.store.interruptions.reconcile`); its remote jobs may still be running. It is the one finished
     status that may change once more, to `cancelled`, when `alignflow cancel` has killed those jobs.
+
+    `error`: the run stopped on a configuration or environment cause (a bad file, a preflight mismatch, a host it
+    could not reach, data whose sha256 differs): it says nothing about the alignment, has no verdict and is never
+    a regression baseline. `failed`: a step itself failed (a training crashed, a conversion refused the weights,
+    the early gate found the sides apart).
     """
 
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
+    ERROR = "error"
     CANCELLED = "cancelled"
     CRASHED = "crashed"
     INTERRUPTED = "interrupted"
@@ -44,8 +50,8 @@ class StepStatus(StrEnum):
 
 
 OPEN_STEP_STATUSES = (StepStatus.PENDING, StepStatus.RUNNING)
-FINISHED_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.CRASHED,
-                         RunStatus.INTERRUPTED)
+FINISHED_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.ERROR, RunStatus.CANCELLED,
+                         RunStatus.CRASHED, RunStatus.INTERRUPTED)
 
 
 def _json_ready(record: Any) -> dict[str, Any]:

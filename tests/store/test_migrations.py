@@ -100,3 +100,30 @@ def test_sqlite_store_uses_wal_and_a_busy_timeout(tmp_path: object) -> None:
             assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
     finally:
         engine.dispose()
+
+
+def test_a_store_with_runs_upgrades_and_keeps_them(db_url: str) -> None:
+    # Migrations that rebuild `runs` (SQLite has no ALTER for a CHECK constraint) ran only on empty stores in tests;
+    # on a store with step runs pointing at its runs, SQLite's DROP TABLE tripped the foreign keys (issue 40: the
+    # demo's own store failed to open after an upgrade).
+    engine = db.create_store_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            command.upgrade(db.alembic_config(conn), "0003")
+            conn.execute(text("INSERT INTO experiments (id, name, created_at) VALUES (1, 'demo', '2026-01-01')"))
+            conn.execute(text("INSERT INTO experiment_configs (id, experiment_id, sha256, config, created_at) "
+                              "VALUES (1, 1, :sha, '{}', '2026-01-01')"), {"sha": "a" * 64})
+            conn.execute(text("INSERT INTO runs (id, experiment_id, config_id, trigger, status, code_version, params, "
+                              "started_at) VALUES ('0123456789ab', 1, 1, 'cli', 'failed', 'x', '{}', '2026-01-01')"))
+            conn.execute(text("INSERT INTO step_runs (id, run_id, step, inputs, status, created_at) "
+                              "VALUES ('ba9876543210', '0123456789ab', 'compare', '{}', 'failed', '2026-01-01')"))
+        assert db.upgrade(engine).up_to_date
+    finally:
+        engine.dispose()
+    with Store.open(db_url, upgrade=False) as store:
+        (run,) = store.list_runs()
+        assert (run.id, run.status) == ("0123456789ab", "failed")
+        assert [s.id for s in store.steps(run.id)] == ["ba9876543210"]
+        store.finish_run(store.create_run("demo", trigger="cli", code_version="x", params={}).id, status="error",
+                         error="conversion.spec: unknown conversion spec 'twin-mo'")
+        assert [r.status for r in store.list_runs()] == ["error", "failed"]
