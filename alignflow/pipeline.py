@@ -216,13 +216,14 @@ def plan(
     - `only`: exactly these steps execute; the steps they read from are walked too, as reuse-only steps that
       take their outputs from the parent run or the cache (and fail the run when there are none);
     - `force`: these steps and everything that depends on them re-execute even if cached.
+
+    An optional step named in `only`, `force` or `from_step` is enabled for this run: asking for it by name is
+    what turns it on (`alignflow diagnose RUN` is `only=("diagnose",)`; the launch form offers every step).
     """
     only = list(only)
-    enabled = {step(n).name for n in enabled_optional}
+    named = [*only, *force, *([from_step] if from_step else [])]
+    enabled = {step(n).name for n in enabled_optional} | {step(n).name for n in named if step(n).optional}
     active = [s.name for s in STEPS if not s.optional or s.name in enabled]
-    for n in [*only, *force, *([from_step] if from_step else [])]:
-        if step(n).optional and n not in enabled:
-            raise PipelineError(f"step '{n}' is optional and not enabled for this experiment")
     forced: set[str] = set()
     if force:
         forced |= set(downstream(force))

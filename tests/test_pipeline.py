@@ -46,10 +46,19 @@ def test_only_executes_exactly_those_steps() -> None:
     assert plan.forced == {"gpu_train", "compare"}
 
 
-def test_an_optional_step_must_be_enabled_to_be_asked_for() -> None:
-    with pytest.raises(PipelineError, match="optional and not enabled"):
-        pipeline.plan(only=["early_gate"])
-    assert "early_gate" in pipeline.plan(enabled_optional=["early_gate"]).steps
+def test_an_optional_step_named_by_the_run_is_enabled_for_it() -> None:
+    # `alignflow diagnose RUN` asks for only=diagnose; the launch form offers early_gate and diagnose as steps
+    assert "early_gate" not in pipeline.plan().steps
+    assert "diagnose" not in pipeline.plan().steps
+    diagnose = pipeline.plan(only=["diagnose"], force=["diagnose"])
+    assert [s for s in diagnose.steps if s not in diagnose.reuse_only] == ["diagnose"]
+    assert diagnose.forced == {"diagnose"}
+    assert diagnose.reuse_only == {"npu_base_train", "convert_bf16", "convert_megatron"}
+    gate = pipeline.plan(from_step="early_gate")
+    assert gate.steps == ("npu_base_train", "convert_bf16", "convert_megatron", "early_gate", "gpu_train",
+                          "npu_reload_train", "compare")
+    assert gate.forced == {"early_gate", "gpu_train", "npu_reload_train", "compare"}
+    assert "diagnose" in pipeline.plan(force=["diagnose"]).steps
 
 
 def test_an_unknown_step_is_named_with_the_closest_one() -> None:

@@ -48,7 +48,8 @@ def _print_doc(d: dict[str, Any], json_path: Path, html_path: Path, dumps: dict[
     else:
         cause = d.get("cause")
         if not cause:
-            typer.echo(f"PASS: step {d['step']} agrees module by module ({len(d['rows'])} module calls)")
+            typer.echo(f"PASS: no divergent module: step {d['step']} agrees module by module on both sides "
+                       f"({len(d['rows'])} module calls)")
         else:
             typer.echo(f"DIVERGED at {cause['module']} — {cause['kind']}: {cause['summary']}")
             for line in cause.get("details") or ():

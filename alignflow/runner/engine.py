@@ -185,12 +185,18 @@ class StepRunner:
 
         A run that reuses its parent (`rerun`) takes the parent's step run when the step would run exactly as it
         did there (same key: same command, code and inputs); a step whose key changed since — an edited
-        experiment, spec or code — is not the parent's any more and is looked up like any other. Otherwise: the
-        store's newest successful step run with that key.
+        experiment, spec or code — is not the parent's any more and is looked up like any other. A reuse-only step
+        (upstream of `--only`: this run reads its outputs, never executes it) takes the parent's step run as it
+        was recorded whatever its key: `alignflow diagnose RUN` diagnoses RUN's checkpoints, not the ones today's
+        code would make. Otherwise: the store's newest successful step run with that key.
         """
         parent = self._parent_step(step)
         if parent is not None:
-            if parent.cache_key == key:
+            pinned = step in self.ctx.plan.reuse_only
+            if parent.cache_key == key or pinned:
+                if parent.cache_key != key:
+                    self.emit(f"{step}: taken from parent run {parent.run_id} as recorded (this run only reads its "
+                              "outputs; its command, code or inputs changed since)")
                 return parent if parent.status == StepStatus.RAN else self.store.get_step(str(parent.reused_from))
             self.emit(f"{step}: not taken from parent run {parent.run_id}: its command, code or inputs changed since")
         return self.store.find_cached_step(step, key)
@@ -238,6 +244,8 @@ class StepRunner:
         if problems:
             self.emit(f"{step}: cached " + "; ".join(problems) + "; re-running")
             return None
+        # the key of what is reused: the same as `key`, except for a reuse-only step pinned to its parent's record
+        key = cached.cache_key or key
         record = self.store.record_cached_step(self.run_id, step, host=cached.host or "", command=cached.command or "",
                                                cache_key=key, reused_from=cached.id, inputs=cached.inputs)
         where = "parent run" if cached.run_id == self.ctx.options.parent else "run"
