@@ -35,13 +35,19 @@ failed, 2 a usage or configuration error (`ConfigError`, an unknown or ambiguous
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """` (did you mean 'x'?)` for the closest of `choices` (difflib's ratio >= 0.6), or "" when none is close."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    """` (did you mean 'x'?)` for the closest of `choices` (difflib's ratio >= 0.6), else for the one choice that
+    has `word` as one of its `_`/`-`/`.` parts (`time` -> `time_limit`, whose ratio is 0.57), or "" when none is."""
+    options = list(choices)
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    if not close and word:
+        close = [c for c in options if word.lower() in re.split(r"[_\-.]", c.lower())]
+        close = close if len(close) == 1 else []
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 

@@ -17,7 +17,7 @@ from alignflow.config.criteria import Criterion, default_criteria
 from alignflow.config.hosts import CudaExtension, EnvName, Inventory, Role
 from alignflow.config.model import ModelConfig, TrainingConfig
 from alignflow.config.parallel import ParallelConfig
-from alignflow.config.yamlsource import load_yaml, validate
+from alignflow.config.yamlsource import YamlDocument, load_yaml, validate
 from alignflow.errors import ConfigError, did_you_mean
 from alignflow.state import expand_state_dir
 
@@ -177,7 +177,9 @@ class Experiment(_Strict):
     conversion: ConversionConfig = Field(description="bf16 -> Megatron conversion.")
     steps: dict[str, StepConfig] = Field(default_factory=dict, description="Per-step overrides by step name.")
     criteria: list[Criterion] = Field(default_factory=default_criteria, description="Acceptance criteria: a list, "
-                                      "or {noise_runs: N, rules: [...]} to measure the reference side's noise floor.")
+                                      "or {noise_runs: N, rules: [...]} to measure the reference side's noise floor; "
+                                      "a list may be a criteria file's name (`criteria: FILE`, relative to the "
+                                      "experiment), read when the experiment is loaded.")
     noise_runs: int | None = Field(None, ge=2, description="Trainings of the reference side that measure its "
                                    "self-noise (`criteria.noise_runs`; `alignflow noise`).")
     gate: GateConfig = Field(default_factory=GateConfig, description="Early gate after conversion.")
@@ -269,13 +271,52 @@ class Experiment(_Strict):
 
 
 def load_experiment(path: str | Path, inventory: Inventory | None = None) -> Experiment:
-    """Load and validate an experiment; with an inventory, host references are checked against it too."""
-    doc = load_yaml(path)
+    """Load and validate an experiment and resolve every name it refers to (`alignflow.config.names`: spec,
+    flavour, template, data prefix, criteria file); with an inventory, host references are checked against it too.
+    Every problem found is raised at once, each with its file and line."""
+    from alignflow.config.names import resolve_names
+
+    doc = with_criteria_file(load_yaml(path))
     experiment = validate(Experiment, doc).model_copy(update={"source": str(Path(path).resolve())})
+    problems = resolve_names(experiment, doc.lines)
     if inventory is not None:
-        check_hosts(experiment, inventory, doc_lines=doc.lines)
+        try:
+            check_hosts(experiment, inventory, doc_lines=doc.lines)
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+    if inventory is not None:
         experiment = with_gpu_host_extensions(experiment, inventory)
     return experiment
+
+
+def with_criteria_file(doc: YamlDocument) -> YamlDocument:
+    """`criteria: FILE` (or `criteria: {rules: FILE, ...}`): the criteria of a criteria file (`criteria: [...]`,
+    as `alignflow compare --criteria` reads), relative to the experiment, written into the experiment as a list —
+    so the run records the criteria themselves, not a name whose file may change."""
+    data = doc.data
+    if not isinstance(data, dict):
+        return doc
+    section = data.get("criteria")
+    loc: tuple[str, ...] = ("criteria",)
+    if isinstance(section, dict) and isinstance(section.get("rules"), str):
+        name, loc = section["rules"], ("criteria", "rules")
+    elif isinstance(section, str):
+        name = section
+    else:
+        return doc
+    from alignflow.config import load_criteria
+    from alignflow.config.names import closest_file
+
+    file = Path(expand_state_dir(name)).expanduser()
+    file = file if file.is_absolute() else (doc.path.parent / file).resolve()
+    if not file.is_file():
+        raise ConfigError([(str(doc.path), doc.line_of(loc), f"{'.'.join(loc)}: criteria file {name!r} not found "
+                            f"({file}){closest_file(file, name)}")])
+    rules = [c.model_dump(mode="json") for c in load_criteria(file)]  # type: ignore[attr-defined]
+    new = {**section, "rules": rules} if isinstance(section, dict) else rules
+    return YamlDocument(path=doc.path, data={**data, "criteria": new}, lines=doc.lines)
 
 
 def with_gpu_host_extensions(experiment: Experiment, inventory: Inventory) -> Experiment:

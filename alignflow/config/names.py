@@ -1,0 +1,148 @@
+"""Resolve every name an experiment file refers to, where the file is read: the conversion spec and the flavour it
+must write, the MindFormers template, the data prefix, a criteria file.
+
+A name that does not resolve is a configuration error of the experiment — `file:line`, exit 2, the closest name
+that exists — found by `alignflow validate`, `alignflow preflight` and before a run is recorded, never by a step
+hours later (issue 40: `conversion.spec: twin-mo` passed both checks, then failed `convert_megatron` as a "failed
+alignment"). Hosts are resolved against an inventory (`experiment.check_hosts`); this module needs none.
+
+Everything here is cheap (a directory listing, a small YAML read): it runs on every `alignflow run` before
+anything heavy is imported, so a spec is not loaded whole (its rules need torch); its own `alignflow convert
+specs` self-check does that. What is checked of a spec here is what an experiment names of it: that it exists
+(a packaged name or a file beside the experiment) and declares the Megatron flavour the GPU side writes.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from alignflow.config.yamlsource import KeyPath, load_yaml
+from alignflow.errors import ConfigError, did_you_mean
+
+Problem = tuple[str, int | None, str]
+SPEC_SUFFIXES = (".yaml", ".yml")
+
+
+def packaged_spec_dir() -> Path:
+    """Where the packaged conversion specs live (`alignflow/convert/specs`), found without importing the converter
+    (which imports torch)."""
+    return Path(str(importlib.resources.files("alignflow.convert") / "specs"))
+
+
+def packaged_spec_names() -> list[str]:
+    return sorted(p.stem for p in packaged_spec_dir().glob("*.yaml"))
+
+
+def megatron_flavour(transformer_impl: str) -> str:
+    """The flavour of the converted checkpoint that `gpu.transformer_impl` needs (`--flavor` of the conversion)."""
+    return "te" if transformer_impl == "transformer_engine" else "local"
+
+
+def spec_reference(spec: str, base_dir: Path) -> str:
+    """What `conversion.spec` names, as every reader of it must take it: a packaged spec's name as it is, a spec
+    file's path resolved against the experiment's directory (not the working directory of whoever reads it)."""
+    if spec.endswith(SPEC_SUFFIXES):
+        path = Path(spec).expanduser()
+        return str(path if path.is_absolute() else (base_dir / path).resolve())
+    return spec
+
+
+def resolve_names(experiment: Any, lines: dict[KeyPath, int] | None = None) -> list[Problem]:
+    """Every name of `experiment` (an `Experiment` read from `experiment.source`) that does not resolve, each as a
+    `(file, line, message)` problem with the closest existing name."""
+    src = experiment.source or "experiment"
+    where = lines or {}
+    problems: list[Problem] = []
+
+    def problem(loc: KeyPath, message: str) -> None:
+        line = next((where[loc[:end]] for end in range(len(loc), 0, -1) if loc[:end] in where), None)
+        problems.append((src, line, message))
+
+    _check_spec(experiment, problem)
+    npu = experiment.npu
+    if npu.kind == "mindformers" and npu.template:
+        template = experiment.resolve_path(npu.template)
+        if not template.is_file():
+            problem(("npu", "template"), f"npu.template: {npu.template!r} not found ({template})"
+                    + closest_file(template, npu.template))
+    _check_data(experiment, problem)
+    return problems
+
+
+def _check_spec(experiment: Any, problem: Any) -> None:
+    name = experiment.conversion.spec
+    flavour = megatron_flavour(experiment.gpu.transformer_impl)
+    if name.endswith(SPEC_SUFFIXES):
+        path = Path(spec_reference(name, experiment.base_dir))
+        if not path.is_file():
+            problem(("conversion", "spec"), f"conversion.spec: spec file {name!r} not found ({path})"
+                    + closest_file(path, name))
+            return
+    else:
+        known = packaged_spec_names()
+        if name not in known:
+            problem(("conversion", "spec"), f"conversion.spec: unknown conversion spec {name!r}"
+                    f"{did_you_mean(name, known)}; packaged specs: {', '.join(known)} (or the path of a spec .yaml "
+                    "file, relative to the experiment)")
+            return
+        path = packaged_spec_dir() / f"{name}.yaml"
+    try:
+        flavours = _spec_flavours(path)
+    except ConfigError as exc:  # the spec file itself is broken: its own file:line problems
+        for p in exc.problems:
+            problem(("conversion", "spec"), f"conversion.spec {name!r}: {ConfigError.format_problem(p)}")
+        return
+    if flavours is not None and flavour not in flavours:
+        problem(("gpu", "transformer_impl"),
+                f"gpu.transformer_impl: {experiment.gpu.transformer_impl} needs the {flavour!r} flavour of the "
+                f"converted checkpoint, and conversion.spec {name!r} writes only: {', '.join(flavours)}")
+
+
+def _spec_flavours(path: Path, chain: tuple[Path, ...] = ()) -> list[str] | None:
+    """The `flavors:` a spec file declares, following `extends: <packaged name>` (None when none says)."""
+    doc = load_yaml(path)
+    data = doc.data if isinstance(doc.data, dict) else {}
+    flavours = data.get("flavors")
+    if isinstance(flavours, list):
+        return [str(f) for f in flavours]
+    parent = data.get("extends")
+    if not isinstance(parent, str):
+        return None
+    parent_path = packaged_spec_dir() / f"{parent}.yaml"
+    if not parent_path.is_file():
+        known = packaged_spec_names()
+        raise ConfigError([(str(path), doc.line_of(("extends",)),
+                            f"extends: unknown spec {parent!r}{did_you_mean(parent, known)}")])
+    if parent_path in chain:
+        raise ConfigError([(str(path), doc.line_of(("extends",)), f"extends: cycle through {parent!r}")])
+    return _spec_flavours(parent_path, (*chain, path))
+
+
+def _check_data(experiment: Any, problem: Any) -> None:
+    """A data directory that exists on this machine holds `<prefix>.bin` and `<prefix>.idx`. One that does not exist
+    here is left to the run: it is generated (`data.generate`), or it lives on the controller that runs it."""
+    data = experiment.data
+    if data.prefix is None:
+        return
+    directory = experiment.resolve_path(data.path)
+    if not directory.is_dir():
+        return
+    missing = [f"{data.prefix}{ext}" for ext in (".bin", ".idx") if not (directory / f"{data.prefix}{ext}").is_file()]
+    if missing:
+        have = sorted({p.stem for p in directory.glob("*.bin")} & {p.stem for p in directory.glob("*.idx")})
+        problem(("data", "prefix"), f"data.prefix: {directory} has no {' / '.join(missing)}"
+                f"{did_you_mean(data.prefix, have)}; indexed datasets there: {', '.join(have) or 'none'}")
+
+
+def closest_file(path: Path, written: str, suffixes: Iterable[str] = SPEC_SUFFIXES) -> str:
+    """` (did you mean 'x.yaml'?)` among the files of that directory with the same kind of suffix."""
+    if not path.parent.is_dir():
+        return f"; its directory {path.parent} does not exist"
+    names = [p.name for p in path.parent.iterdir() if p.suffix in tuple(suffixes)]
+    hint = did_you_mean(path.name, names)
+    if hint and "/" in written:
+        return hint.replace("'", "'" + written.rsplit("/", 1)[0] + "/", 1)
+    return hint

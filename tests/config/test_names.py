@@ -1,0 +1,138 @@
+"""Every name an experiment refers to is resolved where the file is read (issue 40): `alignflow validate` and
+`alignflow preflight` exit 2 with `file:line` and the closest name, for keys and values alike.
+
+Driven through the console script's own entry point (`alignflow.cli.main`, which chooses the exit code and prints
+the error) on copies of the committed experiments, as a user edits them; the subprocess walk (`run` refuses before
+recording anything) is tests/cli/test_exit_codes.py.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from alignflow.cli import main
+
+
+def alignflow(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, *args: str) -> tuple[int, str]:
+    """`alignflow ARGS` as typed: its exit code and what it printed (stdout and stderr)."""
+    monkeypatch.setattr("sys.argv", ["alignflow", *args])
+    with pytest.raises(SystemExit) as ended:
+        main()
+    out = capsys.readouterr()
+    code = ended.value.code
+    return (code if isinstance(code, int) else 0), out.out + out.err
+
+
+def edited(src: Path, dest: Path, old: str, new: str) -> Path:
+    text = src.read_text()
+    assert old in text, old
+    dest.write_text(text.replace(old, new, 1))
+    return dest
+
+
+def line_of(path: Path, fragment: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if fragment in line)
+
+
+def demo(tmp_path: Path, repo_root: Path, old: str, new: str) -> Path:
+    return edited(repo_root / "experiments" / "demo.yaml", tmp_path / "exp.yaml", old, new)
+
+
+def spec_typo(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    return (demo(tmp, root, "spec: twin-moe", "spec: twin-mo"), "spec: twin-mo",
+            "conversion.spec: unknown conversion spec 'twin-mo' (did you mean 'twin-moe'?)")
+
+
+def spec_file_typo(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    shutil.copy(root / "alignflow" / "convert" / "specs" / "twin-moe.yaml", tmp / "my-spec.yaml")
+    return (demo(tmp, root, "spec: twin-moe", "spec: my-spce.yaml"), "spec: my-spce.yaml",
+            "conversion.spec: spec file 'my-spce.yaml' not found")
+
+
+def flavour(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    # qwen35-dense writes only Transformer Engine names; a local GPU side could never load its checkpoint
+    exp = edited(root / "experiments" / "qwen35_dense.yaml", tmp / "qwen.yaml", "transformer_impl: transformer_engine",
+                 "transformer_impl: local")
+    text = exp.read_text().replace("template: templates/", f"template: {root}/experiments/templates/")
+    exp.write_text(text)
+    return (exp, "transformer_impl: local",
+            "gpu.transformer_impl: local needs the 'local' flavour of the converted checkpoint, and conversion.spec "
+            "'qwen35-dense' writes only: te")
+
+
+def template_typo(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    exp = edited(root / "experiments" / "qwen35_dense.yaml", tmp / "qwen.yaml", "template: templates/qwen35_dense.yaml",
+                 "template: templates/qwen35_dens.yaml")
+    (tmp / "templates").mkdir()
+    shutil.copy(root / "experiments" / "templates" / "qwen35_dense.yaml", tmp / "templates")
+    return (exp, "template: templates/qwen35_dens.yaml",
+            "npu.template: 'templates/qwen35_dens.yaml' not found")
+
+
+def data_prefix(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    data = tmp / "data"
+    data.mkdir()
+    for ext in (".bin", ".idx"):
+        (data / f"demo{ext}").write_bytes(b"")
+    exp = demo(tmp, root, 'path: "{state_dir}/data/demo"', f"path: {data}")
+    return (edited(exp, exp, "prefix: demo", "prefix: dmeo"), "prefix: dmeo",
+            f"data.prefix: {data} has no dmeo.bin / dmeo.idx (did you mean 'demo'?)")
+
+
+def criteria_file(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    (tmp / "criteria.yaml").write_text("criteria:\n  - {metric: lm_loss, statistic: me, threshold: 0.001}\n")
+    exp = demo(tmp, root, "conversion:\n", "criteria: criterias.yaml\nconversion:\n")
+    return (exp, "criteria: criterias.yaml",
+            "criteria: criteria file 'criterias.yaml' not found")
+
+
+CASES: dict[str, Callable[[Path, Path], tuple[Path, str, str]]] = {
+    "spec": spec_typo, "spec file": spec_file_typo, "flavour": flavour, "template": template_typo,
+    "data prefix": data_prefix, "criteria file": criteria_file,
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_name_that_does_not_resolve_is_refused_with_its_line_and_the_closest_name(
+        case: str, tmp_path: Path, repo_root: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("ALIGNFLOW_STATE_DIR", str(tmp_path / "state"))
+    exp, fragment, message = CASES[case](tmp_path, repo_root)
+    where = f"{exp}:{line_of(exp, fragment)}: "
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per problem, as a wide terminal shows it
+    for command in ("validate", "preflight"):
+        code, output = alignflow(capsys, monkeypatch, command, str(exp))
+        assert code == 2, (command, output)
+        assert where + message in output, (command, output)
+    if case in ("spec file", "template", "criteria file"):  # the file meant is beside the one named
+        close = {"spec file": "my-spec.yaml", "template": "templates/qwen35_dense.yaml",
+                 "criteria file": "criteria.yaml"}[case]
+        assert f"(did you mean '{close}'?)" in output
+
+
+def test_a_criteria_file_is_read_into_the_experiment(tmp_path: Path, repo_root: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from alignflow.config import load_experiment
+
+    (tmp_path / "criteria.yaml").write_text("criteria:\n  - {metric: lm_loss, statistic: me, threshold: 0.002}\n")
+    exp = demo(tmp_path, repo_root, "conversion:\n", "criteria: criteria.yaml\nconversion:\n")
+    loaded = load_experiment(exp)
+    assert [(c.metric, c.statistic, c.threshold) for c in loaded.criteria] == [("lm_loss", "me", 0.002)]
+    assert alignflow(capsys, monkeypatch, "validate", str(exp))[0] == 0
+
+
+def test_a_key_that_is_part_of_a_longer_key_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text("hosts:\n  gpu:\n    role: cuda\n    workdir: w\n    scheduler: slurm\n"
+                     "    slurm: {partition: a, time: '1:00:00'}\n")
+    code, output = alignflow(capsys, monkeypatch, "validate", str(hosts))
+    assert code == 2
+    assert re.search(rf"{re.escape(str(hosts))}:6: hosts\.gpu\.slurm\.time: unknown key \(did you mean "
+                     r"'time_limit'\?\)", output), output
