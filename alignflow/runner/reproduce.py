@@ -81,6 +81,11 @@ def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[Finger
     the same inputs and cache key whose outputs differ is not deterministic; a cache key that differs with the
     same inputs means the command, a config file or the code changed. Host snapshot differences are listed as
     context (what may explain a divergence) and decide nothing by themselves.
+
+    A cache key is a hash of the step's command, config files, code version and input fingerprints, so when it
+    differs the cause named is the part that is known to differ: inputs that differ (or differ in timings only:
+    two executions of a training never log the same timestamps), else the recorded command, else "a config file,
+    the environment or the code version" — never a list of what might have changed when the inputs explain it.
     """
     from alignflow.pipeline import producer
 
@@ -98,6 +103,7 @@ def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[Finger
         ins_a = {k: v.get("sha256") for k, v in (sa.inputs or {}).items()}
         ins_b = {k: v.get("sha256") for k, v in (sb.inputs or {}).items()}
         real_inputs: list[str] = []
+        timing_inputs: list[str] = []  # inputs whose bytes differ, not what they measured (timing-only logs)
         input_diffs: list[FingerprintDiff] = []
         for name in sorted(set(ins_a) | set(ins_b)):
             if ins_a.get(name) == ins_b.get(name):
@@ -112,11 +118,11 @@ def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[Finger
                 cause = f"output of step {made_by.name}"
             else:
                 cause = "a run input changed (not produced by a step)"
-            if not same:
-                real_inputs.append(name)
+            (timing_inputs if same else real_inputs).append(name)
             input_diffs.append(FingerprintDiff(f"{step}: input {name} sha256", ins_a.get(name), ins_b.get(name),
                                                cause, not same, step))
-        recipe_changed = sa.cache_key != sb.cache_key and not real_inputs
+        recipe = _recipe_change(sa, sb) if sa.cache_key != sb.cache_key and not (real_inputs or timing_inputs) \
+            else None
         arts_a = {x.name: x for x in store.artifacts(sa.id)}
         arts_b = {x.name: x for x in store.artifacts(sb.id)}
         output_diffs: list[FingerprintDiff] = []
@@ -136,7 +142,8 @@ def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[Finger
                 changed_outputs[name] = step
                 outputs_differ = True
                 why = (f"its inputs differ ({', '.join(real_inputs)})" if real_inputs
-                       else "the command, a config file or the code changed" if recipe_changed
+                       else f"its inputs differ in timings only ({', '.join(timing_inputs)})" if timing_inputs
+                       else recipe if recipe
                        else "same inputs and recipe: the step is not deterministic")
                 note = f"{note}; {why}" if note else why
             output_diffs.append(FingerprintDiff(f"{step}: {name} sha256", xa.sha256 if xa else None,
@@ -145,10 +152,13 @@ def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[Finger
         if sa.cache_key != sb.cache_key:
             if real_inputs:
                 cause, real = f"its inputs changed ({', '.join(real_inputs)})", False  # counted with the inputs
+            elif timing_inputs:
+                cause, real = (f"its inputs differ in timings only ({', '.join(timing_inputs)}): the logs' bytes, "
+                               "not what they measured; its command, config and code are not known to differ"), False
             elif outputs_differ:
-                cause, real = "the command, a config file or the code changed", True
+                cause, real = str(recipe), True
             else:
-                cause, real = "the command, a config file or the code changed; the outputs did not", False
+                cause, real = f"{recipe}; the outputs did not", False
             diffs.append(FingerprintDiff(f"{step}: cache key (command, config, code, inputs)", sa.cache_key,
                                          sb.cache_key, cause, real, step))
     ca, cb = store.comparison(original_id), store.comparison(reproduction_id)
@@ -169,6 +179,23 @@ def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[Finger
                     "host environment changed: a candidate cause of the divergence" if diverged
                     else "host environment changed; every output is the same", False))
     return diffs
+
+
+def _recipe_change(sa: Any, sb: Any) -> str:
+    """What differs of a step whose key changed with the same inputs: the recorded command when it differs (its
+    first differing word), else what the key covers and the record does not keep."""
+    if (sa.command or "") != (sb.command or ""):
+        words_a, words_b = (sa.command or "").split(), (sb.command or "").split()
+        first = next((i for i, (x, y) in enumerate(zip(words_a, words_b, strict=False)) if x != y),
+                     min(len(words_a), len(words_b)))
+        was = words_a[first] if first < len(words_a) else "(nothing)"
+        now = words_b[first] if first < len(words_b) else "(nothing)"
+        return f"the command changed ({_clip(was)} -> {_clip(now)})"
+    return "a config file, the environment or the code version changed (the command and inputs are the same)"
+
+
+def _clip(word: str, limit: int = 60) -> str:
+    return word if len(word) <= limit else word[: limit - 1] + "…"
 
 
 def _pipeline_order(steps: set[str]) -> list[str]:

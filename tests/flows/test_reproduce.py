@@ -83,21 +83,26 @@ DATA = {"name": "data", "host": "cpu", "path": "/w/data.bin", "sha256": "d" * 64
 
 
 def _record(store: Any, shas: dict[str, str], *, keys: dict[str, str] | None = None,
-            torch: str = "2.6.0") -> str:
-    """A finished run whose steps produce `shas` (artifact -> sha256); each step's inputs are its upstream outputs."""
+            torch: str = "2.6.0", metrics: pd.DataFrame | None = None, commands: dict[str, str] | None = None
+            ) -> str:
+    """A finished run whose steps produce `shas` (artifact -> sha256); each step's inputs are its upstream outputs;
+    `metrics`: what both trainings logged (recorded as the engine records a parsed log)."""
     run = store.create_run("demo", trigger="cli", code_version="v1", params={})
     store.add_snapshot(run.id, "cuda", {"host": "cuda", "taken_at": "now", "packages": {"torch": torch}})
     made: dict[str, dict[str, Any]] = {"data": DATA}
     for step, needs, outputs in GRAPH:
         inputs = {n: made[n] for n in needs}
         key = (keys or {}).get(step) or "k-" + step + "-" + "-".join(v["sha256"][:4] for v in inputs.values())
-        sr = store.start_step(run.id, step, host="cpu", command=step, cache_key=key, inputs=inputs)
+        sr = store.start_step(run.id, step, host="cpu", command=(commands or {}).get(step, step), cache_key=key,
+                              inputs=inputs)
         for name in outputs:
             kind = "log" if name.endswith("_log") else "dir"
             store.add_artifact(sr.id, name=name, host="cpu", path=f"/w/{name}", kind=kind, sha256=shas[name],
                                size_bytes=1)
             made[name] = {"name": name, "host": "cpu", "path": f"/w/{name}", "sha256": shas[name], "size": 1,
                           "kind": kind}
+        if metrics is not None and step in ("gpu_train", "npu_reload_train"):
+            store.add_metrics(run.id, source=step.split("_")[0], frame=metrics, step_run_id=sr.id)
         store.finish_step(sr.id, status="ran", exit_code=0, stdout_tail="", stderr_tail="")
     logs = {n: made[n] for n in ("npu_log", "gpu_log")}
     sr = store.start_step(run.id, "compare", host="controller", command="compare", inputs=logs,
@@ -164,6 +169,35 @@ def test_a_changed_recipe_with_the_same_inputs_is_named_as_such(store: Any) -> N
     b = _record(store, {**SHAS, "megatron_ckpt": "6" * 64, "gpu_log": "6" * 64},
                 keys={"convert_megatron": "another-spec"})
     causes = {d.what: d.note for d in judge_reproduction(store, a, b).differences}
-    assert causes["convert_megatron: megatron_ckpt sha256"] == "the command, a config file or the code changed"
+    assert causes["convert_megatron: megatron_ckpt sha256"] == (
+        "a config file, the environment or the code version changed (the command and inputs are the same)")
     assert causes["gpu_train: input megatron_ckpt sha256"] == \
         "output of step convert_megatron, which differs (above)"
+
+
+def test_logs_that_differ_in_timestamps_only_are_named_as_the_cause_not_the_recipe(store: Any) -> None:
+    # issue 40: a reproduction whose only difference is the trainings' timestamps blamed "the command, a config
+    # file or the code" for the compare step's new cache key (its inputs are the two logs)
+    from alignflow.runner.reproduce import judge_reproduction
+
+    measured = _parsed(make_run(6))
+    a = _record(store, SHAS, metrics=measured)
+    b = _record(store, {**SHAS, "gpu_log": "6" * 64, "npu_log": "7" * 64}, metrics=measured)
+    judged = judge_reproduction(store, a, b)
+    assert judged.verdict == "reproduced", judged.headline
+    causes = {d.what: (d.note, d.substantive) for d in judged.differences}
+    assert causes["gpu_train: gpu_log sha256"][0].startswith("timing only")
+    assert causes["compare: cache key (command, config, code, inputs)"] == (
+        "its inputs differ in timings only (gpu_log, npu_log): the logs' bytes, not what they measured; its "
+        "command, config and code are not known to differ", False)
+    assert not any("command" in note and "changed" in note for note, _ in causes.values()), causes
+
+
+def test_a_changed_command_is_named_with_what_changed(store: Any) -> None:
+    from alignflow.runner.reproduce import judge_reproduction
+
+    a = _record(store, SHAS)
+    b = _record(store, {**SHAS, "megatron_ckpt": "6" * 64, "gpu_log": "6" * 64},
+                keys={"convert_megatron": "another-spec"}, commands={"convert_megatron": "convert_megatron --spec x"})
+    causes = {d.what: d.note for d in judge_reproduction(store, a, b).differences}
+    assert causes["convert_megatron: megatron_ckpt sha256"] == "the command changed ((nothing) -> --spec)"
