@@ -6,7 +6,8 @@ their artifacts, the criteria of the comparison as they were judged (value and t
 notation, the steps that drive a failed one), the report. Core and Prefect-free; the CLI prints it, the flow and
 the compare step read it (`report_context` turns it into what the HTML report shows of the run).
 
-Schema history: 1 — first version (issue 20); `reasons` and each step's `reused_from_run` added (issue 19).
+Schema history: 1 — first version (issue 20); `reasons` and each step's `reused_from_run` added (issue 19);
+`config_sha256` and `experiment_file` added (issue 40).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from alignflow.store import Store
 from alignflow.store.records import StepRunRecord
 
 SCHEMA_VERSION = 1
+NOT_SELECTED = "not selected for this run"
+"""The reason recorded for a step a run skips because its plan leaves it out (`--only`, a `diagnose` run)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +106,8 @@ class RunView:
     criteria: tuple[CriterionView, ...]
     snapshots: Mapping[str, Mapping[str, Any]]  # host -> HostSnapshot.to_dict()
     reasons: tuple[str, ...] = ()  # why the verdict is fail: each failed criterion with its driving steps, ...
+    config_sha256: str | None = None  # the experiment's configuration this run ran (its fingerprint)
+    experiment_file: str | None = None  # the file that configuration was read from
 
     def step(self, name: str) -> StepView | None:
         """The last recorded attempt at step `name`."""
@@ -115,7 +120,23 @@ class RunView:
                 "code_version": self.code_version, "started": _iso(self.started), "finished": _iso(self.finished),
                 "duration_s": self.duration_s, "error": self.error, "report": self.report,
                 "steps": [s.to_json() for s in self.steps], "criteria": [c.to_json() for c in self.criteria],
-                "reasons": list(self.reasons), "hosts": sorted(self.snapshots)}
+                "reasons": list(self.reasons), "hosts": sorted(self.snapshots), "config_sha256": self.config_sha256,
+                "experiment_file": self.experiment_file}
+
+    @property
+    def not_run(self) -> tuple[str, ...]:
+        """The steps this run left out because they were not selected (`--only`, a `diagnose` run), in pipeline
+        order: what a partial run did not do."""
+        return tuple(s.step for s in self.steps if s.status == "skipped" and s.error == NOT_SELECTED)
+
+    @property
+    def exit_code(self) -> int:
+        """What the run commands exit with: 0 completed with verdict pass, or a partial run whose selected steps
+        completed (no comparison in its plan, so no verdict); 1 a failed alignment (verdict fail) or a failed
+        step; 2 a configuration or environment error (status `error`: nothing about the alignment was learned)."""
+        if self.status == "completed":
+            return 0 if self.verdict in ("pass", None) else 1
+        return 2 if self.status == "error" else 1
 
     @property
     def report_run(self) -> str | None:
@@ -148,6 +169,7 @@ def run_view(store: Store, run_id: str) -> RunView:
         duration_s=run.duration_s, error=run.error, report=run.report, steps=steps, criteria=criteria,
         snapshots={s.host: dict(s.data) for s in store.snapshots(run.id)},
         reasons=tuple(str(r) for r in (comparison.summary or {}).get("reasons") or ()) if comparison else (),
+        config_sha256=run.config_sha256, experiment_file=run.params.get("experiment_path"),
     )
 
 

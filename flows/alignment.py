@@ -105,21 +105,22 @@ def alignment(
     remember_run(get_run_context(), run_id)
     result = WalkResult({}, ())
     error: str | None = None
+    failures: tuple[BaseException, ...] = ()  # what decides between `error` and `failed` (runner.run.failure_status)
     try:
         plan = preflight_task(run_id)  # before step 1: a configuration mismatch fails the run with nothing run
         data = data_task(run_id)
         result = walk(plan, {"data": data}, TaskScheduler(run_id))
-        error = result.error
+        error, failures = result.error, tuple(f.exception for f in result.failures)
     except AlignflowError as exc:
-        error = str(exc)
+        error, failures = str(exc), (exc,)
     except Exception as exc:  # a task failed: Prefect re-raises the original error
-        error = f"{type(exc).__name__}: {exc}"
+        error, failures = f"{type(exc).__name__}: {exc}", (exc,)
     except BaseException as exc:  # stopped (`alignflow serve` got SIGTERM, Ctrl-C): kill the jobs, as the CLI does
         cancel_interrupted(open_store(), run_id, exc, transport_factory=transport_factory(), what="the flow run")
         raise
     if error is not None:
         logger.error("run %s failed: %s", run_id, error)
-    view = finish_task(run_id, result.outcomes, error=error)
+    view = finish_task(run_id, result.outcomes, error=error, failures=failures)
     publish_run_artifacts(view.to_json())
     logger.info("run %s: %s, verdict %s, report %s", run_id, view.status, view.verdict, view.report)
     return run_state(view)

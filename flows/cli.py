@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from alignflow.cli.show import experiment_names, print_view, resolve_experiment
+from alignflow.cli.show import experiment_names, not_run_line, print_view, resolve_experiment
 from alignflow.errors import ConfigError
 from flows.console import Verbosity, terminal, verbosity_of
 
@@ -140,10 +140,11 @@ def _finish(record: Any, as_json: bool, started: float, verbosity: Verbosity = "
     elif verbosity == "quiet":
         typer.echo(f"run {view.run_id}: {view.status}, verdict {(view.verdict or 'none').upper()}"
                    + (f", report {view.report}" if view.report else "")
-                   + (f"\nerror: {view.error}" if view.error else ""))
+                   + (f"\nerror: {view.error}" if view.error else "")
+                   + (f"\n{not_run_line(view)}" if view.not_run else ""))
     else:
         print_view(view, seconds=time.monotonic() - started)
-    raise typer.Exit(0 if view.verdict == "pass" and view.status == "completed" else 1)
+    raise typer.Exit(view.exit_code)
 
 
 _QUIET = typer.Option(False, "--quiet", "-q", help="Only the result (and warnings); no progress lines.")

@@ -55,8 +55,9 @@ def verdict_message(view: RunView) -> str:
 def run_state(view: RunView) -> State[Any]:
     """The flow run's final state for the finished alignflow run `view`."""
     record = view.to_json()
-    if view.status == "failed":
-        message = f"run {view.run_id} failed: {view.error or 'no error recorded'}"
+    if view.status in ("failed", "error"):  # error: a configuration or environment cause (runner.run.failure_status)
+        how = "failed" if view.status == "failed" else "error (configuration or environment)"
+        message = f"run {view.run_id} {how}: {view.error or 'no error recorded'}"
         return Failed(message=_clip(message), data=AlignflowError(message))
     if view.verdict == "fail":
         message = _clip(f"run {view.run_id}: {verdict_message(view)}")

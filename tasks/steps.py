@@ -93,6 +93,8 @@ def step_task(run_id: str, step: str, available: Mapping[str, ArtifactRef]) -> S
 
 
 @task(name="finish-run", task_run_name="finish-run", **_COMMON)
-def finish_task(run_id: str, outcomes: Mapping[str, StepOutcome], error: str | None = None) -> RunView:
-    """Close the run in the store; returns what `alignflow show` shows of it."""
-    return finish(open_store(), run_id, outcomes, error=error)
+def finish_task(run_id: str, outcomes: Mapping[str, StepOutcome], error: str | None = None,
+                failures: tuple[BaseException, ...] = ()) -> RunView:
+    """Close the run in the store (`failures`: the exceptions behind `error`, which tell a configuration or
+    environment error from a failed step); returns what `alignflow show` shows of it."""
+    return finish(open_store(), run_id, outcomes, error=error, failures=failures)

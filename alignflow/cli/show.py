@@ -22,6 +22,8 @@ from alignflow.errors import ConfigError, did_you_mean
 
 if TYPE_CHECKING:
     from alignflow.runview import RunView
+    from alignflow.store import Store
+    from alignflow.store.records import StepRunRecord
 
 _STATUS_STYLE = {"ran": "green", "cached": "cyan", "failed": "bold red", "skipped": "dim", "running": "yellow"}
 
@@ -67,6 +69,9 @@ def print_view(view: RunView, *, seconds: float | None = None) -> None:
         facts.append(f"took {fmt_duration(view.duration_s)}")
     if view.parent_id:
         facts.append(f"parent {view.parent_id}")
+    if view.config_sha256:
+        facts.append(f"config {view.config_sha256[:8]}" + (f" ({view.experiment_file})" if view.experiment_file
+                                                           else ""))
     facts.append(view.code_version)
     out.print("  " + " · ".join(facts), highlight=False, markup=False)
     if view.error:
@@ -78,7 +83,7 @@ def print_view(view: RunView, *, seconds: float | None = None) -> None:
     for s in view.steps:
         outs = ", ".join(f"{a.name} {a.sha256[:12]} ({fmt_size(a.size_bytes)})" for a in s.artifacts)
         if s.reused_from:
-            outs += f" [reused from {s.reused_from}]"
+            outs += f" [reused: step run {s.reused_from} of run {s.reused_from_run}]"
         style = _STATUS_STYLE.get(s.status, "")
         table.add_row(s.step, f"[{style}]{s.status}[/]" if style else s.status, s.host or "",
                       "" if s.exit_code is None else str(s.exit_code), fmt_duration(s.duration_s), escape(outs))
@@ -97,35 +102,73 @@ def print_view(view: RunView, *, seconds: float | None = None) -> None:
                          "" if c.first_outside is None else str(c.first_outside),
                          ", ".join(map(str, c.driving_steps)))
         out.print(crit)
+    if view.not_run:
+        out.print(not_run_line(view), highlight=False, markup=False)
     if view.report:
         out.print(f"report:  {view.report}", highlight=False, markup=False)
     if seconds is not None:
         out.print(f"time:    {seconds:.1f} s")
 
 
+def not_run_line(view: RunView) -> str:
+    """What a partial run did not run: `not run: gpu_train, compare (not selected for this run; no verdict)`."""
+    verdict = "" if view.step("compare") is None or "compare" not in view.not_run else "; no verdict"
+    return f"not run: {', '.join(view.not_run)} (not selected for this run{verdict})"
+
+
 def _when(value: datetime | None) -> str:
     return "" if value is None else value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
+def run_of(store: Store, ident: str) -> tuple[str, StepRunRecord | None]:
+    """The run an id a user typed names: a run id (or unique prefix), else a step run id — the 12-hex ids that
+    `show` prints beside steps (`reused: step run ID of run RUN`) and the progress lines label `step run` — whose
+    run it is, with that step run. Neither: `RecordNotFound` saying both were looked for."""
+    from alignflow.errors import RecordNotFound
+
+    try:
+        return store.get_run(ident).id, None
+    except RecordNotFound as exc:
+        if "no such id" not in str(exc):
+            raise  # an ambiguous run id prefix: more characters, not another kind of id
+    try:
+        step = store.get_step(ident)
+    except RecordNotFound as exc:
+        if "no such id" not in str(exc):
+            raise
+        raise RecordNotFound(f"{ident!r}: no run and no step run has this id - see `alignflow history`") from None
+    return step.run_id, step
+
+
 def show_run(run_id: str, *, as_json: bool) -> None:
-    """Print one recorded run (the body of `show RUN` and `history RUN`); exit 2 when there is no store yet (a
-    read-only command does not create one as a side effect). Runs whose controller died are reconciled first."""
+    """Print one recorded run (the body of `show RUN` and `history RUN`; a step run's id shows its run and says
+    which step it is); exit 2 when there is no store yet (a read-only command does not create one as a side
+    effect). Runs whose controller died are reconciled first."""
     from alignflow.cli.runs import open_store
     from alignflow.runview import run_view
 
     with open_store(existing=True) as store:
-        view = run_view(store, run_id)
+        found, step = run_of(store, run_id)
+        view = run_view(store, found)
     if as_json:
-        typer.echo(json.dumps(view.to_json(), indent=2))
-    else:
-        print_view(view)
+        doc = view.to_json()
+        if step is not None:
+            doc["step_run"] = {"id": step.id, "step": step.step}
+        typer.echo(json.dumps(doc, indent=2))
+        return
+    if step is not None:
+        reused = f", reused from step run {step.reused_from}" if step.reused_from else ""
+        console().print(f"step run {step.id} is step {step.step} ({step.status}{reused}) of run {found}:",
+                        highlight=False, markup=False)
+    print_view(view)
 
 
 def register(app: typer.Typer) -> None:
     @app.command("show")
     def show_cmd(
-        run_id: str = typer.Argument(..., help="Run id (a unique prefix is enough)."),
+        run_id: str = typer.Argument(..., help="Run id (a unique prefix is enough), or a step run's id (its run)."),
         as_json: bool = typer.Option(False, "--json", help="Print the run view as JSON (with schema_version)."),
     ) -> None:
-        """Show a run: status, verdict, error, trigger, parent, steps in pipeline order, artifacts, criteria."""
+        """Show a run: status, verdict, error, trigger, parent, steps in pipeline order, artifacts, criteria. A step
+        run's id (`reused: step run ID`) shows the run it belongs to."""
         show_run(run_id, as_json=as_json)

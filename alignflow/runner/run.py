@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +19,25 @@ from pydantic import ValidationError
 from alignflow import pipeline
 from alignflow.codeversion import alignflow_version
 from alignflow.config.experiment import Experiment
-from alignflow.errors import AlignflowError, ConfigError, ImmutableRecord, PreflightError, RecordNotFound
+from alignflow.errors import (
+    AlignflowError,
+    ConfigError,
+    FingerprintMismatch,
+    ImmutableRecord,
+    PathMissing,
+    PathNotAllowed,
+    PipelineError,
+    PreflightError,
+    RecordNotFound,
+    StoreError,
+    TransportError,
+)
 from alignflow.fingerprint import HashMemo
 from alignflow.preflight import PreflightReport, check_experiment
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.control import cancel_interrupted
 from alignflow.runner.engine import StepRunner, TransportFactory
+from alignflow.runner.gate import GateFailed
 from alignflow.runner.session import (
     Events,
     RunContext,
@@ -37,7 +50,7 @@ from alignflow.runner.session import (
 )
 from alignflow.runner.steps import run_step
 from alignflow.runner.walk import ThreadScheduler, walk
-from alignflow.runview import RunView, run_view
+from alignflow.runview import NOT_SELECTED, RunView, run_view
 from alignflow.store import Store
 from alignflow.store.records import RunStatus, StepStatus
 
@@ -88,8 +101,10 @@ def start_run(
         "plan": {"steps": list(plan.steps), "forced": sorted(plan.forced), "reuse_only": sorted(plan.reuse_only)},
         "state_dir": str(state_dir),
     }
+    # the run's own configuration, not the experiment's newest: a file edited back and forth records each run
+    # under the config it ran, and history / the nightly tell runs of another configuration by it
     run = store.create_run(experiment.name, parent_id=options.parent, trigger=options.trigger,
-                           code_version=f"alignflow {alignflow_version()}", params=params)
+                           code_version=f"alignflow {alignflow_version()}", params=params, config_sha256=config_sha)
     return run.id
 
 
@@ -144,7 +159,9 @@ def preflight_run(ctx: RunContext, *, state_dir: Path, events: Events | None = N
         return None
     from alignflow.transport import open_transport
 
-    report = check_experiment(experiment, inventory=ctx.inventory, transport_factory=open_transport)
+    # the GPU host is probed only when this run executes something there (`--only npu_base_train` does not)
+    probe = open_transport if any(_uses_gpu_side(step) for step in executed_steps(ctx.plan)) else None
+    report = check_experiment(experiment, inventory=ctx.inventory, transport_factory=probe)
     out = state_dir / "runs" / ctx.run_id / "preflight.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report.to_dict(), indent=2), encoding="utf-8")
@@ -155,6 +172,19 @@ def preflight_run(ctx: RunContext, *, state_dir: Path, events: Events | None = N
     return report
 
 
+def executed_steps(plan: pipeline.Plan) -> tuple[str, ...]:
+    """The steps a run may execute: its plan without the reuse-only steps (upstream of `--only`, which only
+    supply their recorded outputs)."""
+    return tuple(s for s in plan.steps if s not in plan.reuse_only)
+
+
+def _uses_gpu_side(step: str) -> bool:
+    """A step that runs the GPU side's training on its host: the GPU training itself, and the executors that train
+    both sides (the early gate, the diagnosis)."""
+    spec = pipeline.step(step)
+    return spec.role == "cuda" or spec.executor in ("gate", "diagnose")
+
+
 def check_slurm_hosts(ctx: RunContext, *, events: Events | None = None,
                       transport_factory: TransportFactory | None = None) -> None:
     """`PreflightError` when a Slurm host of the run's plan cannot run its jobs (`alignflow.transport.slurm_check`)."""
@@ -162,7 +192,7 @@ def check_slurm_hosts(ctx: RunContext, *, events: Events | None = None,
     from alignflow.transport import open_transport
     from alignflow.transport.slurm_check import check_slurm_host
 
-    hosts = {h.name: h for step in ctx.plan.steps if pipeline.step(step).executor != "compare"
+    hosts = {h.name: h for step in executed_steps(ctx.plan) if pipeline.step(step).executor != "compare"
              for h in [resolve_host(ctx.experiment, ctx.inventory, step, Path("."))] if h.scheduler == "slurm"}
     errors: list[str] = []
     for host in hosts.values():
@@ -187,25 +217,50 @@ def data_artifact(ctx: RunContext, *, state_dir: Path) -> ArtifactRef:
         memo.close()
 
 
-def finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, error: str | None = None) -> RunView:
-    """Close the run: status, verdict, report; steps that never ran are recorded as skipped. A run with a step
+SETUP_ERRORS: tuple[type[AlignflowError], ...] = (
+    ConfigError, PreflightError, TransportError, PathNotAllowed, PathMissing, FingerprintMismatch, StoreError,
+    PipelineError)
+"""Failures of a run's configuration or environment: a file or name that is wrong, the two sides' settings apart
+before anything ran, a host that cannot be reached or used, data or a copy whose sha256 is not the one declared,
+the store, a step asked for that cannot run (`--only` with nothing to reuse). The run ends `error`: it says
+nothing about the alignment. Everything else (a training that crashed, a conversion that refused the weights, a
+log with a fatal line) is a failure of a step: `failed`. The early gate's `GateFailed` is an alignment verdict."""
+
+
+def failure_status(failures: Sequence[BaseException]) -> tuple[RunStatus, str | None]:
+    """The status and verdict of a run that stopped on `failures`: `error` (no verdict) when every one is of the
+    configuration or environment (`SETUP_ERRORS`); else `failed`, with verdict `fail` only when the early gate
+    found the two sides apart (the one failure that is a finding about the alignment)."""
+    if any(isinstance(f, GateFailed) for f in failures):
+        return RunStatus.FAILED, "fail"
+    if failures and all(isinstance(f, SETUP_ERRORS) for f in failures):
+        return RunStatus.ERROR, None
+    return RunStatus.FAILED, None
+
+
+def finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, error: str | None = None,
+           failures: Sequence[BaseException] = ()) -> RunView:
+    """Close the run: status, verdict, report; steps that never ran are recorded as skipped. `failures`: the
+    exceptions behind `error`, which decide between `error` and `failed` (`failure_status`). A run with a step
     cancelled from outside (its job killed by `cancel_run_jobs`) is cancelled, without a verdict, as that cancel
     records it; when the cancel has recorded the run already, its record stands."""
     try:
-        return _finish(store, run_id, outcomes, error=error)
+        return _finish(store, run_id, outcomes, error=error, failures=failures)
     except ImmutableRecord:
         if store.get_run(run_id).status != RunStatus.CANCELLED:
             raise
         return show(store, run_id)
 
 
-def _finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, error: str | None) -> RunView:
+def _finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, error: str | None,
+            failures: Sequence[BaseException]) -> RunView:
     plan = open_run(store, run_id).plan
     steps = store.steps(run_id)
     recorded = {s.step for s in steps}
     for name in pipeline.STEP_NAMES:
         if name not in recorded and (name in plan.steps or not pipeline.step(name).optional):
-            store.skip_step(run_id, name, reason="not reached: an earlier step failed" if error else "not planned")
+            store.skip_step(run_id, name, reason="not reached: an earlier step failed" if error and name in plan.steps
+                            else NOT_SELECTED)
     compare = outcomes.get("compare")
     verdict = compare.verdict if compare is not None else None
     report = None
@@ -214,7 +269,8 @@ def _finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, e
     if any(s.status == StepStatus.CANCELLED for s in steps):
         status, verdict = RunStatus.CANCELLED, None
     elif error:
-        status, verdict = RunStatus.FAILED, verdict or "fail"
+        status, failed_verdict = failure_status(failures)
+        verdict = verdict or failed_verdict
     else:
         status = RunStatus.COMPLETED
     store.finish_run(run_id, status=status, verdict=verdict, report=report, error=error)
@@ -238,7 +294,7 @@ def execute_pipeline(
         preflight_run(ctx, state_dir=state_dir, events=events, transport_factory=transport_factory)
         data = data_artifact(ctx, state_dir=state_dir)
     except AlignflowError as exc:
-        return finish(store, run_id, {}, error=str(exc))
+        return finish(store, run_id, {}, error=str(exc), failures=(exc,))
 
     def run_one(step: str, available: Mapping[str, ArtifactRef]) -> StepOutcome:
         runner = StepRunner(ctx, store=store, state_dir=state_dir, transport_factory=transport_factory,
@@ -256,4 +312,5 @@ def execute_pipeline(
         raise
     finally:
         scheduler.close()
-    return finish(store, run_id, result.outcomes, error=result.error)
+    return finish(store, run_id, result.outcomes, error=result.error,
+                  failures=tuple(f.exception for f in result.failures))

@@ -250,3 +250,26 @@ def test_the_form_maps_onto_the_alignment_flows_parameters(monkeypatch: pytest.M
         assert (seen["parent_run"], seen["reuse_parent"]) == (None, False)
     with pytest.raises(ValueError, match="gpu_trian"):
         launch.StepSelection.model_validate({"only": ["gpu_trian"]})
+
+
+@pytest.mark.parametrize("field", ["only", "from_step", "force"])
+def test_every_step_the_form_offers_starts_a_run(field: str, tmp_path: Path, repo_root: Path) -> None:
+    """Issue 40: picking `diagnose` or `early_gate` in the form ended the flow run Not started (the plan refused an
+    optional step the experiment had not enabled). Each step the form's enum offers, in each field, is recorded
+    as a run whose plan executes it (what the flow body does first, `start_run`)."""
+    import flows.launch as launch
+    from alignflow.runner.run import start_run
+    from alignflow.runner.session import RunOptions, open_run
+    from alignflow.store import Store
+    from tests.flows.conftest import make_flow_env
+
+    env = make_flow_env(tmp_path / "exp", repo_root)
+    with Store.open(state_dir=env.state) as store:
+        for step in launch.StepName:
+            picked = launch.StepSelection.model_validate({field: step.value if field == "from_step" else [step.value]})
+            options = RunOptions(from_step=picked.from_step.value if picked.from_step else None,
+                                 only=tuple(s.value for s in picked.only), force=tuple(s.value for s in picked.force))
+            plan = open_run(store, start_run(env.experiment, env.hosts, store=store, state_dir=env.state,
+                                             options=options)).plan
+            assert step.value in plan.steps, (field, step)
+            assert step.value not in plan.reuse_only, (field, step)

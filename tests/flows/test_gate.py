@@ -2,6 +2,9 @@
 misconfigured run before step 1, and the early gate passes on the twin but stops a run whose conversion spec lost
 a GLU de-interleave (shapes still match, so the converter succeeds) before gpu_train / npu_reload_train start.
 
+`alignflow diagnose RUN`, typed as a user does, then diagnoses both recorded runs: the clean one has no divergent
+module (exit 0), the broken one diverges at the shared expert's fc1 as a conversion bug (exit 1).
+
 The tests share one experiment directory (the tiny twin experiment with `gate: {enabled: true}`) and build on each
 other's runs in file order: the second run reuses the first one's base training and bf16 checkpoint.
 """
@@ -11,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,7 +66,7 @@ def test_preflight_mismatch_fails_the_flow_run_before_step_1(env: FlowEnv) -> No
     finally:
         env.experiment.write_text(original)
     run, steps = last_run_steps(env)
-    assert run.status == "failed"
+    assert (run.status, run.verdict) == ("error", None)  # a configuration error, never a failed alignment
     assert "data order seed: NPU 1234 (train_dataset.dataloader.config.seed) vs GPU 42 (--seed)" in (run.error or "")
     assert {name: s.status for name, s in steps.items()} == dict.fromkeys(EVERY_STEP, "skipped")
     assert all(s.job_dir is None for s in steps.values())
@@ -109,7 +114,7 @@ def test_gate_stops_a_run_whose_spec_lost_the_shared_expert_deinterleave(env: Fl
     finally:
         spec.write_text(text)
     run, steps = last_run_steps(env)
-    assert run.status == "failed"
+    assert (run.status, run.verdict) == ("failed", "fail")  # the gate's finding is a verdict on the alignment
     assert {name: s.status for name, s in steps.items()} == {
         "npu_base_train": "cached", "convert_bf16": "cached", "convert_megatron": "ran", "early_gate": "failed",
         "gpu_train": "skipped", "npu_reload_train": "cached", "compare": "skipped", "diagnose": "ran"}
@@ -128,3 +133,36 @@ def test_gate_stops_a_run_whose_spec_lost_the_shared_expert_deinterleave(env: Fl
                      run.error or ""), run.error
     assert steps["diagnose"].job_handle
     assert len(steps["diagnose"].job_handle["jobs"]) == 2
+
+
+def _diagnose(env: FlowEnv, repo_root: Path, run_id: str) -> subprocess.CompletedProcess[str]:
+    """`alignflow diagnose RUN` as a user types it: a subprocess, from another directory than the experiment's (its
+    spec file is found beside the recorded experiment, not in the working directory)."""
+    return subprocess.run([sys.executable, "-m", "alignflow", "diagnose", run_id], cwd=repo_root, env=dict(os.environ),
+                          capture_output=True, text=True, timeout=900, check=False)
+
+
+def test_diagnose_of_the_clean_run_finds_no_divergent_module(env: FlowEnv, first: dict[str, Any],
+                                                            repo_root: Path) -> None:
+    # issue 40: `alignflow diagnose RUN` failed on every run ("step 'diagnose' is optional and not enabled")
+    done = _diagnose(env, repo_root, first["run_id"])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "PASS: no divergent module" in done.stdout
+    with Store.open(state_dir=env.state) as store:
+        child = store.list_runs(limit=1)[0]
+        steps = {s.step: s.status for s in store.steps(child.id)}
+    assert (child.parent_id, child.trigger, child.status) == (first["run_id"], "diagnose", "completed")
+    assert steps["diagnose"] == "ran"
+    assert {steps[s] for s in ("npu_base_train", "convert_bf16", "convert_megatron")} == {"cached"}
+
+
+def test_diagnose_of_the_run_with_the_seeded_shared_expert_bug_names_module_and_cause(env: FlowEnv,
+                                                                                      repo_root: Path) -> None:
+    # the run whose conversion lost the shared expert's de-interleave (the spec is fixed again since): its
+    # converted checkpoint holds the fc1 rows in MindFormers' interleaved order, read through the correct spec
+    with Store.open(state_dir=env.state) as store:
+        broken = next(r for r in store.list_runs() if r.verdict == "fail")
+    done = _diagnose(env, repo_root, broken.id)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert re.search(r"DIVERGED at decoder\.layers\.0\.mlp\.shared_experts\.linear_fc1 — conversion", done.stdout), \
+        done.stdout

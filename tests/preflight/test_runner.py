@@ -34,7 +34,7 @@ def test_a_mismatch_fails_the_run_before_anything_runs(repo_root: Path, tmp_path
         run_id = start_run(experiment, local_hosts(tmp_path), store=store, state_dir=state)
         record = execute_pipeline(run_id, store=store, state_dir=state, transport_factory=open_transport)
         steps = store.steps(run_id)
-    assert record.status == "failed"
+    assert (record.status, record.verdict) == ("error", None)  # a configuration error, not a failed alignment
     assert (record.error or "").startswith("preflight: 1 of ")
     assert "hidden dropout: NPU 0 (model.model_config.hidden_dropout) vs GPU 0.1 (--hidden-dropout)" in (record.error
                                                                                                           or "")
