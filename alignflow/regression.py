@@ -10,8 +10,16 @@ last run that passed (docs/architecture.md#orchestration, issue 9). Two things c
   alone would hide a value that doubled far below its threshold. A value that shrank is an improvement.
 
 A run that fails with no passing run to compare with is reported too (`no passing baseline`): a nightly that has
-never passed must not look green. Everything here is pure: `check_run` takes plain values, `check_against_last_pass`
-reads them from a store passed in.
+never passed must not look green. A run that ended `error` (its configuration or environment stopped it) is
+reported as such, not as a verdict, and only passing runs are ever baselines.
+
+The baseline is the last passing run of the **same configuration** (the config fingerprint the run recorded); when
+the experiment has passed only under another one (the file was edited, or a copy kept its `name:`), that run is
+the baseline and the check says so (`config_changed`, a note naming both fingerprints and files): runs of two
+configurations are never silently compared as one.
+
+Everything here is pure: `check_run` takes plain values, `check_against_last_pass` reads them from a store passed
+in.
 """
 
 from __future__ import annotations
@@ -67,6 +75,7 @@ class RunOutcome:
     criteria: tuple[Mapping[str, Any], ...] = ()
     error: str | None = None
     config_sha256: str | None = None
+    experiment_file: str | None = None  # the file the run's experiment was read from
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +117,7 @@ class RegressionCheck:
     changes: tuple[CriterionChange, ...] = ()
     reasons: tuple[str, ...] = field(default=())
     config_changed: bool = False
+    notes: tuple[str, ...] = ()  # what the reader must know beside the verdict (a baseline of another configuration)
 
     @property
     def regressed(self) -> bool:
@@ -117,7 +127,7 @@ class RegressionCheck:
         return {"experiment": self.experiment, "run_id": self.run_id, "baseline_run_id": self.baseline_run_id,
                 "status": self.status, "verdict": self.verdict, "baseline_verdict": self.baseline_verdict,
                 "regressed": self.regressed, "reasons": list(self.reasons), "config_changed": self.config_changed,
-                "changes": [c.to_dict() for c in self.changes]}
+                "notes": list(self.notes), "changes": [c.to_dict() for c in self.changes]}
 
 
 def criterion_key(criterion: Mapping[str, Any]) -> str:
@@ -170,7 +180,10 @@ def compare_criteria(current: Sequence[Mapping[str, Any]], baseline: Sequence[Ma
 def check_run(run: RunOutcome, baseline: RunOutcome | None, policy: DriftPolicy) -> RegressionCheck:
     """Judge one run against its baseline (None: the experiment has never passed)."""
     reasons: list[str] = []
-    if run.status != "completed":
+    if run.status == "error":
+        reasons.append("run error (configuration or environment; no alignment result)"
+                       + (f": {run.error}" if run.error else ""))
+    elif run.status != "completed":
         reasons.append(f"run {run.status}" + (f": {run.error}" if run.error else ""))
     elif run.verdict != PASS:
         reasons.append(f"verdict {run.verdict or 'none'}" + (
@@ -181,11 +194,22 @@ def check_run(run: RunOutcome, baseline: RunOutcome | None, policy: DriftPolicy)
         reasons += [f"{c.label}: {c.regression}" for c in changes if c.regression]
     else:
         changes = compare_criteria(run.criteria, (), policy)
+    changed = baseline is not None and run.config_sha256 != baseline.config_sha256
+    notes = (config_note(run, baseline),) if changed and baseline is not None else ()
     return RegressionCheck(
         experiment=run.experiment, run_id=run.run_id, baseline_run_id=None if baseline is None else baseline.run_id,
         status=run.status, verdict=run.verdict, baseline_verdict=None if baseline is None else baseline.verdict,
-        changes=changes, reasons=tuple(reasons),
-        config_changed=baseline is not None and run.config_sha256 != baseline.config_sha256)
+        changes=changes, reasons=tuple(reasons), config_changed=changed, notes=notes)
+
+
+def config_note(run: RunOutcome, baseline: RunOutcome) -> str:
+    """`baseline run X ran another configuration of demo: config 1a2b3c4d (experiments/demo.yaml), this run
+    5e6f7a8b (/tmp/copy.yaml)`."""
+    def which(o: RunOutcome) -> str:
+        return f"{(o.config_sha256 or '?')[:8]}" + (f" ({o.experiment_file})" if o.experiment_file else "")
+
+    return (f"baseline run {baseline.run_id} ran another configuration of {run.experiment}: config "
+            f"{which(baseline)}, this run {which(run)}; its criteria values are not this configuration's")
 
 
 def not_started(experiment: str, error: str) -> RegressionCheck:
@@ -199,12 +223,14 @@ def outcome_from_store(store: Any, run_id: str) -> RunOutcome:
     comparison = store.comparison(run.id)
     return RunOutcome(run_id=run.id, experiment=run.experiment, status=str(run.status), verdict=run.verdict,
                       criteria=tuple(comparison.criteria) if comparison is not None else (), error=run.error,
-                      config_sha256=run.config_sha256)
+                      config_sha256=run.config_sha256, experiment_file=run.params.get("experiment_path"))
 
 
 def check_against_last_pass(store: Any, run_id: str, policy: DriftPolicy) -> RegressionCheck:
-    """Check a recorded run against the newest passing run of its experiment that started before it."""
+    """Check a recorded run against the newest passing run of its experiment that started before it: of the same
+    configuration when there is one, else of any (and the check says the configuration differs)."""
     run = outcome_from_store(store, run_id)
-    last = store.last_passing_run(run.experiment, before=run.run_id)
+    last = store.last_passing_run(run.experiment, before=run.run_id, config_sha256=run.config_sha256) \
+        or store.last_passing_run(run.experiment, before=run.run_id)
     baseline = None if last is None else outcome_from_store(store, last.id)
     return check_run(run, baseline, policy)

@@ -204,10 +204,11 @@ def _at(step: Any) -> str:
 def nightly_message(checks: list[dict[str, Any]]) -> str:
     """One line for the flow run's state: which experiments regressed and why (what automations show)."""
     bad = [c for c in checks if c["regressed"]]
+    notes = "".join(f"\nnote: {c['experiment']}: {n}" for c in checks for n in c.get("notes") or ())
     if not bad:
-        return f"nightly: no regression in {len(checks)} experiment(s)"
+        return f"nightly: no regression in {len(checks)} experiment(s){notes}"
     parts = [f"{c['experiment']} ({'; '.join(c['reasons'])})" for c in bad]
-    return f"nightly: {len(bad)} of {len(checks)} experiment(s) regressed: " + "; ".join(parts)
+    return f"nightly: {len(bad)} of {len(checks)} experiment(s) regressed: " + "; ".join(parts) + notes
 
 
 def nightly_markdown(checks: list[dict[str, Any]]) -> str:
@@ -220,7 +221,7 @@ def nightly_markdown(checks: list[dict[str, Any]]) -> str:
         base = f"`{c['baseline_run_id']}`" if c.get("baseline_run_id") else "none"
         result = "**REGRESSED**: " + "; ".join(c["reasons"]) if c["regressed"] else "ok"
         if c.get("config_changed"):
-            result += " (experiment changed since the baseline)"
+            result += " (" + ("; ".join(c.get("notes") or ()) or "experiment changed since the baseline") + ")"
         lines.append(f"| {c['experiment']} | {run} | {c.get('verdict') or c['status']} | {base} | {_cell(result)} |")
     for c in bad:
         moved = [ch for ch in c.get("changes", []) if ch.get("baseline") is not None]

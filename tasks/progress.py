@@ -62,7 +62,8 @@ class TaskReporter:
             observer.message(text)
 
     def ended(self, outcome: StepOutcome) -> None:
-        detail = outcome.step_run_id or ""
+        # ids labelled with what they are (issue 40): `alignflow show` takes either
+        detail = f"step run {outcome.step_run_id}" if outcome.step_run_id else ""
         if outcome.reused_from_run:
             detail = f"from run {outcome.reused_from_run}"
         if outcome.verdict:

@@ -9,6 +9,7 @@ fatal sentinel (or misses a `--require`d line), 2 bad input.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from enum import StrEnum
 from pathlib import Path
@@ -18,6 +19,7 @@ import typer
 
 if TYPE_CHECKING:
     from alignflow.compare.comparison import Comparison
+    from alignflow.config.criteria import Criterion
     from alignflow.logs import ParsedLog
 
 EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
@@ -98,9 +100,13 @@ def register(app: typer.Typer) -> None:
     @app.command("compare")
     def compare_cmd(
         logs: list[Path] = typer.Argument(..., help="The reference log (e.g. the GPU / Megatron run), then one or "
-                                          "more test logs (e.g. NPU / MindFormers runs): error = test - reference."),
+                                          "more test logs (e.g. NPU / MindFormers runs): error = test - reference. "
+                                          "A recorded run's log: RUN:STEP (a run id or unique prefix and a training "
+                                          "step), RUN alone for its npu_reload_train; one RUN alone: its gpu_train "
+                                          "(reference) and npu_reload_train logs."),
         criteria: Path | None = typer.Option(None, "--criteria", help="Criteria file (`criteria: [...]`); "
-                                             "default: the seeds' criteria."),
+                                             "default: the reference run's recorded criteria when it is a RUN, "
+                                             "else the seeds' criteria."),
         out: Path | None = typer.Option(None, "--out", help="Write the report (HTML, markdown, CSV, PNG, JSON) here."),
         as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout."),
         test_format: LogFormatOption = typer.Option(LogFormatOption.auto, "--test-format", help="Test log format."),
@@ -127,12 +133,15 @@ def register(app: typer.Typer) -> None:
         from alignflow.config.criteria import Criterion, default_criteria
         from alignflow.errors import ConfigError
 
+        logs, run_labels, run_criteria = _logs_of_runs(logs)
         if len(logs) < 2:
-            raise _bad_input("compare needs the reference log and at least one test log: compare REF TEST [TEST...]")
-        names = _labels(labels, logs)
+            raise _bad_input("compare needs the reference log and at least one test log: compare REF TEST [TEST...] "
+                             "(a log file, RUN or RUN:STEP)")
+        names = _labels(labels, logs) if labels is not None or run_labels is None else run_labels
         required = _requirements(require)
         try:
-            rules = [c for c in load_criteria(criteria) if isinstance(c, Criterion)] if criteria else default_criteria()
+            rules = ([c for c in load_criteria(criteria) if isinstance(c, Criterion)] if criteria
+                     else run_criteria if run_criteria is not None else default_criteria())
         except ConfigError as exc:
             raise _bad_input(str(exc)) from None
         if out is not None:
@@ -212,6 +221,88 @@ def _records(frame: Any) -> list[dict[str, Any]]:
             item[key] = int(number) if key in INTEGER_COLUMNS and number.is_integer() else float(f"{number:.15g}")
         out.append(item)
     return out
+
+
+RUN_ARG = re.compile(r"^(?P<run>[0-9a-f]{4,12})(?::(?P<step>[a-z0-9_]+))?$")
+DEFAULT_RUN_STEP = "npu_reload_train"  # a run named alone: the side under test
+
+
+def _logs_of_runs(args: list[Path]) -> tuple[list[Path], tuple[str, ...] | None, list[Criterion] | None]:
+    """The log files the arguments name: a path as it is; `RUN` or `RUN:STEP` (a run id that is not a file here)
+    the controller's copy of that step's training log in the store's run (one `RUN` alone: its GPU log as the
+    reference, its NPU log as the test, the run's own comparison). Labels `RUN:STEP` when any argument is a run,
+    and the criteria the first run's experiment recorded (its noise thresholds resolved as its compare step does)."""
+    parsed = [(arg, None if arg.exists() else RUN_ARG.match(str(arg))) for arg in args]
+    if not any(m for _, m in parsed):
+        return args, None, None
+    if len(parsed) == 1:
+        run = parsed[0][0]
+        parsed = [(Path(f"{run}:gpu_train"), RUN_ARG.match(f"{run}:gpu_train")),
+                  (Path(f"{run}:npu_reload_train"), RUN_ARG.match(f"{run}:npu_reload_train"))]
+    from alignflow.cli.runs import open_store
+    from alignflow.errors import AlignflowError
+
+    out: list[Path] = []
+    labels: list[str] = []
+    criteria: list[Criterion] | None = None
+    try:
+        with open_store(existing=True) as store:
+            for arg, m in parsed:
+                if m is None:
+                    out.append(arg)
+                    labels.append(arg.stem)
+                    continue
+                path, label = _run_log(store, m.group("run"), m.group("step") or DEFAULT_RUN_STEP)
+                out.append(path)
+                labels.append(label)
+                if criteria is None and len(out) == 1:  # the reference's run
+                    criteria = _run_criteria(store, label.split(":")[0])
+    except AlignflowError as exc:
+        raise _bad_input(str(exc)) from None
+    return out, tuple(labels) if len(set(labels)) == len(labels) else None, criteria
+
+
+def _run_criteria(store: Any, run_id: str) -> list[Criterion] | None:
+    """The acceptance criteria a run's experiment was recorded with (`alignflow.runner.compare_step` judges by);
+    None for a run recorded without its experiment."""
+    from alignflow.config.experiment import Experiment
+    from alignflow.diagnose.noise import latest_noise_floor, resolve_criteria
+
+    doc = store.get_run(run_id).params.get("experiment")
+    if doc is None:
+        return None
+    experiment = Experiment.model_validate(doc)
+    return resolve_criteria(experiment.criteria, latest_noise_floor(store, experiment.name))
+
+
+def _run_log(store: Any, ident: str, step: str) -> tuple[Path, str]:
+    """The training log `step` of run `ident` as fetched to this controller (`runs/<id>/logs/<step>.log` of the run
+    that trained it), checked against the recorded sha256; the label `RUN:STEP`."""
+    from alignflow import pipeline
+    from alignflow.cli.show import run_of
+    from alignflow.errors import ConfigError
+    from alignflow.fingerprint import Fingerprinter
+    from alignflow.state import state_dir
+
+    spec = pipeline.step(step)
+    if spec.log_source is None:
+        trainings = ", ".join(s.name for s in pipeline.STEPS if s.log_source)
+        raise ConfigError(f"{ident}:{step}: {step} writes no training log; a run's logs are those of {trainings}")
+    run_id, _ = run_of(store, ident)
+    done = [s for s in store.steps(run_id) if s.step == step and s.status in ("ran", "cached")]
+    if not done:
+        have = sorted({s.step for s in store.steps(run_id) if s.status in ("ran", "cached")
+                       and pipeline.step(s.step).log_source})
+        raise ConfigError(f"run {run_id}: {step} did not run in it (its training logs: {', '.join(have) or 'none'})")
+    origin = store.get_step(done[-1].reused_from) if done[-1].reused_from else done[-1]
+    log_name = next(o.artifact for o in spec.outputs if o.path == "train.log")
+    artifact = next(a for a in store.artifacts(origin.id) if a.name == log_name)
+    for run in dict.fromkeys((origin.run_id, run_id)):  # where the engine fetched it, else where compare did
+        local = state_dir() / "runs" / run / "logs" / f"{step}.log"
+        if local.is_file() and Fingerprinter().fingerprint(local).sha256 == artifact.sha256:
+            return local, f"{run_id}:{step}"
+    raise ConfigError(f"run {run_id}: no copy of its {step} log on this machine with the recorded sha256 "
+                      f"{artifact.sha256[:12]} (the log is {artifact.host}:{artifact.path})")
 
 
 def _labels(given: str | None, logs: list[Path]) -> tuple[str, ...]:

@@ -29,13 +29,34 @@ def _runs_table(runs: list[RunRecord]) -> Any:
     from rich.table import Table
 
     table = Table(title=None, show_lines=False, header_style="bold")
-    for name in ("id", "experiment", "parent", "trigger", "status", "verdict", "started", "duration"):
-        table.add_column(name, no_wrap=name in ("id", "parent", "status", "verdict", "started"),
+    for name in ("id", "experiment", "config", "parent", "trigger", "status", "verdict", "started", "duration"):
+        table.add_column(name, no_wrap=name in ("id", "config", "parent", "status", "verdict", "started"),
                          justify="right" if name == "duration" else "left", overflow="fold")
     for r in runs:
-        table.add_row(r.id, r.experiment, r.parent_id or "", r.trigger, r.status.value, r.verdict or "",
-                      _when(r.started_at), fmt_duration(r.duration_s))
+        table.add_row(r.id, r.experiment, r.config_sha256[:8], r.parent_id or "", r.trigger, r.status.value,
+                      r.verdict or "", _when(r.started_at), fmt_duration(r.duration_s))
     return table
+
+
+def config_notes(runs: list[RunRecord]) -> list[str]:
+    """One line per experiment whose listed runs ran under several configurations (config fingerprints): each
+    with the files it was read from and its number of runs. A copy of an experiment file that keeps its `name:`
+    joins that experiment's history; its runs are flagged here, never silently mixed (issue 40)."""
+    configs: dict[str, dict[str, tuple[set[str], int]]] = {}
+    for r in runs:
+        files, count = configs.setdefault(r.experiment, {}).get(r.config_sha256, (set(), 0))
+        path = r.params.get("experiment_path")
+        configs[r.experiment][r.config_sha256] = (files | ({str(path)} if path else set()), count + 1)
+    lines = []
+    for experiment, by_sha in configs.items():
+        if len(by_sha) < 2:
+            continue
+        shown = "; ".join(f"{sha[:8]} from {', '.join(sorted(files)) or 'an unrecorded file'} ({count} run(s))"
+                          for sha, (files, count) in by_sha.items())
+        lines.append(f"note: {experiment} ran under {len(by_sha)} configurations here: {shown} - runs of different "
+                     "configurations are not comparable (the nightly compares a run with a passing run of its own "
+                     "configuration)")
+    return lines
 
 
 def _left_jobs(store: Store, runs: list[RunRecord]) -> list[str]:
@@ -56,7 +77,8 @@ def run_summary(r: RunRecord) -> dict[str, Any]:
     return {"schema_version": SCHEMA_VERSION, "run_id": r.id, "experiment": r.experiment, "status": r.status.value,
             "verdict": r.verdict, "trigger": r.trigger, "parent_id": r.parent_id, "code_version": r.code_version,
             "started": r.started_at.isoformat(), "finished": r.finished_at.isoformat() if r.finished_at else None,
-            "duration_s": r.duration_s, "error": r.error, "report": r.report}
+            "duration_s": r.duration_s, "error": r.error, "report": r.report, "config_sha256": r.config_sha256,
+            "experiment_file": r.params.get("experiment_path")}
 
 
 def register(app: typer.Typer) -> None:
@@ -97,6 +119,8 @@ def register(app: typer.Typer) -> None:
             else:
                 console = _console()
                 console.print(_runs_table(runs))
+                for line in config_notes(runs):
+                    console.print(line, highlight=False, markup=False)
                 for line in _left_jobs(store, runs):
                     # one line each, whatever the width: a job's path is copied from here
                     console.print(f"interrupted {line} (`alignflow cancel` kills it)", highlight=False,

@@ -264,6 +264,13 @@ class Experiment(_Strict):
     def base_dir(self) -> Path:
         return Path(self.source).parent if self.source else Path.cwd()
 
+    @property
+    def spec_ref(self) -> str:
+        """`conversion.spec` as every reader must take it: a packaged spec's name as it is, a spec file's absolute
+        path (relative to the experiment file, not to the working directory of whoever reads it)."""
+        spec = self.conversion.spec
+        return str(self.resolve_path(spec)) if spec.endswith((".yaml", ".yml")) else spec
+
     def resolve_path(self, path: str) -> Path:
         """A path of the experiment file, relative to that file (`{state_dir}/...`: under the state dir)."""
         p = Path(expand_state_dir(path)).expanduser()

@@ -41,15 +41,6 @@ def megatron_flavour(transformer_impl: str) -> str:
     return "te" if transformer_impl == "transformer_engine" else "local"
 
 
-def spec_reference(spec: str, base_dir: Path) -> str:
-    """What `conversion.spec` names, as every reader of it must take it: a packaged spec's name as it is, a spec
-    file's path resolved against the experiment's directory (not the working directory of whoever reads it)."""
-    if spec.endswith(SPEC_SUFFIXES):
-        path = Path(spec).expanduser()
-        return str(path if path.is_absolute() else (base_dir / path).resolve())
-    return spec
-
-
 def resolve_names(experiment: Any, lines: dict[KeyPath, int] | None = None) -> list[Problem]:
     """Every name of `experiment` (an `Experiment` read from `experiment.source`) that does not resolve, each as a
     `(file, line, message)` problem with the closest existing name."""
@@ -76,7 +67,7 @@ def _check_spec(experiment: Any, problem: Any) -> None:
     name = experiment.conversion.spec
     flavour = megatron_flavour(experiment.gpu.transformer_impl)
     if name.endswith(SPEC_SUFFIXES):
-        path = Path(spec_reference(name, experiment.base_dir))
+        path = Path(experiment.spec_ref)
         if not path.is_file():
             problem(("conversion", "spec"), f"conversion.spec: spec file {name!r} not found ({path})"
                     + closest_file(path, name))

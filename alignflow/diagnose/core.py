@@ -75,7 +75,7 @@ def estimate_dump_bytes(mapping: DumpMapping, experiment: Experiment) -> int:
     from alignflow.convert.plan import build_plan
     from alignflow.convert.registry import load_spec
 
-    plan = build_plan(load_spec(experiment.conversion.spec), experiment.model, flavor="local",
+    plan = build_plan(load_spec(experiment.spec_ref), experiment.model, flavor="local",
                       megatron_version=experiment.gpu.megatron_version)
     elements = 0
     for shape in plan.target_shapes().values():

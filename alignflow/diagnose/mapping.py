@@ -127,7 +127,7 @@ def mapping_for(experiment: Any) -> DumpMapping:
     from alignflow.convert.registry import load_spec
     from alignflow.errors import ConfigError
 
-    spec = load_spec(experiment.conversion.spec)
+    spec = load_spec(experiment.spec_ref)
     try:
         plan = build_plan(spec, experiment.model, flavor="local", megatron_version=experiment.gpu.megatron_version)
     except ValueError as exc:

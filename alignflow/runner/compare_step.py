@@ -95,15 +95,14 @@ def _reuse(runner: StepRunner, step: str, key: str) -> StepOutcome | None:
 
 
 def _local_log(runner: StepRunner, ref: ArtifactRef) -> Path:
-    """A controller copy of the training log `ref`: the one the engine fetched when it checked the log in this
-    run (`runs/<id>/logs/<step>.log`) when its bytes are the artifact's, else a fresh download."""
+    """A controller copy of the training log `ref` under the one name every run gives it, its producing step's
+    (`runs/<id>/logs/npu_reload_train.log`, as the engine names the log it checks): that copy when its bytes are the
+    artifact's, else a fresh download there (a log reused from an earlier run had been named `npu_log.log`)."""
     logs_dir = runner.state_dir / "runs" / runner.run_id / "logs"
     producer = pipeline.producer(ref.name)
-    if producer is not None:
-        checked = logs_dir / f"{producer.name}.log"
-        if checked.is_file() and Fingerprinter().fingerprint(checked).sha256 == ref.sha256:
-            return checked
+    local = logs_dir / f"{producer.name if producer is not None else ref.name}.log"
+    if local.is_file() and Fingerprinter().fingerprint(local).sha256 == ref.sha256:
+        return local
     logs_dir.mkdir(parents=True, exist_ok=True)
-    local = logs_dir / f"{ref.name}.log"
     runner.transport_by_name(ref.host).get(ref.path, str(local), overwrite=True)
     return local

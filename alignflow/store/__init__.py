@@ -19,9 +19,9 @@ API (all keyword arguments after the first one or two; errors are `StoreError` s
 
     create_run(experiment, *, parent_id=None, trigger, code_version, params, config_sha256=None) -> RunRecord
     finish_run(run_id, *, status, verdict=None, report=None, error=None) -> RunRecord
-        status: completed | failed | cancelled | crashed; open steps are closed as failed (refused if completed)
+        status: completed | failed | error | cancelled | crashed; open steps closed as failed (refused if completed)
     get_run(run_id) -> RunRecord;  list_runs(*, experiment=None, status=None, limit=50) -> [RunRecord] newest first
-    last_passing_run(experiment, *, before=None) -> RunRecord | None        completed and verdict "pass"
+    last_passing_run(experiment, *, before=None, config_sha256=None) -> RunRecord | None   completed, verdict pass
     children(run_id) -> [RunRecord]                                          re-runs of a run
 
     start_step(run_id, step, *, host, command, cache_key, inputs, status="running"|"pending") -> StepRunRecord

@@ -191,12 +191,17 @@ class Store(Measurements, References, Interruptions):
             query = query.order_by(Run.started_at.desc(), Run.id.desc()).limit(max(0, limit))
             return [row.to_record(name, sha) for row, name, sha in s.execute(query)]
 
-    def last_passing_run(self, experiment: str, *, before: str | None = None) -> RunRecord | None:
-        """The newest completed run of `experiment` whose verdict is `pass` (started before run `before`)."""
+    def last_passing_run(self, experiment: str, *, before: str | None = None,
+                         config_sha256: str | None = None) -> RunRecord | None:
+        """The newest completed run of `experiment` whose verdict is `pass` (started before run `before`; run
+        under the configuration `config_sha256` when given)."""
         with self._read(f"find the last passing run of {experiment!r}") as s:
             exp = self._experiment_row(s, experiment)
             query = select(Run).where(Run.experiment_id == exp.id, Run.status == RunStatus.COMPLETED.value,
                                       Run.verdict == PASS_VERDICT)
+            if config_sha256 is not None:
+                query = query.join(ExperimentConfig, Run.config_id == ExperimentConfig.id).where(
+                    ExperimentConfig.sha256 == config_sha256)
             if before is not None:
                 pivot = self._run_row(s, before)
                 query = query.where(Run.started_at < pivot.started_at, Run.id != pivot.id)
