@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from alignflow.config.criteria import load_criteria
 from alignflow.config.experiment import Experiment, check_hosts, load_experiment
 from alignflow.config.hosts import Host, Inventory, load_hosts
 from alignflow.config.model import ModelConfig, TrainingConfig
@@ -73,15 +74,3 @@ def validate_file(path: str | Path, inventory: Inventory | None = None) -> FileK
     return kind
 
 
-def load_criteria(path: str | Path) -> list[object]:
-    """Load a criteria file: `criteria: [{metric, statistic, threshold, ...}, ...]`."""
-    from pydantic import BaseModel, ConfigDict, Field
-
-    from alignflow.config.criteria import Criterion
-
-    class CriteriaFile(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        description: str = Field("", description="What these criteria are for.")
-        criteria: list[Criterion] = Field(description="Acceptance criteria.")
-
-    return list(validate(CriteriaFile, load_yaml(path)).criteria)

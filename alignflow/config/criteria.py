@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
+
+from alignflow.config.yamlsource import load_yaml, validate
 
 Statistic = Literal["me", "mean_abs", "max_error", "min_error", "max_abs", "step_rel", "mean_rel", "max_rel"]
 RELATIVE_STATISTICS = frozenset({"step_rel", "mean_rel", "max_rel"})  # |t-r|/(|r|+1e-8): shown as percentages
@@ -114,3 +117,16 @@ def default_criteria() -> list[Criterion]:
         Criterion(metric="lm_loss", statistic="mean_rel", threshold=0.02,
                   source="docs/seeds.md#cross-backend-fsdp2-criterion (cross-backend)"),
     ]
+
+
+class CriteriaFile(BaseModel):
+    """A criteria file (`alignflow compare --criteria FILE`, an experiment's `criteria: FILE`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    description: str = Field("", description="What these criteria are for.")
+    criteria: list[Criterion] = Field(description="Acceptance criteria.")
+
+
+def load_criteria(path: str | Path) -> list[Criterion]:
+    """Load a criteria file: `criteria: [{metric, statistic, threshold, ...}, ...]` (file:line errors)."""
+    return list(validate(CriteriaFile, load_yaml(path)).criteria)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from alignflow import pipeline
-from alignflow.config.criteria import Criterion, default_criteria
+from alignflow.config.criteria import Criterion, default_criteria, load_criteria
 from alignflow.config.hosts import CudaExtension, EnvName, Inventory, Role
 from alignflow.config.model import ModelConfig, TrainingConfig
 from alignflow.config.parallel import ParallelConfig
@@ -313,7 +313,6 @@ def with_criteria_file(doc: YamlDocument) -> YamlDocument:
         name = section
     else:
         return doc
-    from alignflow.config import load_criteria
     from alignflow.config.names import closest_file
 
     file = Path(expand_state_dir(name)).expanduser()
@@ -321,7 +320,7 @@ def with_criteria_file(doc: YamlDocument) -> YamlDocument:
     if not file.is_file():
         raise ConfigError([(str(doc.path), doc.line_of(loc), f"{'.'.join(loc)}: criteria file {name!r} not found "
                             f"({file}){closest_file(file, name)}")])
-    rules = [c.model_dump(mode="json") for c in load_criteria(file)]  # type: ignore[attr-defined]
+    rules = [c.model_dump(mode="json") for c in load_criteria(file)]
     new = {**section, "rules": rules} if isinstance(section, dict) else rules
     return YamlDocument(path=doc.path, data={**data, "criteria": new}, lines=doc.lines)
 

@@ -51,10 +51,13 @@ def test_a_data_directory_without_its_index_is_refused_naming_the_file(repo_root
     from alignflow.twin.data import make_data
 
     make_data(tmp_path / "data" / "demo", 2000, seed=1)
+    path = _experiment(repo_root, tmp_path, {"path": "data", "prefix": "demo"})
+    exp = load_experiment(path)
     (tmp_path / "data" / "demo.idx").unlink()
-    exp = load_experiment(_experiment(repo_root, tmp_path, {"path": "data", "prefix": "demo"}))
     with pytest.raises(ConfigError, match=r"data/demo\.idx not found: the data must be a Megatron indexed dataset"):
-        prepare_data(exp, memo=None)
+        prepare_data(exp, memo=None)  # gone after the experiment was read: the run refuses it
+    with pytest.raises(ConfigError, match=r"exp\.yaml:\d+: data\.prefix: .*data has no demo\.idx"):
+        load_experiment(path)  # gone before: the file is refused where it is read (issue 40)
 
 
 @pytest.mark.parametrize(("data", "message"), [
