@@ -92,3 +92,17 @@ def test_version_completion_and_flags_shown_as_flags(cli) -> None:  # type: igno
         text = cli(command, "--help").stdout
         assert "--json" in text
         assert "<bool>" not in text
+
+
+def test_a_mistyped_spec_is_refused_by_validate_preflight_and_run_before_anything_starts(  # type: ignore[no-untyped-def]
+        cli, repo_root: Path, tmp_path: Path) -> None:
+    # issue 40: `conversion.spec: twin-mo` passed validate and preflight, then failed convert_megatron as a run
+    text = (repo_root / "experiments" / "demo.yaml").read_text()
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(text.replace("spec: twin-moe", "spec: twin-mo"))
+    line = next(i for i, t in enumerate(exp.read_text().splitlines(), 1) if "spec: twin-mo" in t)
+    for args in (["validate", str(exp)], ["preflight", str(exp)], ["run", str(exp)]):
+        done = cli(*args)  # the fixture asserts that nothing was recorded and no Prefect server started
+        assert done.returncode == 2, (args, done.stderr)
+        assert (f"{exp}:{line}: conversion.spec: unknown conversion spec 'twin-mo' (did you mean 'twin-moe'?)"
+                in " ".join(done.stderr.split())), (args, done.stderr)
