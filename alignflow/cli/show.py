@@ -136,7 +136,7 @@ def run_of(store: Store, ident: str) -> tuple[str, StepRunRecord | None]:
     except RecordNotFound as exc:
         if "no such id" not in str(exc):
             raise
-        raise RecordNotFound(f"{ident!r}: no run and no step run has this id - see `alignflow history`") from None
+        raise RecordNotFound(f"run {ident!r}: no such id, nor a step run's - see `alignflow history`") from None
     return step.run_id, step
 
 

@@ -45,7 +45,7 @@ def test_a_step_run_id_shown_as_reused_from_is_accepted_by_show(lab: FakeLab, al
     assert f"run {parent.run_id} of tiny: completed" in step_run
     code, missing = alignflow("show", "fedcba987654")
     assert code == 2
-    assert "'fedcba987654': no run and no step run has this id" in missing
+    assert "run 'fedcba987654': no such id, nor a step run's" in missing
 
 
 def test_compare_takes_run_ids_and_a_run_id_with_a_step(lab: FakeLab, alignflow) -> None:  # type: ignore[no-untyped-def]
