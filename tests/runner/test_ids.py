@@ -32,7 +32,8 @@ def alignflow(lab: FakeLab, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Capt
     return run
 
 
-def test_a_step_run_id_shown_as_reused_from_is_accepted_by_show(lab: FakeLab, alignflow) -> None:  # type: ignore[no-untyped-def]
+def test_a_step_run_id_shown_as_reused_from_is_accepted_by_show_and_logs_keep_one_name(  # type: ignore[no-untyped-def]
+        lab: FakeLab, alignflow) -> None:
     parent = lab.run()
     rerun = lab.run(parent=parent.run_id, reuse_parent=True, force=("compare",))
     code, shown = alignflow("show", rerun.run_id)
@@ -43,6 +44,12 @@ def test_a_step_run_id_shown_as_reused_from_is_accepted_by_show(lab: FakeLab, al
     assert code == 0, step_run
     assert step_run.startswith(f"step run {bf16.id} is step convert_bf16 (ran) of run {parent.run_id}:")
     assert f"run {parent.run_id} of tiny: completed" in step_run
+    # fetched logs keep one name, their step's, whether the step ran in the run or was reused (the rerun's compare
+    # fetched its reused NPU log as `npu_log.log`)
+    assert sorted(p.name for p in (lab.state / "runs" / rerun.run_id / "logs").iterdir()) == [
+        "gpu_train.log", "npu_reload_train.log"]
+    assert sorted(p.name for p in (lab.state / "runs" / parent.run_id / "logs").iterdir()) == [
+        "gpu_train.log", "npu_base_train.log", "npu_reload_train.log"]
     code, missing = alignflow("show", "fedcba987654")
     assert code == 2
     assert "run 'fedcba987654': no such id, nor a step run's" in missing

@@ -91,13 +91,3 @@ def test_only_a_step_whose_inputs_were_never_produced_fails_before_launching(lab
     assert "npu_base_train: no valid earlier result to reuse" in (only.error or "")
     assert not lab.hosts_of.get("cpu") or not lab.hosts_of["cpu"].launched
 
-
-def test_fetched_logs_keep_one_name_whether_their_step_ran_or_was_reused(lab: FakeLab) -> None:
-    # issue 40: the run that trained fetched `npu_reload_train.log`, its rerun of compare fetched the same log as
-    # `npu_log.log`
-    parent = lab.run()
-    rerun = lab.run(parent=parent.run_id, reuse_parent=True, force=("compare",))
-    assert sorted(p.name for p in (lab.state / "runs" / rerun.run_id / "logs").iterdir()) == [
-        "gpu_train.log", "npu_reload_train.log"]
-    assert sorted(p.name for p in (lab.state / "runs" / parent.run_id / "logs").iterdir()) == [
-        "gpu_train.log", "npu_base_train.log", "npu_reload_train.log"]
