@@ -90,4 +90,3 @@ def test_only_a_step_whose_inputs_were_never_produced_fails_before_launching(lab
     assert (only.status, only.verdict) == ("error", None)  # a request the store cannot serve, not a failed step
     assert "npu_base_train: no valid earlier result to reuse" in (only.error or "")
     assert not lab.hosts_of.get("cpu") or not lab.hosts_of["cpu"].launched
-
