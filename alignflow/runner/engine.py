@@ -185,14 +185,16 @@ class StepRunner:
 
         A run that reuses its parent (`rerun`) takes the parent's step run when the step would run exactly as it
         did there (same key: same command, code and inputs); a step whose key changed since — an edited
-        experiment, spec or code — is not the parent's any more and is looked up like any other. A reuse-only step
-        (upstream of `--only`: this run reads its outputs, never executes it) takes the parent's step run as it
-        was recorded whatever its key: `alignflow diagnose RUN` diagnoses RUN's checkpoints, not the ones today's
-        code would make. Otherwise: the store's newest successful step run with that key.
+        experiment, spec or code — is not the parent's any more and is looked up like any other. A run of the
+        parent's own recorded experiment (`alignflow diagnose RUN`: `recorded_from` is the parent) takes the
+        parent's step run of a reuse-only step (upstream of `--only`: read, never executed) as it was recorded
+        whatever its key: it diagnoses RUN's checkpoints, not the ones today's code would make, and its record
+        says the experiment they were made with. Otherwise: the store's newest successful step run with that key.
         """
         parent = self._parent_step(step)
         if parent is not None:
-            pinned = step in self.ctx.plan.reuse_only
+            options = self.ctx.options
+            pinned = step in self.ctx.plan.reuse_only and options.recorded_from == options.parent
             if parent.cache_key == key or pinned:
                 if parent.cache_key != key:
                     self.emit(f"{step}: taken from parent run {parent.run_id} as recorded (this run only reads its "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from alignflow.transport import JobSpec
 from tests.runner.conftest import FakeLab, twin_job
 from tests.runner.hosts import FakeJob
@@ -90,3 +92,23 @@ def test_only_a_step_whose_inputs_were_never_produced_fails_before_launching(lab
     assert (only.status, only.verdict) == ("error", None)  # a request the store cannot serve, not a failed step
     assert "npu_base_train: no valid earlier result to reuse" in (only.error or "")
     assert not lab.hosts_of.get("cpu") or not lab.hosts_of["cpu"].launched
+
+
+def test_a_run_of_its_parents_recorded_experiment_reads_the_parents_outputs_after_the_code_changed(
+        lab: FakeLab, monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 40: `alignflow diagnose RUN` (a run of RUN's recorded experiment, executing only `diagnose`) refused
+    # every run made before alignflow's code changed: its upstream steps' keys changed, so nothing was reusable
+    parent = lab.run()
+    for module in ("alignflow.backends.commands", "alignflow.backends.twin"):
+        monkeypatch.setattr(f"{module}.code_version_for", lambda paths: "alignflow, edited since")
+    pinned = lab.run(parent=parent.run_id, reuse_parent=True, recorded_from=parent.run_id, only=("compare",),
+                     force=("compare",))
+    assert pinned.status == "completed", pinned.error
+    parent_ids = {s.step: s.id for s in lab.store.steps(parent.run_id)}
+    assert {s.step: s.reused_from for s in lab.store.steps(pinned.run_id) if s.status == "cached"} == {
+        step: parent_ids[step] for step in ("npu_base_train", "convert_bf16", "convert_megatron", "gpu_train",
+                                            "npu_reload_train")}
+    # a run of the file as it is now asks for today's outputs: the parent's, made by other code, are not those
+    today = lab.run(parent=parent.run_id, reuse_parent=True, only=("compare",), force=("compare",))
+    assert (today.status, today.verdict) == ("error", None)
+    assert "no valid earlier result to reuse" in (today.error or "")
