@@ -7,6 +7,7 @@ code) against the lab's state dir.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -102,7 +103,7 @@ def _copy_keeping_the_name(lab: FakeLab, **changes: object) -> FakeLab:
     doc = yaml.safe_load(lab.experiment.read_text())
     doc["training"].update(changes)
     copy.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return FakeLab(lab.root, copy, lab.hosts, lab.state, lab.store, lab.script, lab.fakes, lab.messages)
+    return dataclasses.replace(lab, experiment=copy)  # the same hosts, store and fakes
 
 
 def test_a_run_records_the_configuration_it_ran_and_history_flags_a_copy_that_kept_the_name(
