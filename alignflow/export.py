@@ -14,22 +14,28 @@ Each is laid out the way its tool shows runs side by side, so its default view c
   children overlays their curves. Through MLflow's own client. `default_mlflow_uri(state)` is the local default,
   a SQLite tracking store under the state dir (MLflow 3 keeps no file stores).
 
-Both refuse to write a run that was already exported there (nothing is appended twice or overwritten). The series
-come from the store (`run_series`): each side's metrics as its training step recorded them, also when the step was
-reused from an earlier run.
+Both refuse to write a run that was already exported there (nothing is appended twice or overwritten), and both
+write all or nothing, whoever is killed when (issue 33): the TensorBoard run is a staged directory
+(`alignflow.staging`), the MLflow runs are tagged complete together at the end, and what a killed export left is
+removed by the next export once its process is known dead. The series come from the store (`run_series`): each
+side's metrics as its training step recorded them, also when the step was reused from an earlier run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import math
 import os
 import re
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from alignflow import controller
 from alignflow.errors import AlignflowError, ConfigError
 
 if TYPE_CHECKING:
@@ -46,6 +52,11 @@ MLFLOW_PARAM_BATCH = 100  # and of params (and of tags)
 MLFLOW_PARAM_CHARS = 6000  # the longest param value MLflow keeps
 TAG_RUN_ID, TAG_SIDE, TAG_PARENT = "alignflow.run_id", "alignflow.side", "mlflow.parentRunId"
 MLFLOW_DB = Path("mlflow") / "mlflow.db"  # under the state dir: the local default tracking store
+# An export's MLflow runs share an id; `partial` until all of them are written, then `complete` together.
+TAG_EXPORT_ID, TAG_EXPORT_RUNS = "alignflow.export_id", "alignflow.export_runs"
+TAG_EXPORT_STATE, TAG_EXPORTER = "alignflow.export_state", "alignflow.exporter"
+
+log = logging.getLogger(__name__)
 
 
 class ExportError(AlignflowError):
@@ -146,22 +157,35 @@ def export_run(store: Any, run_id: str, *, tensorboard: str | Path | None = None
 
 def export_tensorboard(series: RunSeries, log_dir: str | Path) -> Path:
     """Write the run under `<log_dir>/<run id>/`: one TensorBoard run per side and one of the error; returns the
-    run's directory."""
+    run's directory.
+
+    Staged (`alignflow.staging.staged_dir`): the run's directory appears whole or not at all, whoever is killed
+    when; a held Ctrl-C is taken between tags.
+    """
     from tensorboard.summary import Writer
 
+    from alignflow.staging import check_interrupted, staged_dir
+
     out = Path(log_dir) / series.view.run_id
-    if out.exists() and any(out.rglob("events.out.tfevents.*")):
-        raise ExportError(f"{out}: run {series.view.run_id} was already exported there; remove it to export again")
+    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+        out.rmdir()  # an empty directory (made by hand, or by an alignflow before staging) holds no export
+    elif out.exists() or out.is_symlink():
+        done = out.is_dir() and any(out.rglob("events.out.tfevents.*"))
+        raise ExportError(f"{out}: run {series.view.run_id} was already exported there; remove it to export again"
+                          if done else f"{out}: exists and is not an export of run {series.view.run_id}; remove it "
+                          "or choose another log dir")
     metrics = _metric_order(series)
-    for name, tags in _tb_series(series, metrics):
-        writer = Writer(str(out / name))
-        try:
-            for tag, values in tags:
-                for step, value in values:
-                    writer.add_scalar(tag, value, step)
-            writer.flush()
-        finally:
-            writer.close()
+    with staged_dir(out, purpose="export tensorboard", refuse=ExportError) as tmp:
+        for name, tags in _tb_series(series, metrics):
+            writer = Writer(str(tmp / name))
+            try:
+                for tag, values in tags:
+                    check_interrupted()
+                    for step, value in values:
+                        writer.add_scalar(tag, value, step)
+                writer.flush()
+            finally:
+                writer.close()
     return out
 
 
@@ -189,7 +213,13 @@ def _finite(values: pd.Series) -> list[tuple[int, float]]:
 def export_mlflow(series: RunSeries, tracking_uri: str) -> dict[str, str]:
     """Write the parent run and one child per side into `tracking_uri`; returns {"run": parent id, side: child id}.
 
-    A failure part-way deletes the MLflow runs it created, so a retry is not refused as already exported.
+    All or nothing (issue 33): every run is created tagged `alignflow.export_state=partial` with the exporting
+    process's identity and one export id, and tagged `complete` together at the end; a failure or a held Ctrl-C
+    before then deletes the runs it created, so a retry is not refused as already exported. What an exporter killed
+    with SIGKILL left (a partial export whose process is dead, `alignflow.controller.liveness`) is deleted by the
+    next export of that run; a partial export whose process lives, or runs on another host, is refused, never
+    guessed about.
+
     MLflow's telemetry is off unless the environment asks for it (MLFLOW_DISABLE_TELEMETRY=false): left on, MLflow
     writes an installation id under ~/.config and posts usage records from every export (issue 40: nothing
     outside the state dir, no telemetry).
@@ -197,6 +227,8 @@ def export_mlflow(series: RunSeries, tracking_uri: str) -> dict[str, str]:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")  # read by mlflow.telemetry when it is imported
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
+
+    from alignflow.staging import check_interrupted, committing
 
     view = series.view
     created: list[str] = []
@@ -207,12 +239,12 @@ def export_mlflow(series: RunSeries, tracking_uri: str) -> dict[str, str]:
         client = MlflowClient(tracking_uri=tracking_uri)
         experiment_id = _experiment(client, view.experiment, tracking_uri)
         done = client.search_runs([experiment_id], filter_string=f"tags.`{TAG_RUN_ID}` = '{view.run_id}'")
-        if done:
-            raise ExportError(f"{tracking_uri}: run {view.run_id} was already exported to experiment "
-                              f"{view.experiment!r} (MLflow runs {', '.join(r.info.run_id for r in done)})")
+        _refuse_earlier_exports(client, done, tracking_uri, view)
         started_ms = int(view.started.timestamp() * 1000)
         tags = {TAG_RUN_ID: view.run_id, "alignflow.experiment": view.experiment,
-                "alignflow.verdict": view.verdict or "none", "alignflow.status": view.status}
+                "alignflow.verdict": view.verdict or "none", "alignflow.status": view.status,
+                TAG_EXPORT_ID: uuid.uuid4().hex, TAG_EXPORT_RUNS: str(1 + len(series.sides)),
+                TAG_EXPORT_STATE: "partial", TAG_EXPORTER: json.dumps(controller.current().to_dict())}
         parent = client.create_run(experiment_id, start_time=started_ms, run_name=view.run_id, tags={
             **tags, "mlflow.note.content": f"alignflow run {view.run_id} of {view.experiment}: verdict "
             f"{view.verdict or 'none'}; one child run per side (error = NPU - GPU)"}).info.run_id
@@ -222,6 +254,7 @@ def export_mlflow(series: RunSeries, tracking_uri: str) -> dict[str, str]:
             client.log_artifacts(parent, str(series.report_dir), artifact_path="report")
         out = {"run": parent}
         for label, frame in series.sides.items():
+            check_interrupted()
             child = client.create_run(experiment_id, start_time=started_ms, run_name=f"{view.run_id} {label}",
                                       tags={**tags, TAG_SIDE: label, TAG_PARENT: parent}).info.run_id
             created.append(child)
@@ -230,7 +263,10 @@ def export_mlflow(series: RunSeries, tracking_uri: str) -> dict[str, str]:
             _log(client, child, _side_params(series, label), metrics, started_ms)
             client.set_terminated(child, status="FINISHED")
             out[label] = child
-        client.set_terminated(parent, status="FINISHED" if view.status == "completed" else "FAILED")
+        with committing(f"mlflow: {tracking_uri}"):
+            for rid in created:
+                client.set_tag(rid, TAG_EXPORT_STATE, "complete")
+            client.set_terminated(parent, status="FINISHED" if view.status == "completed" else "FAILED")
         return out
     except MlflowException as exc:
         _undo(client, created)
@@ -238,6 +274,39 @@ def export_mlflow(series: RunSeries, tracking_uri: str) -> dict[str, str]:
     except BaseException:
         _undo(client, created)
         raise
+
+
+def _refuse_earlier_exports(client: Any, earlier: list[Any], tracking_uri: str, view: RunView) -> None:
+    """Refuse a run exported before (or being exported now); delete the partial exports of dead exporters."""
+    groups: dict[str, list[Any]] = {}
+    for run in earlier:
+        groups.setdefault(run.data.tags.get(TAG_EXPORT_ID, "before export ids"), []).append(run)
+    kept: list[Any] = []
+    for runs in groups.values():
+        tags = runs[0].data.tags
+        whole = all(r.data.tags.get(TAG_EXPORT_STATE, "complete") == "complete" for r in runs) and (
+            TAG_EXPORT_RUNS not in tags or len(runs) >= int(tags[TAG_EXPORT_RUNS]))
+        if whole:
+            kept += runs
+            continue
+        try:
+            identity: controller.ControllerIdentity | None = controller.ControllerIdentity.from_dict(
+                json.loads(tags.get(TAG_EXPORTER, "")))
+        except (ValueError, KeyError, TypeError):
+            identity = None
+        state = controller.liveness(identity) if identity is not None else "unknown"
+        if state == "dead":
+            _undo(client, [r.info.run_id for r in runs])
+            log.info("%s: deleted the partial export of run %s left by %s (dead)", tracking_uri, view.run_id,
+                     identity.describe() if identity else "?")
+            continue
+        who = identity.describe() if identity is not None else "an unknown exporter"
+        raise ExportError(f"{tracking_uri}: run {view.run_id} is being exported to experiment {view.experiment!r} by "
+                          f"{who} ({'running' if state == 'alive' else 'on another host'}; MLflow runs "
+                          f"{', '.join(r.info.run_id for r in runs)}); wait for it, or delete those runs if it died")
+    if kept:
+        raise ExportError(f"{tracking_uri}: run {view.run_id} was already exported to experiment "
+                          f"{view.experiment!r} (MLflow runs {', '.join(r.info.run_id for r in kept)})")
 
 
 def _experiment(client: Any, name: str, uri: str) -> str:
@@ -259,11 +328,15 @@ def _log(client: Any, run_id: str, params: Mapping[str, str], metrics: list[tupl
          timestamp_ms: int = 0) -> None:
     from mlflow.entities import Metric, Param
 
+    from alignflow.staging import check_interrupted
+
     items = [Param(k, v[:MLFLOW_PARAM_CHARS]) for k, v in params.items()]
     for i in range(0, len(items), MLFLOW_PARAM_BATCH):
+        check_interrupted()
         client.log_batch(run_id, params=items[i:i + MLFLOW_PARAM_BATCH])
     values = [Metric(key, value, timestamp_ms, step) for key, step, value in metrics]
     for i in range(0, len(values), MLFLOW_BATCH):
+        check_interrupted()
         client.log_batch(run_id, metrics=values[i:i + MLFLOW_BATCH])
 
 

@@ -3,13 +3,15 @@
 A host's workdir accumulates step outputs (`artifacts/<step>/<dir>`), staged inputs (`inputs/<name>-<sha>`),
 job directories (`jobs/<id>`) and, after a killed copy or conversion, staging leftovers (`.af-partial-*`,
 `.<name>.XXXXXXXX.partial`, `.af-write.*`, `.af-replaced-*`). `find_garbage` lists those that no record of the
-store references (`Store.host_references`), with their sizes; `delete` removes them. The rules, so that
-nothing a run's record points at is ever deleted (issue 16):
+store references (`Store.host_references`), with their sizes; `delete` removes them. `local_staging` finds what
+killed writers left in directories of this machine (a conversion's or an export's destination directory). The
+rules, so that nothing a run's record points at is ever deleted (issue 16):
 - an output, input or job directory is kept if a record names it, anything inside it, or a directory holding
   it, or if a recorded command's argument spells it;
-- a staging leftover is kept if a record names it or something inside it, or if a conversion still holds it
-  (its flock, see `convert.summary.staged_output`);
-- anything modified less than `min_age_s` ago is kept (a step that just started and is not recorded yet);
+- a staging leftover is kept if a record names it or something inside it, or if its writer still holds it (its
+  flock) or may still live: a staging directory with an owner marker (`alignflow.staging`) is garbage exactly when
+  its writer is known dead (whatever its age), kept while it lives or runs on another host;
+- anything else modified less than `min_age_s` ago is kept (a step that just started and is not recorded yet);
 - a store that records no run at all references nothing, which far more likely means the wrong store:
   `delete` refuses then.
 
@@ -24,11 +26,13 @@ import logging
 import os
 import posixpath
 import shutil
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from alignflow import controller, staging
 from alignflow.config.hosts import Host, Inventory
 from alignflow.errors import AlignflowError, TransportError
 from alignflow.store.references import HostReferences
@@ -66,9 +70,21 @@ def remove_run_staging(state: Path, run_id: str) -> list[Path]:
     return removed
 
 
-_PROBE = f"STAGING_PREFIXES = {STAGING_PREFIXES!r}\n" + inspect.getsource(is_staging) + r"""
+# The probe runs, on the host, alignflow.controller's own liveness check and alignflow.staging's own marker reader
+# (both standard library only), so a host decides a staging directory's owner exactly as a local write does.
+_PROBE = ("from __future__ import annotations\n"
+          + inspect.getsource(controller).replace("from __future__ import annotations\n", "")
+          + f"\nMARKER = {staging.MARKER!r}\nSTAGING_PREFIXES = {STAGING_PREFIXES!r}\n"
+          + inspect.getsource(staging.read_marker) + inspect.getsource(is_staging) + r"""
 import fcntl, json, os, stat, sys, time
 root = sys.argv[1]
+
+def owner(path):
+    doc = read_marker(path) if os.path.isdir(path) and not os.path.islink(path) else None
+    if doc is None:
+        return None, ""
+    identity = ControllerIdentity.from_dict(doc["owner"])
+    return liveness(identity), f"{doc.get('purpose') or 'a writer'} ({identity.describe()})"
 
 def usage(path):
     st = os.lstat(path)
@@ -107,8 +123,10 @@ def entries(rel):
 out = []
 def add(kind, rel):
     size, newest = usage(os.path.join(root, rel))
-    out.append({"kind": kind, "rel": rel, "size": size, "age_s": time.time() - newest,
-                "held": kind == "staging" and held(os.path.join(root, rel))})
+    is_held = kind == "staging" and held(os.path.join(root, rel))
+    state, who = owner(os.path.join(root, rel)) if kind == "staging" and not is_held else (None, "")
+    out.append({"kind": kind, "rel": rel, "size": size, "age_s": time.time() - newest, "held": is_held,
+                "owner": state, "who": who})
 
 for step in entries("artifacts"):
     if is_staging(step):
@@ -129,7 +147,7 @@ for step in entries("artifacts"):
                 add("staging", os.path.relpath(os.path.join(dirpath, leftover), root))
             dirnames[:] = [d for d in dirnames if not is_staging(d)] if rel == "." else []
 json.dump(out, sys.stdout)
-"""
+""")
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,10 +159,11 @@ class Garbage:
     kind: Kind
     size_bytes: int
     age_s: float
+    why: str = ""  # for a staging directory with an owner marker: whose it was (known dead)
 
     def to_json(self) -> dict[str, Any]:
         return {"host": self.host, "path": self.path, "kind": self.kind, "size_bytes": self.size_bytes,
-                "age_s": round(self.age_s, 1)}
+                "age_s": round(self.age_s, 1), "why": self.why}
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,11 +206,37 @@ def _host_garbage(t: Transport, refs: HostReferences | None, min_age_s: float) -
         kind: Kind = e["kind"]
         forms = {posixpath.join(wd.declared, e["rel"]), posixpath.join(wd.real, e["rel"])}
         staging = kind == "staging"
-        if e["age_s"] < min_age_s or e["held"] or any(refs.references(p, inside=not staging) for p in forms):
+        owner = e.get("owner")
+        if e["held"] or owner in ("alive", "unknown") or any(refs.references(p, inside=not staging) for p in forms):
             continue
+        if owner != "dead" and e["age_s"] < min_age_s:  # a dead writer's staging goes whatever its age
+            continue
+        why = f"{e['who']} is dead" if owner == "dead" else ""
         out.append(Garbage(t.host.name, posixpath.join(wd.declared, e["rel"]), kind, int(e["size"]),
-                           float(e["age_s"])))
+                           float(e["age_s"]), why))
     return _outermost(out)
+
+
+def local_staging(directories: Iterable[Path]) -> list[Garbage]:
+    """The staging directories in `directories` (beside the destinations written there) whose writers are known
+    dead (`alignflow.staging.find_dead`), as garbage of this machine; nothing is removed."""
+    out: list[Garbage] = []
+    for directory in directories:
+        for path, why in staging.find_dead(directory):
+            size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+            age = max(0.0, time.time() - path.stat().st_mtime)
+            out.append(Garbage("localhost", str(path), "staging", size, age, why))
+    return out
+
+
+def delete_local(garbage: Iterable[Garbage]) -> list[Garbage]:
+    """Remove what `local_staging` found, each only if its writer is still known dead (`staging.sweep`)."""
+    deleted: list[Garbage] = []
+    for g in garbage:
+        path = Path(g.path)
+        if path in staging.sweep(path.parent, only_for=staging.staging_destination(path.name)):
+            deleted.append(g)
+    return deleted
 
 
 def _outermost(items: Iterable[Garbage]) -> list[Garbage]:

@@ -40,10 +40,11 @@ def snapshot(host: str, **packages: str) -> dict[str, object]:
             else {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}, "declared_env_missing": [], "error": None}
 
 
-def record_run(root: Path, *, loss_offset: float = 0.003, fail_step: str | None = None) -> Recorded:
+def record_run(root: Path, *, loss_offset: float = 0.003, fail_step: str | None = None,
+               steps: int = STEPS) -> Recorded:
     """Record a finished run: base training, conversions, both trainings (metrics from real log text), compare."""
     url = f"sqlite:///{root / 'store.sqlite'}"
-    ref_run = make_run(STEPS, seed=41)
+    ref_run = make_run(steps, seed=41)
     gpu = parse_log(megatron_lines(ref_run), source="cuda:/w/gpu.log")
     npu = parse_log(mindformers_lines(perturbed(ref_run, loss_noise=1e-4, loss_offset=loss_offset, seed=42)),
                     source="ascend:/w/npu.log")

@@ -10,6 +10,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -78,6 +79,19 @@ def _register_all() -> None:
 _register_all()
 
 
+def _interrupted(err: Console, exc: KeyboardInterrupt | None) -> NoReturn:
+    """Exit for an interruption: 128 + the signal (`alignflow.staging.Interrupted` carries 143 for SIGTERM), or 0
+    when it came after every write of the command had completed (while it reported them: they are whole)."""
+    from alignflow.staging import Interrupted, completed_in_process
+
+    done = completed_in_process()
+    if done and exc is not None and not isinstance(exc, Interrupted):
+        err.print(f"interrupted after {', '.join(map(str, done))} completed: the result is whole", highlight=False)
+        sys.exit(0)
+    err.print("interrupted")
+    sys.exit(getattr(exc, "exit_code", 130))
+
+
 def main() -> None:
     """Console-script entry point: run the app and map alignflow errors to their exit codes."""
     err = Console(stderr=True)
@@ -89,14 +103,13 @@ def main() -> None:
     except AlignflowError as exc:
         err.print(f"[bold red]error:[/] {escape(str(exc))}", markup=True, highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        _interrupted(err, exc)
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
         import click
 
-        if isinstance(exc, click.exceptions.Abort | typer.Abort):
-            sys.exit(130)
+        if isinstance(exc, click.exceptions.Abort | typer.Abort):  # click's wrapping of a KeyboardInterrupt
+            _interrupted(err, exc.__cause__ if isinstance(exc.__cause__, KeyboardInterrupt) else None)
         # typer >= 0.29 vendors click (typer._click): its exceptions are not `click.ClickException`s, so
         # recognise a click error by its interface (show + exit_code; usage errors carry exit code 2).
         show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)

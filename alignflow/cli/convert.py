@@ -7,8 +7,6 @@ arguments (unknown spec, flavour the spec does not write, malformed version, mis
 from __future__ import annotations
 
 import json
-import signal
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
@@ -44,26 +42,21 @@ def _version(value: str) -> str:
 def _progress(label: str) -> Iterator[Callable[[int, int], None]]:
     """A rich progress bar on stderr, drawn only for conversions of at least PROGRESS_MIN_BYTES.
 
-    It is also where Ctrl-C takes effect: a KeyboardInterrupt raised inside torch or safetensors while they read a
-    tensor comes out as an unrelated `ValueError` traceback (issue 16), so the first SIGINT is held until the
-    next tensor is done (a second one interrupts at once); the staged output is then removed as for any failure.
+    It is also where a held Ctrl-C (or SIGTERM) is taken between tensors (`alignflow.staging.held_interruptions`:
+    one raised inside torch or safetensors while they read a tensor would come out as an unrelated `ValueError`
+    traceback, issue 16); the staged output is then removed as for any failure.
     """
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
+    from alignflow.staging import check_interrupted
+
     bar = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                    TimeRemainingColumn(), console=Console(stderr=True), transient=True)
     state: dict[str, Any] = {}
-    interrupted: list[int] = []
-
-    def hold(signum: int, frame: object) -> None:
-        if interrupted:
-            raise KeyboardInterrupt
-        interrupted.append(signum)
 
     def update(done: int, total: int) -> None:
-        if interrupted:
-            raise KeyboardInterrupt
+        check_interrupted()
         if total < PROGRESS_MIN_BYTES:
             return
         if "task" not in state:
@@ -71,15 +64,9 @@ def _progress(label: str) -> Iterator[Callable[[int, int], None]]:
             state["task"] = bar.add_task(label, total=total)
         bar.update(state["task"], completed=done)
 
-    main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, hold) if main else None
     try:
         yield update
-        if interrupted:
-            raise KeyboardInterrupt
     finally:
-        if main:
-            signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
         if "task" in state:
             bar.stop()
 
@@ -98,16 +85,32 @@ def _report(summary: ConversionSummary, as_json: bool) -> None:
         typer.echo(f"note: {note}")
 
 
-def _run(call: Callable[[], ConversionSummary], as_json: bool) -> None:
-    try:
-        summary = call()
-    except ConfigError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
-    except ConversionError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from None
-    _report(summary, as_json)
+def _run(label: str, dst: Path, call: Callable[[Callable[[int, int], None]], ConversionSummary],
+         as_json: bool) -> None:
+    """Run one conversion with signals held: it ends complete (exit 0, also when a signal came after the rename,
+    which is then said) or with nothing at `dst` (1 failed, 2 refused, 130 / 143 interrupted)."""
+    from alignflow.staging import Interrupted, held_interruptions
+
+    summary: ConversionSummary | None = None
+    failed: tuple[int, str] | None = None
+    with held_interruptions() as held:
+        try:
+            with _progress(label) as progress:
+                summary = call(progress)
+        except ConfigError as exc:
+            failed = 2, f"error: {exc}"
+        except ConversionError as exc:
+            failed = 1, f"error: {exc}"
+        except Interrupted as exc:
+            if Path(dst) not in held.completed:
+                failed = exc.exit_code, f"interrupted ({exc}): the conversion did not complete; {dst} was not written"
+    if failed is not None:
+        typer.echo(failed[1], err=True)
+        raise typer.Exit(failed[0])
+    if summary is not None:
+        _report(summary, as_json)
+    if held.received:  # the signal came while the result was renamed into place, or after: it is whole
+        typer.echo(f"{held.signal_name} received after the conversion completed: {dst} is complete", err=True)
 
 
 _SRC = typer.Argument(..., exists=True, help="Source checkpoint (directory or file).")
@@ -146,8 +149,7 @@ def register(app: typer.Typer) -> None:
         """MindFormers checkpoint -> bf16 MindFormers checkpoint (optimizer state and counters dropped)."""
         from alignflow.convert import convert_bf16
 
-        with _progress("bf16") as progress:
-            _run(lambda: convert_bf16(src, dst, progress=progress), as_json)
+        _run("bf16", dst, lambda progress: convert_bf16(src, dst, progress=progress), as_json)
 
     @convert_app.command("megatron")
     def megatron_cmd(
@@ -163,10 +165,9 @@ def register(app: typer.Typer) -> None:
         """bf16 MindFormers checkpoint -> Megatron legacy checkpoint (iter_N/mp_rank_00/model_optim_rng.pt)."""
         from alignflow.convert import convert_to_megatron
 
-        with _progress("megatron") as progress:
-            _run(lambda: convert_to_megatron(src, dst, spec=spec, flavor=flavor.value,
-                                             model=_model(model), megatron_version=megatron_version,
-                                             iteration=iteration, progress=progress, skeleton=skeleton), as_json)
+        _run("megatron", dst, lambda progress: convert_to_megatron(
+            src, dst, spec=spec, flavor=flavor.value, model=_model(model), megatron_version=megatron_version,
+            iteration=iteration, progress=progress, skeleton=skeleton), as_json)
 
     @convert_app.command("mindformers")
     def mindformers_cmd(
@@ -181,11 +182,9 @@ def register(app: typer.Typer) -> None:
         """Megatron legacy checkpoint -> bf16 MindFormers checkpoint (the spec's inverse)."""
         from alignflow.convert import convert_to_mindformers
 
-        with _progress("mindformers") as progress:
-            _run(lambda: convert_to_mindformers(src, dst, spec=spec, flavor=flavor.value,
-                                                model=_model(model), megatron_version=megatron_version,
-                                                iteration=iteration,
-                                                prefix=prefix, progress=progress), as_json)
+        _run("mindformers", dst, lambda progress: convert_to_mindformers(
+            src, dst, spec=spec, flavor=flavor.value, model=_model(model), megatron_version=megatron_version,
+            iteration=iteration, prefix=prefix, progress=progress), as_json)
 
     @convert_app.command("specs")
     def specs_cmd(as_json: bool = typer.Option(False, "--json", help="Print the specs as JSON.")) -> None:

@@ -42,6 +42,23 @@ def register(app: typer.Typer) -> None:
         if missing is not None:
             typer.echo(f"error: no store at {missing}; nothing has been recorded yet", err=True)
             raise typer.Exit(1)
-        with Store.open(url) as store:
-            for line in export_run(store, run_id, tensorboard=tensorboard, mlflow=uri):
-                typer.echo(line)
+        from alignflow.staging import Interrupted, held_interruptions
+
+        interrupted: Interrupted | None = None
+        with held_interruptions() as held:
+            try:
+                with Store.open(url) as store:
+                    for line in export_run(store, run_id, tensorboard=tensorboard, mlflow=uri):
+                        typer.echo(line)
+            except Interrupted as exc:
+                interrupted = exc
+        # Each target is whole or absent (alignflow.export): say which one an interruption left out.
+        done = [f"tensorboard: {t}" for t in held.completed if isinstance(t, Path)]
+        done += [str(t) for t in held.completed if isinstance(t, str)]
+        if interrupted is not None:
+            kept = f"; completed before it: {', '.join(done)}" if done else ""
+            typer.echo(f"interrupted ({interrupted}): the export did not complete; nothing partial was left{kept}",
+                       err=True)
+            raise typer.Exit(interrupted.exit_code)
+        if held.received:
+            typer.echo(f"{held.signal_name} received after the export completed: it is whole", err=True)

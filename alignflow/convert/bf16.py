@@ -80,7 +80,7 @@ def convert_bf16(src: Path, dst: Path, *, progress: ProgressFn | None = None,
         file_name = model_file_name(prefix or ckpt.prefix or DEFAULT_PREFIX)
         total = sum(ckpt.tensors[name].nbytes for name, _ in layout)
         done = 0
-        with staged_output(dst) as tmp:
+        with staged_output(dst, purpose="convert bf16") as tmp:
             out_dir = tmp / iteration_dir_name(iteration)
             out_dir.mkdir()
             metadata = {"format": "pt", "producer": "alignflow convert bf16"}

@@ -182,7 +182,7 @@ def convert_to_megatron(src: Path, dst: Path, *, spec: str | Spec, model: ModelC
 
         _run(steps, ckpt, emit, progress)
         state |= extra
-        with staged_output(dst) as tmp:
+        with staged_output(dst, purpose="convert megatron") as tmp:
             files = write_megatron(tmp, state, iteration)
         dropped = sorted([*dropped, *ckpt.optimizer_keys], key=natural_key)
     tensors = [v for v in state.values() if v is not None]
@@ -250,7 +250,7 @@ def convert_to_mindformers(src: Path, dst: Path, *, spec: str | Spec, model: Mod
         layout = [(key, TensorMeta(shape, _chain_dtype(step.ops, mg.tensors[step.inputs[0]].dtype)))
                   for step in steps for key, shape in zip(step.outputs, step.output_shapes, strict=True)]
         file_name = model_file_name(prefix)
-        with staged_output(dst) as tmp:
+        with staged_output(dst, purpose="convert mindformers") as tmp:
             out_dir = tmp / iteration_dir_name(it)
             out_dir.mkdir()
             metadata = {"format": "pt", "producer": "alignflow convert mindformers"}

@@ -107,3 +107,30 @@ def test_gc_without_the_runs_store_refuses_instead_of_calling_everything_garbage
     assert done.returncode == 2
     assert "records no run" in done.stderr
     assert output.exists()
+
+
+def test_gc_collects_a_dead_writers_staging_whatever_its_age_and_keeps_a_live_ones(env) -> None:  # type: ignore[no-untyped-def]
+    """Issue 33: a staging directory with an owner marker is garbage exactly when its writer is dead (decided on
+    the host by the marker's identity), even a minute old; a live writer's is kept, even a day old."""
+    from alignflow import controller
+    from alignflow.staging import MARKER
+
+    wd, hosts, environ = env
+    me = controller.current().to_dict()
+    dead = _make(wd / "artifacts/convert_bf16/kept/.mg.abcd1234.partial/w.bin", 60, age=None)
+    (dead.parent / MARKER).write_text(json.dumps({"owner": {**me, "pid": 2**22 + 3, "start_ticks": 1},
+                                                  "purpose": "convert megatron"}))
+    live = _make(wd / "artifacts/convert_bf16/kept/.mf.abcd1234.partial/w.bin", 70)
+    (live.parent / MARKER).write_text(json.dumps({"owner": me, "purpose": "convert mindformers"}))
+    os.utime(live.parent, (OLD, OLD))
+    _record_run(Path(environ["ALIGNFLOW_STATE_DIR"]), wd)
+    listed = _gc(hosts, environ, "--json")
+    assert listed.returncode == 0, listed.stderr
+    (garbage,) = json.loads(listed.stdout)["garbage"]
+    assert garbage["path"] == str(dead.parent)
+    assert "convert megatron (pid" in garbage["why"]
+    assert "is dead" in garbage["why"]
+    done = _gc(hosts, environ, "--delete")
+    assert done.returncode == 0, done.stderr
+    assert not dead.parent.exists()
+    assert live.exists()

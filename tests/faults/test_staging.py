@@ -141,10 +141,10 @@ def test_a_running_conversion_keeps_its_partial_while_another_destination_is_con
     fd = os.open(live, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(fd, fcntl.LOCK_EX)  # what a conversion in another process holds while it runs
     try:
-        from alignflow.convert.summary import remove_stale_staging
+        from alignflow.staging import sweep
 
-        assert remove_stale_staging(out, "mg") == []
+        assert sweep(out, only_for="mg") == []
         assert live.is_dir()
     finally:
         os.close(fd)
-    assert remove_stale_staging(out, "mg") == [live]
+    assert sweep(out, only_for="mg") == [live]
