@@ -361,6 +361,7 @@ def _print_comparisons(results: list[Comparison], labels: tuple[str, ...], repor
         if found:
             lines.append(f"{label}: {len(found)} sentinel line(s), {sum(s.fatal for s in found)} fatal")
     lines += tables.first_interval_lines(results, labels)
+    lines += tables.restart_lines(results, labels)
     for line in lines:
         console.print(line, markup=False)
     if report is not None:

@@ -284,6 +284,13 @@ def first_interval_lines(comparisons: Sequence[Comparison], labels: Sequence[str
             if parsed.first_interval is not None and parsed.first_interval.intervals]
 
 
+def restart_lines(comparisons: Sequence[Comparison], labels: Sequence[str]) -> list[str]:
+    """Where a side's log holds more than one run (a restart, or a run appended to it) and which run is compared."""
+    logs = [(labels[-1], comparisons[0].reference)] + [(label, c.test) for label, c in _tests(comparisons, labels)]
+    return [f"{label}: line {s.line_no}: {s.message}" for label, parsed in logs for s in parsed.sentinels
+            if s.kind == "restart"]
+
+
 def _deaveraged_steps(parsed: ParsedLog) -> str:
     if parsed.first_interval is None:
         return "n/a"

@@ -21,10 +21,11 @@ and line k's counters minus line s's. It is exact up to the printed rounding, wh
 (A_k + A_s) / (A_k - A_s) (3 for 2 * v_2 - v_1); the note records that factor for each corrected step.
 
 Deciding "0.16+" (`first_interval="auto"`), per process, from its first line: a microsecond timestamp -> yes; a
-seconds-only one (0.8-0.15, Megatron-Bridge) -> no; no timestamp (Megatron-Bridge docs, filtered logs) -> yes only
-when that line was printed off the `--log-interval` grid the following lines keep (only 0.16+ prints out of turn),
-otherwise undecidable: left as printed, and the note says so. `"deaverage"` takes every process as 0.16+; `"raw"`
-changes nothing but still records what the evidence says.
+seconds-only one (0.8-0.15, Megatron-Bridge) -> no (an RFC 3339 stamp a fork or a collector printed in its place,
+`[2025-10-21T16:18:53+08:00]`, counts by its precision the same way); no timestamp (Megatron-Bridge docs, filtered
+logs) -> yes only when that line was printed off the `--log-interval` grid the following lines keep (only 0.16+
+prints out of turn), otherwise undecidable: left as printed, and the note says so. `"deaverage"` takes every process
+as 0.16+; `"raw"` changes nothing but still records what the evidence says.
 
 A process starts at the log's first step line, after a `training ...` / `[before the start of training step]` /
 `successfully loaded checkpoint ... at iteration N` line, and where the step counter goes back (a restart). Its first
@@ -250,7 +251,10 @@ def _correct(records: StepRecords, f: int, columns: tuple[str, ...], why: str) -
     if a_s == 0.0:
         reason += f"; iteration {s} was skipped, so its loss is not in step {k}'s averages"
     if kept:
-        reason += f"; step {s} printed no finite {', '.join(kept)}"
+        flag = records.flags.get(f)
+        cut = flag is not None and bool(flag.not_read)
+        reason += (f"; step {s}'s line was read only in part (line {records.line_nos[f]} ends inside a field): its "
+                   f"{', '.join(kept)} are not known" if cut else f"; step {s} printed no finite {', '.join(kept)}")
     if not done and not kept:
         reason += f"; step {k} printed no averaged value to recover"
     factor = (a_k + a_s) / (a_k - a_s) if a_s else 1.0

@@ -40,6 +40,9 @@ class LogFormatSpec:
     nan_grad_norm_unreported: bool = False
     # A step whose line counts this many skipped iterations over its whole interval printed no real loss.
     skip_column: str | None = None
+    # (a step line, the next physical line, whether the first ends inside a field) -> the two joined, when the
+    # second continues the first (a wrapped line)
+    continues: Callable[[str, str, bool], str | None] | None = None
 
 
 MINDFORMERS = LogFormatSpec(
@@ -56,7 +59,7 @@ MEGATRON = LogFormatSpec(
     name="megatron", label="Megatron", title="Megatron-LM / Megatron-DeepSpeed / ms-swift training_log",
     is_step_line=megatron.may_be_step_line, parse_step=megatron.parse_step, rules=megatron.RULES,
     markers=megatron.MARKERS, known_columns=megatron.KNOWN_COLUMNS, known_pattern=megatron.KNOWN_PATTERN,
-    loss_columns=("lm_loss", "loss"), skip_column="skipped",
+    loss_columns=("lm_loss", "loss"), skip_column="skipped", continues=megatron.continues,
 )
 FORMATS: tuple[LogFormatSpec, ...] = (MINDFORMERS, NEMO, MEGATRON)
 BY_NAME: dict[str, LogFormatSpec] = {spec.name: spec for spec in FORMATS}

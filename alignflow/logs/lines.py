@@ -20,7 +20,8 @@ NUM = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf|NaN|Inf|NAN|IN
 # How a column's printed resolution is known: from the token's own digits, or fixed by how it is printed.
 ResolutionRule = Literal["token", "float32"]
 # The timestamp before a Megatron `iteration` anchor: `%H:%M:%S.%f` since megatron-core 0.16, `%H:%M:%S` before
-# (and in Megatron-Bridge), none in some Bridge versions and in filtered logs.
+# (and in Megatron-Bridge), none in some Bridge versions and in filtered logs; an RFC 3339 stamp
+# (`2025-10-21T16:18:53+08:00`, a fork's or a log collector's) counts by its precision the same way.
 Stamp = Literal["micro", "seconds", "none"]
 # str() of a numpy float32 prints the shortest repr that round-trips: as precise as float32 itself (~7 digits).
 FLOAT32 = Resolution("significant", 7)
@@ -42,11 +43,27 @@ class StepLine:
     stamp: Stamp | None = None  # Megatron lines only
     non_finite: list[str] | None = None
     unreadable: list[str] | None = None
+    # What a line held that was not read, and why (a field cut by the line's end, text glued after its last field).
+    not_read: list[str] | None = None
+    cut: bool = False  # the line ends inside a field: the next physical line may continue it (a wrapped line)
+    glued: str | None = None  # text another process printed onto the line after its last field
+    damaged: list[str] | None = None  # known numeric fields whose value is no number: a damaged line
+    epoch: tuple[int, int, int] | None = None  # (epoch, step in epoch, steps per epoch) of an epoch-counting line
 
     def mark_non_finite(self, column: str) -> None:
         if self.non_finite is None:
             self.non_finite = []
         self.non_finite.append(column)
+
+    def note_not_read(self, what: str) -> None:
+        if self.not_read is None:
+            self.not_read = []
+        self.not_read.append(what)
+
+    def mark_damaged(self, column: str, token: str) -> None:
+        if self.damaged is None:
+            self.damaged = []
+        self.damaged.append(f"{column} (`{token.strip()[:40]}`)")
 
     def mark_unreadable(self, column: str) -> None:
         if self.unreadable is None:

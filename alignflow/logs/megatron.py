@@ -32,8 +32,17 @@ _ITER = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|(.*)$")
 # line is scanned once (linear time), never retried from every position inside a segment.
 _FIELD = re.compile(r"([^|:]*):([^|]*)\||[^|]*\|")
 _MTP = re.compile(r"^mtp_(\d+) loss$")
-# ` [2026-12-01 02:43:33.209317] iteration` (the anchor's prefix): group 1 is the microseconds, when printed.
-_STAMP = re.compile(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(\.\d+)?\]\s*$")
+# The timestamp right before the `iteration` anchor: megatron-core's own ` [%Y-%m-%d %H:%M:%S.%f]` (0.16+) or
+# ` [%Y-%m-%d %H:%M:%S]`, or an RFC 3339 one (`[2025-10-21T16:18:53+08:00]`, `2025-10-21T08:18:53.123Z`, what a fork
+# or a log collector prints instead), bracketed or not: group 1 is the fraction of a second, when printed.
+_STAMP = re.compile(r"(?:\[\s*|^|\s)\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,](\d+))?(?:Z|[+-]\d\d(?::?\d\d)?)?"
+                    r"(?:\s*\])?\s*$")
+# What a line may end with after its last field that is no text of its own: a wrapper (a note that put each line
+# in parentheses or quotes) or trailing punctuation.
+_WRAPPER_CHARS = " \t)]}>\"'`.,;"
+_WRAPPER_TAIL = re.compile(r"^[\s)\]}>\"'`.,;]*$")
+# A key cut by the line's end (`grad n`): letters, spaces and the characters keys are made of, no colon.
+_CUT_KEY = re.compile(r"^\s*[A-Za-z_][A-Za-z0-9_ ()/-]*$")
 # `  successfully loaded checkpoint from <dir> [ t 1/1, ... ] at iteration 0`: the iteration training resumes after.
 LOADED_AT = re.compile(r"successfully loaded checkpoint from .* at iteration\s+(\d+)")
 
@@ -67,13 +76,52 @@ COLUMNS: dict[str, str] = {
     "energy per GPU (J/iter/GPU)": "energy_j_per_iter",
     "power per GPU (W/GPU)": "power_w",
 }
+# The printed format of the fields `training_log` prints (docs/megatron.md#the-training_log-line), as a test of a
+# whole value: a value at the end of a line that lost its closing `|` is read only when it passes (`2.35` cut from
+# `2.354123E+00` does not). Losses and learning rates are `{:.6E}` (`{:.3E}` before core 0.8); integers are padded
+# to a width (`{:3d}`), so a value cut on the left of its padding is shorter than it.
+_SCI = re.compile(r"^[-+]?\d\.\d{3,}E[-+]\d{2,}$|^[-+]?(?:nan|inf)$", re.I)
+_FIXED = {1: re.compile(r"^[-+]?\d+\.\d$"), 3: re.compile(r"^[-+]?\d+\.\d{3}$|^[-+]?(?:nan|inf)$", re.I)}
+WHOLE: dict[str, tuple[str, int]] = {  # column -> ("sci" | "fixed" | "int", decimals or width)
+    "lr": ("sci", 0), "decoupled_lr": ("sci", 0), "grad_norm": ("fixed", 3), "params_norm": ("fixed", 3),
+    "loss_scale": ("fixed", 1), "step_time_ms": ("fixed", 1), "throughput_tflops": ("fixed", 1),
+    "consumed_samples": ("int", 12), "global_batch_size": ("int", 5), "skipped": ("int", 3),
+    "nan_iterations": ("int", 3),
+}
+
+
+def is_whole(column: str, token: str) -> bool:
+    """Whether `token` (the text after `key:`) is a whole value of `column` as `training_log` prints it."""
+    kind, n = ("sci", 0) if column.endswith("_loss") or column == "loss" else WHOLE.get(column, ("", 0))
+    value = token.strip()
+    if kind == "sci":
+        return _SCI.match(value) is not None
+    if kind == "fixed":
+        return _FIXED[n].match(value) is not None
+    if kind == "int":
+        return value.isdigit() and len(token.rstrip()) >= n + 1  # ` {:3d}`: a space, then at least n characters
+    return False
+
+
+def is_numeric(column: str) -> bool:
+    """Whether `training_log` prints `column` as a number (a text there is a damaged value, not a text field)."""
+    return column in WHOLE or column.endswith("_loss") or column == "loss" or column in _NUMERIC_OTHERS
+
+
+_NUMERIC_OTHERS = frozenset({"step_time_s", "consumed_tokens", "skipped_samples", "num_zeros", "samples_per_second",
+                             "tokens_per_gpu_per_second", "actual_seqlen", "curriculum_seqlen", "memory_gib",
+                             "energy_j_per_iter", "power_w"})
+
+
+# Loss keys megatron-core prints besides `lm loss` (MoE auxiliary losses, `total_loss_dict` keys).
+_LOSS_KEYS = ("load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss", "z_loss")
+# Fields printed with a text value (ms-swift 3.x `elapsed time: 12s | remaining time: 6h 51m 18s`): not tracked,
+# but a line cut or wrapped inside one is still a step line cut inside a field.
+TEXT_KEYS = ("elapsed time", "remaining time")
 # Columns printed in another unit than the canonical one: printed column -> (canonical column, factor).
 UNITS: dict[str, tuple[str, float]] = {"step_time_s": ("step_time_ms", 1000.0)}
 # Every column this format is known to print (a column close to one of these but not equal is reported).
-KNOWN_COLUMNS = frozenset({
-    *COLUMNS.values(), "load_balancing_loss", "seq_load_balancing_loss", "global_load_balancing_loss", "z_loss",
-    "loss",
-})
+KNOWN_COLUMNS = frozenset({*COLUMNS.values(), *_LOSS_KEYS, "loss"})
 KNOWN_PATTERN = re.compile(r"^mtp_\d+_loss$")
 
 
@@ -105,15 +153,31 @@ def is_step_line(text: str) -> bool:
 
 
 def parse_step(text: str, with_resolution: bool = True) -> StepLine | str | None:
-    """Parse one `training_log` line: None if it is no step line, a `str` saying why a step line is unreadable."""
+    """Parse one `training_log` line: None if it is no step line, a `str` saying why a step line is unreadable.
+
+    Every field closed by its `|` is read. What follows the last `|` is (issue 33): nothing; a wrapper (`)`);
+    the last field without its `|` (copied or cut logs), read only when its value is whole (`is_whole`); a field
+    cut by the line's end (`StepLine.cut`: the next physical line may continue it); or text another process printed
+    onto the line (`StepLine.glued`, scanned for sentinels by the caller). What was not read is noted
+    (`StepLine.not_read`); a closed field of a numeric column whose value is no number is damage
+    (`StepLine.damaged`).
+    """
     m = _ITER.search(text)
     if m is None:
         return None
     rest = m.group(3)
-    if not rest.rstrip().endswith("|"):
-        return "the line ends inside a field (every field ends with `|`)"
-    pairs = _FIELD.findall(rest)
+    again = _ITER.search(rest)  # a second step line glued onto this one: this one ends before it
+    glued_line = ""
+    if again is not None:
+        before = rest[:again.start()]
+        stamp = _STAMP.search(before)
+        cut_at = stamp.start() if stamp is not None else again.start()
+        rest, glued_line = rest[:cut_at], rest[cut_at:]
+    last = rest.rfind("|")
+    body, tail = rest[:last + 1], rest[last + 1:]
+    pairs = _FIELD.findall(body)
     cache = _COLUMN_CACHE
+    damaged: list[tuple[str, str]] = []
     try:  # fast path: every field `key: number`
         values = {(cache.get(k) or _learn(k)): float(t) for k, t in pairs}
     except ValueError:  # text fields (ms-swift's remaining time, RL packing info) are not tracked
@@ -124,24 +188,122 @@ def parse_step(text: str, with_resolution: bool = True) -> StepLine | str | None
             try:
                 values[column] = float(token)
             except ValueError:
+                if is_numeric(column):
+                    damaged.append((column, token))
                 continue
-    if "step_time_s" in values:
-        for printed, (column, factor) in UNITS.items():
-            if printed in values:
-                values[column] = values.pop(printed) * factor
     step, max_steps = int(m.group(1)), int(m.group(2))
     if step > MAX_STEP or max_steps > MAX_STEP:
         return f"iteration number out of range (more than {MAX_STEP})"
     stamp = _STAMP.search(text, 0, m.start())
     rec = StepLine(step=step, values=values, variant="megatron", max_steps=max_steps,
                    stamp="none" if stamp is None else "micro" if stamp.group(1) else "seconds")
+    for column, token in damaged:
+        rec.mark_damaged(column, token)
+    _read_tail(rec, tail, pairs)
+    if glued_line:
+        rec.note_not_read(f"not read: another step line glued after the last field (`{glued_line.strip()[:60]}`)")
+        rec.glued = (rec.glued + " " if rec.glued else "") + glued_line
+    if not rec.values and not rec.damaged:
+        return "the line ends before its first field"
+    if "step_time_s" in rec.values:
+        for printed, (column, factor) in UNITS.items():
+            if printed in rec.values:
+                rec.values[column] = rec.values.pop(printed) * factor
     rec.check_finite()
     if with_resolution:
         for key, token in pairs:
             column = cache.get(key) or _learn(key)
-            if column in values and values[column] - values[column] == 0.0:
+            if column in rec.values and rec.values[column] - rec.values[column] == 0.0:
                 rec.set_resolution(column, token)
     return rec
+
+
+def _read_tail(rec: StepLine, tail: str, pairs: list[tuple[str, str]]) -> None:
+    """What follows the last `|` (see `parse_step`)."""
+    if _WRAPPER_TAIL.match(tail):
+        return
+    shown = tail.strip()[:60]
+    key, colon, token = tail.partition(":")
+    if colon and key.strip() and "|" not in token and _CUT_KEY.match(key):
+        column = _COLUMN_CACHE.get(key) or _learn(key)
+        value = token.rstrip(_WRAPPER_CHARS)
+        if column not in rec.values and value.strip() and is_whole(column, value):
+            rec.values[column] = float(value)
+            pairs.append((key, value.strip()))
+            return
+        if is_numeric(column) or _known(column) or key.strip() in TEXT_KEYS:
+            rec.cut = True
+            rec.note_not_read(f"not read: `{shown}`: the line ends inside this field (no closing `|`; its value may "
+                              "be cut)")
+            return
+    elif not colon and _is_key_prefix(tail):
+        rec.cut = True
+        rec.note_not_read(f"not read: `{shown}`: the line ends inside a field name")
+        return
+    rec.glued = tail
+    rec.note_not_read(f"not read: text after the last field that is no field of this line (another process's output "
+                      f"glued to it?): `{shown}`")
+
+
+def _is_key_prefix(fragment: str) -> bool:
+    """Whether `fragment` is the start of a key this format prints (`grad n`, `number of sk`, `mtp_2 lo`)."""
+    start = fragment.strip()
+    if not start or _CUT_KEY.match(fragment) is None:
+        return False
+    return (any(key.startswith(start) for key in (*COLUMNS, *_LOSS_KEYS, *TEXT_KEYS))
+            or _MTP_START.match(start) is not None)
+
+
+_MTP_START = re.compile(r"^mtp_\d* ?l?o?s?$")
+
+
+def continues(line: str, text: str, cut: bool) -> str | None:
+    """The step line `line` joined with `text`, the physical line after it, when `text` continues it (a document
+    that wrapped the line); else None.
+
+    `cut` (the line ends inside a field): `text` must close that field with `|` before anything else. A wrap breaks
+    anywhere, a field name included (`grad n` / `orm: 1.234 |`); where it broke at a space the space may be gone,
+    so the join keeps the one that gives a key this format prints. Otherwise (the line ends at a field's `|`):
+    `text` must be nothing but fields this format prints that the line lacks (so Megatron's memory report,
+    `[Rank 0] (after 10 iterations) memory (MB) | allocated: ...`, is never taken for the rest of a step line).
+    """
+    if _ITER.search(text) is not None or "|" not in text:
+        return None
+    if cut:
+        head = text[:text.index("|")]
+        if not head.strip():  # wrapped right before the field's `|`: the field was whole
+            return line + text
+        if len(head) > 200:
+            return None
+        broken = line[line.rfind("|") + 1:]
+        for sep in ("", " "):
+            key = (broken + sep + head).partition(":")[0].strip()
+            if ":" in broken + sep + head and (_known(column_for(key)) or key in TEXT_KEYS):
+                return line + sep + text
+        return line + text if ":" in broken + head else None
+    body = text.strip()
+    if not line.rstrip().endswith("|") and not body.startswith("|"):
+        return None  # a wrap loses at most a space, never the `|` between two fields
+    joined = line.rstrip() + " " + body
+    body = body[1:] if body.startswith("|") else body
+    end = body.rfind("|")
+    if end < 0:
+        return None
+    fields = _FIELD.findall(body[:end + 1])  # (after the last `|`: a wrapper, or glued text `parse_step` reports)
+    if not fields or any(not key.strip() for key, _ in fields):
+        return None
+    columns = [column_for(key.strip()) for key, _ in fields]
+    anchor = _ITER.search(line)
+    mine = _FIELD.findall(anchor.group(3)[:anchor.group(3).rfind("|") + 1]) if anchor is not None else []
+    present = {column_for(key.strip()) for key, _ in mine if key.strip()}
+    if present and not all(_known(c) or key.strip() in TEXT_KEYS  # (a line with no field of its own takes any)
+                           for c, (key, _) in zip(columns, fields, strict=True)):
+        return None
+    return None if present & set(columns) else joined
+
+
+def _known(column: str) -> bool:
+    return column in KNOWN_COLUMNS or KNOWN_PATTERN.match(column) is not None
 
 
 _COLUMN_CACHE: dict[str, str] = {}

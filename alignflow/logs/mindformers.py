@@ -34,9 +34,10 @@ LEGACY_ANCHOR = "{ Epoch:["
 # needs `], loss:` so that TrainingStateMonitor's `Epoch:[..], step:[..] local_norm/...: 0.1` lines stay out.
 OLD_ANCHOR = "], loss:"
 
-_PYNATIVE = re.compile(r"\{ step:\[\s*(\d+)/\s*(\d+)\],(.*)\}\s*$")
+# The line ends with its `}`; a wrapper after it (a note that put the line in parentheses or quotes) is no text.
+_PYNATIVE = re.compile(r"\{ step:\[\s*(\d+)/\s*(\d+)\],(.*)\}[\s)\]\"'`.,;]*$")
 _LEGACY = re.compile(r"\{ Epoch:\[\s*(\d+)/\s*(\d+)\], step:\[\s*(\d+)/\s*(\d+)\],(.*)$")
-_OLD = re.compile(r"(?:^|[\s:])Epoch:\[\s*(\d+)/\s*(\d+)\], step:\[\s*(\d+)/\s*(\d+)\],( loss:.*)$")
+_OLD = re.compile(r"(?:^|[\s:(])[Ee]poch: ?\[\s*(\d+)/\s*(\d+)\], step: ?\[\s*(\d+)/\s*(\d+)\],( loss:.*)$")
 # Brackets hold `[x]` or `[cur/avg]`; anything else inside (the public `[1 508834]` typo) is read leniently.
 # The second branch consumes a run of key characters not followed by a value, so that a long or damaged line is
 # scanned once (linear time) instead of from every position inside the run; a `[` value stops at the next `[`.
@@ -73,7 +74,7 @@ LEGACY_FLOAT32 = frozenset({"lr", "grad_norm"})
 
 def is_step_line(text: str) -> bool:
     """Whether the line carries a step anchor (`parse_step` then reads it or says why it cannot)."""
-    return PYNATIVE_ANCHOR in text or LEGACY_ANCHOR in text or (OLD_ANCHOR in text and "Epoch:[" in text)
+    return PYNATIVE_ANCHOR in text or LEGACY_ANCHOR in text or (OLD_ANCHOR in text and "poch:" in text)
 
 
 def parse_step(text: str, with_resolution: bool = True) -> StepLine | str | None:
@@ -122,7 +123,9 @@ def _parse_legacy(text: str, with_resolution: bool, anchor: re.Pattern[str], var
     if max(epoch, epochs, per_epoch) > 2**31 or step > MAX_STEP:
         return "epoch or step number out of range"
     body = m.group(5)
-    rec = StepLine(step=(epoch - 1) * per_epoch + step, values={}, variant=variant, max_steps=epochs * per_epoch)
+    # 1-based for now; `StepRecords.rebase_epochs` decides the bases from the whole log's counters (issue 33)
+    rec = StepLine(step=(epoch - 1) * per_epoch + step, values={}, variant=variant, max_steps=epochs * per_epoch,
+                   epoch=(epoch, step, per_epoch))
     pairs = [kv for kv in _KV.findall(body) if kv[1]]
     _read_pairs(pairs, _LEGACY_CACHE, LEGACY_COLUMNS, LEGACY_FLOAT32, rec, with_resolution)
     if "grad_norm" not in rec.values and "grad_norm" not in (rec.unreadable or ()) and "global_norm" in body:

@@ -4,10 +4,11 @@ Pure: it reads the lines it is given and nothing else (`parse_log_file` is the o
 file). One pass over the input; step lines go to the framework parser, every other line to the sentinel tables.
 
 Ranks: torchrun `--tee` writes `[default3]:` before each line (any role name; `[3]:` with a global-rank
-template), `srun --label` writes `3: `. Lines are grouped by that prefix. The default rank is the highest one
-that printed real losses — the last pipeline stage, which is the one whose loss is valid (Megatron prints only
-there; MindFormers prints `loss: N/A` elsewhere). Text sentinels are collected from every rank: a failed load
-on any rank invalidates the run. Restarts and the frame itself: `alignflow.logs.steps`.
+template), `srun --label` writes `3: `, OpenMPI `mpirun --tag-output` `[1,3]<stdout>:`. Lines are grouped by
+that prefix. The default rank is the highest one that printed real losses — the last pipeline stage, which is the
+one whose loss is valid (Megatron prints only there; MindFormers prints `loss: N/A` elsewhere). Text sentinels
+are collected from every rank: a failed load on any rank invalidates the run. Restarts and the frame itself:
+`alignflow.logs.steps`.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ FormatChoice = Literal["auto", "mindformers", "megatron", "nemo"]
 # RESOLUTION_SAMPLE-th after: formats are fixed per framework version, and this keeps a 100k-step parse fast
 # while still catching a run appended by another version.
 RESOLUTION_SAMPLE = 50
-_RANK = re.compile(r"^(?:\[[A-Za-z_]*(\d+)\]:|\s*(\d+): )")
+# OpenMPI `mpirun --tag-output` writes `[1,3]<stdout>:` (job, rank), as MindFormers' mpirun launch merges ranks.
+_RANK = re.compile(r"^(?:\[[A-Za-z_]*(\d+)\]:|\s*(\d+): |\[\d+,(\d+)\]<std(?:out|err)>:)")
 # ANSI colour / cursor sequences (coloured loggers, `tee` of a terminal session): removed before reading.
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
 
@@ -80,6 +82,8 @@ def parse_log(
     newline_seen = False
     last_had_newline = True
     last_step_text = ""
+    # the last physical line, when it was a step line (read, or unreadable: `bad`): the next one may continue it
+    pending: _Pending | None = None
     for line_no, raw in enumerate(lines, 1):
         last_had_newline = raw.endswith("\n")
         newline_seen = newline_seen or last_had_newline
@@ -89,7 +93,7 @@ def parse_log(
         prefix = _RANK.match(text)
         r: int | None = None
         if prefix is not None:
-            r = int(prefix.group(1) or prefix.group(2))
+            r = int(prefix.group(1) or prefix.group(2) or prefix.group(3))
             text = text[prefix.end():]
         with_resolution = n_step_lines < RESOLUTION_SAMPLE or n_step_lines % RESOLUTION_SAMPLE == 0
         which: LogFormat = "megatron"
@@ -102,6 +106,10 @@ def parse_log(
                         which = spec.name
                         break
             if rec is None:
+                if pending is not None and _join(pending, text, r, line_no, steps, bad, with_resolution):
+                    pending = None
+                    continue
+                pending = None
                 for other in others:
                     if other.is_step_line(text) and other.parse_step(text, False) is not None:
                         other_format_lines[other.name] = other_format_lines.get(other.name, 0) + 1
@@ -111,9 +119,14 @@ def parse_log(
             raise LogParseError(f"internal parser error on this line ({type(exc).__name__}: {exc}); please report "
                                 "it with the line", source=where, line=line_no) from exc
         n_step_lines += 1
+        pending = None
         if isinstance(rec, str):
             bad[which].append(_Bad(line_no, text, r, rec))
+            if BY_NAME[which].continues is not None:
+                pending = _Pending(which, r, text, not text.rstrip().endswith("|"), read=False)
             continue
+        if rec.glued:  # another process's output glued after the last field: its sentinels count
+            scanner.feed(line_no, rec.glued, r)
         if rec.not_last_stage:
             not_last_stage[r] = not_last_stage.get(r, 0) + 1
             continue
@@ -122,6 +135,8 @@ def parse_log(
         if group is None:
             group = steps[which][r] = StepRecords(BY_NAME[which].loss_columns)
         group.add(line_no, rec, text)
+        if BY_NAME[which].continues is not None:
+            pending = _Pending(which, r, text, rec.cut, read=True)
     scanner.finish()
     fatal = [x for x in scanner.sentinels if x.fatal]
     hint = ""
@@ -132,14 +147,19 @@ def parse_log(
     by_rank = steps[chosen]
     rank_used = _choose_rank(by_rank, rank, not_last_stage, where, chosen, hint)
     records = by_rank[rank_used] if rank_used in by_rank else StepRecords()
+    counted_from = records.rebase_epochs()
     # An unterminated last line of a file that otherwise has newlines may be a line still being written. PyNative
-    # (`}`) and Megatron (`|`) lines show whether they are whole; a legacy line has no terminator, so one that
-    # does not end like a whole line (`]` of global_norm, `T` of throughput) is left out.
+    # lines show whether they are whole (`}`); a legacy line has no terminator, so one that does not end like a
+    # whole line (`]` of global_norm, `T` of throughput) is left out. A Megatron line says itself whether it ends
+    # inside a field (`drop_cut_ends` below): a copied log's last line may lack both its ` |` and a line end.
     sentinels = list(scanner.sentinels)
     if (newline_seen and not last_had_newline and len(records) and records.line_nos[-1] == line_no
-            and chosen != "nemo" and not last_step_text.rstrip().endswith(("]", "T", "}", "|"))):
+            and chosen == "mindformers" and not last_step_text.rstrip().endswith(("]", "T", "}", "|"))):
         sentinels.append(Sentinel(records.pop(), clip_text(last_step_text), "truncated_step_line", False,
                                   "the last line has no line end (log still being written?): ignored", rank_used))
+    sentinels += [Sentinel(n, clip_text(text), "truncated_step_line", False, "step line cut short inside a field "
+                           "before the log ended or restarted (the process was killed while it wrote it?): ignored",
+                           rank_used) for n, text in records.drop_cut_ends()]
     if not len(records):
         raise LogParseError(f"no {chosen} step lines for rank {rank_used}{hint}", source=where)
     sentinels += [records.classify_bad(b.line_no, b.text, b.reason, rank_used) for b in bad[chosen]
@@ -163,7 +183,8 @@ def parse_log(
     sentinels.sort(key=lambda x: x.line_no)
     ranks = sorted(r for r in {*by_rank, *not_last_stage} if r is not None)
     parsed = ParsedLog(
-        frame=built.frame, fmt=chosen, variant=built.variant, resolution=built.resolution,
+        frame=built.frame, fmt=chosen, variant=built.variant + (f" ({counted_from})" if counted_from else ""),
+        resolution=built.resolution,
         sentinels=tuple(sentinels), repeated_steps=tuple(built.repeated_steps), restarts=tuple(built.restarts),
         line_numbers=built.line_numbers, source=source, rank=rank_used, ranks=tuple(ranks),
         max_steps=built.max_steps, markers=dict(scanner.markers), lines_read=line_no,
@@ -171,6 +192,41 @@ def parse_log(
     )
     log.debug("%s", parsed.summary())
     return parsed
+
+
+class _Pending:
+    """The last physical line when it was a step line, which the next physical line may continue."""
+
+    __slots__ = ("cut", "fmt", "rank", "read", "text")
+
+    def __init__(self, fmt: LogFormat, rank: int | None, text: str, cut: bool, *, read: bool) -> None:
+        self.fmt, self.rank, self.text, self.cut, self.read = fmt, rank, text, cut, read
+
+
+def _join(pending: _Pending, text: str, r: int | None, line_no: int,
+          steps: dict[LogFormat, dict[int | None, StepRecords]], bad: dict[LogFormat, list[_Bad]],
+          with_resolution: bool) -> bool:
+    """Read the pending step line again joined with `text`, the physical line after it, when `text` continues it
+    (a document that wrapped the line, issue 33); True if it did."""
+    spec = BY_NAME[pending.fmt]
+    if spec.continues is None or (r is not None and r != pending.rank):
+        return False
+    joined = spec.continues(pending.text, text, pending.cut)
+    if joined is None:
+        return False
+    rec = spec.parse_step(joined, with_resolution)
+    if not isinstance(rec, StepLine) or rec.not_last_stage:
+        return False
+    rec.note_not_read(f"line {line_no} continues this line (a line wrapped in two): read as one line")
+    group = steps[pending.fmt].get(pending.rank)
+    if pending.read and group is not None:
+        group.replace_last(rec, joined)
+        return True
+    unreadable = bad[pending.fmt].pop()  # the line alone had no readable field
+    if group is None:
+        group = steps[pending.fmt][pending.rank] = StepRecords(spec.loss_columns)
+    group.add(unreadable.line_no, rec, joined)
+    return True
 
 
 def parse_log_file(path: str | Path, **kwargs: object) -> ParsedLog:

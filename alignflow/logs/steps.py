@@ -10,6 +10,7 @@ so holding 100,000 steps costs no garbage-collection passes; de-duplication runs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 from operator import methodcaller
 from typing import TYPE_CHECKING
 
@@ -44,6 +45,9 @@ class _Flag:
     text: str
     non_finite: tuple[str, ...]
     unreadable: tuple[str, ...]
+    not_read: tuple[str, ...] = ()
+    damaged: tuple[str, ...] = ()
+    cut: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +68,7 @@ class BuiltSteps:
 class StepRecords:
     """Step lines of one (format, rank) in file order."""
 
-    __slots__ = ("flags", "line_nos", "loss_columns", "max_steps", "resolution", "rows", "stamps", "steps",
+    __slots__ = ("epochs", "flags", "line_nos", "loss_columns", "max_steps", "resolution", "rows", "stamps", "steps",
                  "variants")
 
     def __init__(self, loss_columns: tuple[str, ...] = ()) -> None:
@@ -77,6 +81,7 @@ class StepRecords:
         self.variants: set[str] = set()
         self.max_steps: int | None = None
         self.flags: dict[int, _Flag] = {}
+        self.epochs: dict[int, tuple[int, int, int]] = {}  # index -> (epoch, step in epoch, per epoch) as printed
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -93,18 +98,70 @@ class StepRecords:
         if rec.resolutions:
             for column, res in rec.resolutions.items():
                 self.resolution[column] = res.coarser(self.resolution.get(column))
+        if rec.epoch is not None:
+            self.epochs[index] = rec.epoch
         values = rec.values
-        if rec.non_finite or rec.unreadable or _counted(values) or (
+        if rec.non_finite or rec.unreadable or rec.not_read or rec.damaged or _counted(values) or (
                 self.loss_columns and not any(c in values for c in self.loss_columns)):
-            self.flags[index] = _Flag(text, tuple(rec.non_finite or ()), tuple(rec.unreadable or ()))
+            self.flags[index] = _Flag(text, tuple(rec.non_finite or ()), tuple(rec.unreadable or ()),
+                                      tuple(rec.not_read or ()), tuple(rec.damaged or ()), rec.cut)
 
     def pop(self) -> int:
         """Drop the last step line; return its line number."""
         self.flags.pop(len(self.steps) - 1, None)
+        self.epochs.pop(len(self.steps) - 1, None)
         self.steps.pop()
         self.rows.pop()
         self.stamps.pop()
         return self.line_nos.pop()
+
+    def drop_cut_ends(self) -> list[tuple[int, str]]:
+        """Drop the step lines that end inside a field where the log ends or the step counter goes back: the
+        process was killed while it wrote them (nothing after them continues), so what they hold is not a step's
+        record; the (line, text) of each dropped one. A cut line inside a run stays, read in part."""
+        n = len(self.steps)
+        ends = [i for i, flag in self.flags.items() if flag.cut and (i == n - 1 or self.steps[i + 1] <= self.steps[i])]
+        if not ends:
+            return []
+        dropped = [(self.line_nos[i], self.flags[i].text) for i in sorted(ends)]
+        keep = [i for i in range(n) if i not in set(ends)]
+        remap = {old: new for new, old in enumerate(keep)}
+        self.steps = [self.steps[i] for i in keep]
+        self.line_nos = [self.line_nos[i] for i in keep]
+        self.rows = [self.rows[i] for i in keep]
+        self.stamps = [self.stamps[i] for i in keep]
+        self.flags = {remap[i]: f for i, f in self.flags.items() if i in remap}
+        self.epochs = {remap[i]: e for i, e in self.epochs.items() if i in remap}
+        return dropped
+
+    def replace_last(self, rec: StepLine, text: str) -> None:
+        """Put `rec` in place of the last step line (the same line, read again joined with its continuation)."""
+        line_no = self.pop()
+        self.add(line_no, rec, text)
+
+    def rebase_epochs(self) -> str | None:
+        """Number the steps of epoch-counting lines from the log's own counters; what was decided, or None.
+
+        `Epoch:[e/E], step:[s/S]` lines count epochs from 1 (MindFormers' callbacks, `cur_epoch_num`) or from 0
+        (MindSpore model-zoo monitors print `cur_epoch_num - 1` and the step in the epoch from 0,
+        `(cur_step_num - 1) % batch_num`). The base is read from the counts (issue 33): an epoch 0 or a step 0
+        can only be 0-based, an epoch E of E or a step S of S only 1-based; a step counter with no such evidence
+        follows the epoch counter (both come from one callback), and a log with none is 1-based.
+        Global step (1-based) = (epoch - epoch base) * S + (step - step base) + 1.
+        """
+        if not self.epochs:
+            return None
+        printed = list(self.epochs.values())
+        epoch0 = any(e == 0 for e, _, _ in printed)
+        step0 = any(s == 0 for _, s, _ in printed)
+        step1 = any(s == n for _, s, n in printed)
+        epoch_base = 0 if epoch0 else 1
+        step_base = 0 if step0 else 1 if step1 else epoch_base
+        for index, (epoch, step, per_epoch) in self.epochs.items():
+            self.steps[index] = (epoch - epoch_base) * per_epoch + (step - step_base) + 1
+        if (epoch_base, step_base) == (1, 1):
+            return None
+        return f"epochs from {epoch_base}, steps in an epoch from {step_base}"
 
     def classify_bad(self, line_no: int, text: str, reason: str, rank: int | None) -> Sentinel:
         """A step line that could not be read: truncation if no readable step follows it before the log ends or
@@ -125,6 +182,7 @@ class StepRecords:
         kept = len(steps) - 1 - first_in_reversed  # the last occurrence of each step, in step order
         back = np.flatnonzero(np.diff(steps) < 0) + 1
         restarts = [Restart(int(line_nos[i]), int(steps[i - 1]), int(steps[i])) for i in back]
+        restart_notes = restart_sentinels(steps, line_nos, back, kept, rank)
         rows = self.rows
         frame = _frame([rows[i] for i in kept.tolist()], unique)
         unreported = spec.nan_grad_norm_unreported and _grad_norm_not_reported(frame)
@@ -139,6 +197,7 @@ class StepRecords:
         sentinels += self._missing_loss(kept, rank, spec.loss_columns, excluded)
         gaps = find_gaps(unique, interval)
         sentinels += gap_sentinels(gaps, unique, line_nos[kept], interval, rank)
+        sentinels += restart_notes
         return BuiltSteps(
             frame=frame, line_numbers=pd.Series(line_nos[kept], index=frame.index, name="line"),
             resolution=dict(self.resolution), sentinels=sentinels,
@@ -162,6 +221,13 @@ class StepRecords:
             if flag.unreadable:
                 out.append(Sentinel(line_no, text, "unreadable_value", False,
                                     f"value of {', '.join(flag.unreadable)} unreadable: left out", rank))
+            if flag.damaged:
+                out.append(Sentinel(line_no, text, "damaged_value", True,
+                                    f"{', '.join(flag.damaged)}: a field this format prints as a number holds "
+                                    "something else (a damaged line)", rank))
+            if flag.not_read:
+                out.append(Sentinel(line_no, text, "partial_step_line", False,
+                                    "every complete field was read; " + "; ".join(flag.not_read), rank))
             for col, kind, fatal, message in COUNTER_RULES:
                 count = values.get(col, 0.0)
                 if count > 0:
@@ -187,9 +253,12 @@ class StepRecords:
         rows = self.rows
         kept_rows = [rows[i] for i in kept.tolist()]
         column = next((c for c in loss_columns if any(c in row for row in kept_rows)), None)
+        # a line read in part (cut, glued) may have lost its loss with the part not read: that is said by its own
+        # `partial_step_line` warning, not taken for a diverged step
+        partial = {i for i, flag in self.flags.items() if flag.not_read}
         missing = [int(i) for i, row in zip(kept.tolist(), kept_rows, strict=True)
                    if (column is None or column not in row) and not row.get("nan_iterations", 0.0) > 0
-                   and self.steps[i] not in excluded]
+                   and self.steps[i] not in excluded and i not in partial]
         if not missing:
             return []
         first = missing[0]
@@ -228,6 +297,41 @@ def _frame(rows: list[dict[str, float]], steps: npt.NDArray[np.int64]) -> pd.Dat
                 continue
         columns[name] = values
     return pd.DataFrame(columns, index=pd.Index(steps, name="step"))
+
+
+def restart_sentinels(steps: npt.NDArray[np.int64], line_nos: npt.NDArray[np.int64], back: npt.NDArray[np.intp],
+                      kept: npt.NDArray[np.int64], rank: int | None) -> list[Sentinel]:
+    """A warning where the step counter goes back (a restart, or another run appended to the log), naming the runs
+    the log holds and which one each compared step comes from (the last that printed it).
+
+    Why a warning: a log with a bad run followed by a good run of the same steps is compared on the good one, and
+    a reader must be told that the first one exists and is not what was compared (issue 33).
+    """
+    if not len(back):
+        return []
+    bounds = [0, *(int(i) for i in back), len(steps)]
+    runs = [(int(line_nos[a]), int(line_nos[b - 1]), int(steps[a]), int(steps[b - 1])) for a, b in pairwise(bounds)]
+    run_of = np.searchsorted(np.asarray(bounds[1:-1]), kept, side="right")  # the run each kept line belongs to
+    compared = [np.count_nonzero(run_of == n) for n in range(len(runs))]
+
+    def name(n: int) -> str:
+        first_line, last_line, first_step, last_step = runs[n]
+        return f"run {n + 1} (lines {first_line}-{last_line}, steps {first_step}-{last_step})"
+
+    out = []
+    for n in range(1, len(runs)):
+        before = runs[n - 1]
+        superseded = [name(k) for k in range(n) if compared[k] == 0]
+        still = [f"{name(k)} for {compared[k]} step(s) it alone printed" for k in range(len(runs)) if compared[k]
+                 and k != len(runs) - 1]
+        message = (f"the step counter goes back from {before[3]} to {runs[n][2]}: the log holds {len(runs)} runs "
+                   f"(a restart, or a run appended to the log); compared: {name(len(runs) - 1)}")
+        if still:
+            message += "; also from " + ", ".join(still)
+        if superseded:
+            message += f"; not compared: {', '.join(superseded)}"
+        out.append(Sentinel(runs[n][0], "", "restart", False, message, rank))
+    return out
 
 
 def log_interval(steps: npt.NDArray[np.int64]) -> int:

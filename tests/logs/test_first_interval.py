@@ -214,9 +214,22 @@ def test_a_log_starting_later_without_a_training_start_line_may_be_a_tail_and_is
 def test_an_unreadable_first_line_is_reported_not_guessed() -> None:
     its = iterations(5)
     lines = training_log(its)
-    lines[2] = lines[2][:120] + "\n"  # iteration 1's line damaged mid-field
+    lines[2] = lines[2][:120] + "\n"  # iteration 1's line cut mid-field, before its losses
     parsed = parse_log(lines)
     assert parsed.frame.loc[2, "lm_loss"] == printed((its[0]["lm loss"] + its[1]["lm loss"]) / 2)
+    (interval,) = parsed.first_interval.intervals  # type: ignore[union-attr]
+    assert "step 1's line was read only in part (line 3 ends inside a field)" in interval.reason
+    # its complete fields are read (issue 33), a warning says what was not; no loss is guessed
+    assert parsed.frame.loc[1, "consumed_samples"] == 4
+    assert {(s.line_no, s.kind, s.fatal) for s in parsed.sentinels} == {(3, "partial_step_line", False),
+                                                                         (4, "first_interval_averaged", False)}
+
+
+def test_a_first_line_with_no_field_at_all_is_reported_not_guessed() -> None:
+    its = iterations(5)
+    lines = training_log(its)
+    lines[2] = lines[2][:lines[2].index("|") + 4] + "\n"  # iteration 1's line cut inside its first field
+    parsed = parse_log(lines)
     (interval,) = parsed.first_interval.intervals  # type: ignore[union-attr]
     assert "has an unreadable line" in interval.reason
     assert {(s.line_no, s.kind) for s in parsed.sentinels} == {(3, "malformed_step_line"),
@@ -251,7 +264,9 @@ def test_a_restart_that_repeats_steps_is_corrected_per_process() -> None:
         assert note is not None
         assert note.corrected_steps == (2, 5)
         assert [i.first_step for i in note.intervals] == [1, 4]
-        assert parsed.sentinels == ()
+        (restart,) = parsed.sentinels  # the resume is said (issue 33), as a warning
+        assert (restart.kind, restart.fatal) == ("restart", False)
+        assert "goes back from 6 to 4" in restart.message
 
 
 def test_a_resumed_process_whose_first_line_is_missing_keeps_its_average_with_a_warning() -> None:
@@ -264,7 +279,7 @@ def test_a_resumed_process_whose_first_line_is_missing_keeps_its_average_with_a_
     assert note is not None
     assert note.corrected_steps == (2,)
     assert "iteration 4, the process's first, has no line" in note.intervals[1].reason
-    assert [s.kind for s in parsed.sentinels] == ["first_interval_averaged"]
+    assert [s.kind for s in parsed.sentinels] == ["restart", "first_interval_averaged"]
 
 
 def test_every_iteration_after_the_first_skipped_leaves_the_line_as_printed() -> None:

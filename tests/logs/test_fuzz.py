@@ -28,6 +28,7 @@ from alignflow.compare.comparison import compare
 from alignflow.config.criteria import default_criteria
 from alignflow.errors import LogParseError
 from alignflow.logs import ParsedLog, is_loss, parse_log
+from alignflow.logs.formats import FORMATS
 from alignflow.logs.lines import NUM
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "logs"
@@ -263,3 +264,140 @@ def test_the_cli_exits_0_or_2_on_fuzzed_logs(tmp_path: Path, subprocess_env: dic
     COUNTS["cli"] = len(logs) + real
     print(f"fuzz: {len(logs)} fuzzed logs through `logs parse`, {real} through `compare` (real process)")
     print(f"fuzz: {COUNTS.get('parses', 0)} parse_log calls in this module so far")
+
+
+# ---- logs as people paste them (issue 33): glued tails, delimiters, wrapped lines, 0-based counters, timestamps
+
+# The unit tier's budget: 40 examples a property (derandomized, so the same 40 every run); `make test` too.
+PASTED = settings(SETTINGS, max_examples=40)
+MEGATRON_LINES = [line for line in STEP_LINES if (p := _parses([line])) is not None and p.fmt == "megatron"
+                  and p.variant == "megatron"]
+# Real non-step output of the frameworks (the fixtures' other lines): what another process glues onto a line.
+OTHER_LINES = [line for line in LINES if line.strip() and not any(spec.is_step_line(line) for spec in FORMATS)]
+
+
+def _values(parsed: ParsedLog | None) -> dict[str, object]:
+    assert parsed is not None
+    assert len(parsed.frame) == 1
+    return {k: v for k, v in parsed.frame.iloc[0].items() if pd.notna(v)}
+
+
+def _fatal(parsed: ParsedLog | None) -> set[str]:
+    return set() if parsed is None else {s.kind for s in parsed.fatal_sentinels}
+
+
+def test_the_fixtures_hold_megatron_lines_and_other_output() -> None:
+    assert len(MEGATRON_LINES) >= 10
+    assert len(OTHER_LINES) >= 20
+
+
+@PASTED
+@given(st.sampled_from(MEGATRON_LINES), st.sampled_from(OTHER_LINES), st.sampled_from(["", " ", "  "]))
+def test_text_glued_after_the_last_field_keeps_every_value(line: str, other: str, sep: str) -> None:
+    """Another process's output glued onto a step line: every field reads as before; a fatal verdict only when
+    the glued text is itself a fatal line (it is scanned as one)."""
+    clean = _parses([line])
+    parsed = _parses([line + sep + other])
+    assert _values(parsed) == _values(clean)
+    assert _fatal(parsed) <= _fatal(_parses([line, other])) | _fatal(clean)
+
+
+_WRAPPERS = st.sampled_from([("", ""), ("(", ")"), ('"', '"'), ("'", "',"), ("> ", ""), ("`", "`"), ("[", "]")])
+
+
+@PASTED
+@given(st.sampled_from(MEGATRON_LINES), _WRAPPERS, st.booleans(), st.integers(0, 3), st.randoms(use_true_random=False))
+def test_missing_and_extra_delimiters_and_wrappers_change_no_value(line: str, wrapper: tuple[str, str],
+                                                                   drop_last: bool, extra: int, rng: object) -> None:
+    clean = _parses([line])
+    text = line.rstrip()
+    if drop_last:
+        text = text.rstrip("|").rstrip()
+    bars = [i for i, c in enumerate(text) if c == "|"]
+    for at in sorted(rng.sample(bars, min(extra, len(bars))), reverse=True):  # type: ignore[attr-defined]
+        text = text[:at] + "| |"[: rng.choice([2, 3])] + text[at + 1:]  # type: ignore[attr-defined]
+    parsed = _parses([wrapper[0] + text + wrapper[1]])
+    assert _values(parsed) == _values(clean)
+    assert _fatal(parsed) == _fatal(clean)
+
+
+@PASTED
+@given(st.sampled_from(MEGATRON_LINES), st.floats(0, 1), st.booleans())
+def test_a_line_wrapped_anywhere_after_its_anchor_reads_as_one(line: str, where: float, eat_space: bool) -> None:
+    """A document wrapped a step line in two at any character after `iteration N/M |` (eating the space it broke
+    at, or not): the two physical lines read as the one line, between two other step lines."""
+    clean = _parses([line])
+    text = line.rstrip()
+    first = text.index("|") + 1
+    at = first + int(where * (len(text) - first))
+    head, tail = text[:at], text[at:]
+    if eat_space and tail.startswith(" "):
+        tail = tail[1:]
+    before, after = _renumbered(line, -1), _renumbered(line, +1)
+    parsed = _parses([before + "\n", head + "\n", tail + "\n", after + "\n"])
+    assert parsed is not None
+    step = int(re.search(r"iteration\s+(\d+)", line).group(1))  # type: ignore[union-attr]
+    row = {k: v for k, v in parsed.frame.loc[step].items() if pd.notna(v)}
+    assert row == _values(clean)
+    assert _fatal(parsed) <= _fatal(_parses([before + "\n", line, after + "\n"]))
+
+
+def _renumbered(line: str, delta: int) -> str:
+    return re.sub(r"iteration(\s+)(\d+)/", lambda m: f"iteration{m.group(1)}{int(m.group(2)) + delta + 1}/", line,
+                  count=1) if delta >= 0 else re.sub(r"iteration(\s+)(\d+)/",
+                                                     lambda m: f"iteration{m.group(1)}{max(int(m.group(2)) - 1, 0)}/",
+                                                     line, count=1)
+
+
+@PASTED
+@given(st.integers(1, 4), st.integers(2, 30), st.integers(1, 7), st.booleans(), st.booleans())
+def test_epoch_counters_from_zero_or_one_number_the_same_steps(epochs: int, per_epoch: int, every: int,
+                                                               zero_based: bool, capital: bool) -> None:
+    """MindSpore model-zoo monitors (`epoch: [{:3d}/{:3d}], step:[{:5d}/{:5d}], loss:[..]`) print `cur_epoch_num - 1`
+    and the step in the epoch from 0, or both from 1; MindFormers 0.6 prints `Epoch:[%3d/%3d], step:[%5d/%5d]`
+    from 1. Whatever the base and the print interval, a log from the start numbers its steps 1..N, none negative,
+    and a complete run is no incomplete_run."""
+    lines, want = [], []
+    for g in range(1, epochs * per_epoch + 1):
+        if g % every and g != epochs * per_epoch:
+            continue
+        epoch, step = (g - 1) // per_epoch + (0 if zero_based else 1), (g - 1) % per_epoch + (0 if zero_based else 1)
+        head = f"Epoch:[{epoch:3d}/{epochs:3d}], step:[{step:5d}/{per_epoch:5d}]" if capital else \
+            f"epoch: [{epoch:3d}/{epochs:3d}], step:[{step:5d}/{per_epoch:5d}]"
+        lines.append(f"{head}, loss:[{2.0:5.3f}/{2.0:5.3f}], time:[{1.5:5.3f}], lr:[{0.1:5.3f}]\n")
+        want.append(g)
+    parsed = _parses(lines)
+    assert parsed is not None
+    evidence = zero_based and (any(((g - 1) // per_epoch) == 0 for g in want))
+    if evidence or not zero_based:
+        assert parsed.steps == want
+    assert min(parsed.steps) >= 1
+    if parsed.steps == want:
+        assert "incomplete_run" not in {s.kind for s in parsed.sentinels}
+
+
+# Every timestamp style before `iteration` that the frameworks and the tools around them print: megatron-core's own
+# (` [%Y-%m-%d %H:%M:%S]` before 0.16, ` [%Y-%m-%d %H:%M:%S.%f]` since), RFC 3339 as forks and collectors write it
+# (`datetime.isoformat`, `date --rfc-3339`, `kubectl logs --timestamps`' RFC3339Nano, `Z` or an offset).
+_STAMPS = st.sampled_from([
+    (" [2025-10-21 16:18:53]", False), (" [2025-10-21 16:18:53.123456]", True),
+    ("[2025-10-21T16:18:53+08:00]", False), ("[2025-10-21T16:18:53.123+08:00]", True),
+    ("[2025-10-21T08:18:53Z]", False), ("2025-10-21T08:18:53.123456789Z", True), ("[2025-10-21 16:18:53+08:00]", False),
+    ("[2025-10-21T16:18:53+0800]", False), ("[ 2025-10-21T16:18:53.5-05:00 ]", True),
+])
+
+
+@PASTED
+@given(st.sampled_from(MEGATRON_LINES), _STAMPS)
+def test_every_timestamp_style_is_a_timestamp_of_its_precision(line: str, stamp: tuple[str, bool]) -> None:
+    text, sub_second = stamp
+    bare = re.sub(r"^.*?(?=iteration\s)", "", line.rstrip())
+    first = re.sub(r"iteration(\s+)\d+/", lambda m: f"iteration{m.group(1)}1/", bare, count=1)
+    second = re.sub(r"iteration(\s+)\d+/", lambda m: f"iteration{m.group(1)}2/", bare, count=1)
+    parsed = _parses([text + " " + first + "\n", text + " " + second + "\n"])
+    assert parsed is not None
+    assert _values(_parses([text + " " + first])) == _values(_parses([first]))
+    note = parsed.first_interval
+    assert note is not None
+    (interval,) = note.intervals
+    assert ("microsecond timestamps" if sub_second else "seconds-only timestamps") in interval.reason
