@@ -17,6 +17,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from alignflow.errors import ConfigError
+
 STATE_DIR_ENV = "ALIGNFLOW_STATE_DIR"
 DB_URL_ENV = "ALIGNFLOW_DB_URL"
 DEFAULT_STATE_DIR = ".alignflow"
@@ -55,3 +57,23 @@ def expand_state_dir(path: str, state: Path | None = None) -> str:
     if path != STATE_DIR_TOKEN and not path.startswith(STATE_DIR_TOKEN + "/"):
         return path
     return str((state if state is not None else state_dir()) / path[len(STATE_DIR_TOKEN):].lstrip("/"))
+
+
+def writable_dir(path: Path) -> Path:
+    """`path` (the state dir or a directory in it), created if missing and checked writable; a `ConfigError` (exit 2)
+    naming the directory that refuses, instead of an `OSError` traceback from whichever write came first (issue
+    33: a read-only state dir)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(_unwritable(path, exc.strerror or str(exc))) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(_unwritable(path, "not writable"))
+    return path
+
+
+def _unwritable(path: Path, why: str) -> str:
+    refusing = next((p for p in (path, *path.parents) if p.exists()), path)
+    inside = f" (alignflow needs {path} in it)" if refusing != path else ""
+    return (f"{refusing}: cannot write there: {why}{inside}; make it writable, or set {STATE_DIR_ENV} to a "
+            "directory you can write")

@@ -47,6 +47,7 @@ from typing import Any
 
 from alignflow import controller
 from alignflow.errors import ConfigError
+from alignflow.state import writable_dir
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +211,7 @@ class _PortTaken(Exception):
 
 def _start_on(state: Path, port: int, *, kept: bool, timeout_s: float) -> ServerRecord:
     folder = server_dir(state)
-    prefect_home(state).mkdir(parents=True, exist_ok=True)
+    writable_dir(prefect_home(state))  # a read-only state dir: an error naming it, not a traceback (issue 33)
     log_path = folder / f"server-{port}.log"
     argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
             "--analytics-off"]
@@ -295,7 +296,7 @@ def forget(state: Path, record: ServerRecord) -> None:
 
 @contextlib.contextmanager
 def _lock(state: Path) -> Iterator[None]:
-    server_dir(state).mkdir(parents=True, exist_ok=True)
+    writable_dir(server_dir(state))
     with open(server_dir(state) / "lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
