@@ -138,15 +138,19 @@ def _tree(b: Bench, where: Path, name: str, done: Finished) -> str:
 
 
 def _tb(b: Bench, where: Path, name: str, done: Finished) -> str:
-    """The TensorBoard run's scalars, as (tag, step count) pairs: "" when the run directory does not exist."""
+    """The export's TensorBoard runs (one per side and the error) with their scalars, as (run, tag, step count):
+    "" when the run directory does not exist."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run = where / name / b.run_id
     if not run.exists():
         return ""
-    acc = EventAccumulator(str(run), size_guidance={"tensors": 0})
-    acc.Reload()
-    return repr(sorted((tag, len(acc.Tensors(tag))) for tag in acc.Tags()["tensors"]))
+    found = []
+    for side in sorted(p for p in run.iterdir() if p.is_dir()):
+        acc = EventAccumulator(str(side), size_guidance={"tensors": 0})
+        acc.Reload()
+        found += [(side.name, tag, len(acc.Tensors(tag))) for tag in acc.Tags()["tensors"]]
+    return repr(sorted(found))
 
 
 def _mlflow_db(where: Path) -> Path:
@@ -160,7 +164,8 @@ def _mlflow(b: Bench, where: Path, name: str, done: Finished) -> str:
     client = MlflowClient(tracking_uri=f"sqlite:///{_mlflow_db(where)}")
     runs = [r for e in client.search_experiments() for r in client.search_runs(
         [e.experiment_id], filter_string=f"tags.`alignflow.run_id` = '{b.run_id}'")]
-    return repr(sorted((r.data.tags["alignflow.side"], r.data.tags.get("alignflow.export_state"), r.info.status,
+    return repr(sorted((r.data.tags.get("alignflow.side", "run"), r.data.tags.get("alignflow.export_state"),
+                        r.info.status,
                         sorted((k, len(client.get_metric_history(r.info.run_id, k))) for k in r.data.metrics))
                        for r in runs)) if runs else ""
 
@@ -178,7 +183,8 @@ CASES: dict[str, Case] = {c.name: c for c in (
          env=lambda w: {"ALIGNFLOW_HASH_MEMO": str(w / "memo.sqlite")}),
     Case("export-tensorboard", lambda b, w, n: ["export", b.run_id[:8], "--tensorboard", str(w / n)], _tb,
          lambda w: w / "out"),
-    Case("export-mlflow", lambda b, w, n: ["export", b.run_id[:8], "--mlflow", f"sqlite:///{_mlflow_db(w)}"],
+    Case("export-mlflow", lambda b, w, n: ["export", b.run_id[:8], "--mlflow", "--mlflow-uri",
+                                            f"sqlite:///{_mlflow_db(w)}"],
          _mlflow, lambda w: w,
          prepare=lambda b, w: shutil.copy(b.mlflow_template or "", _mlflow_db(w))),
 )}
