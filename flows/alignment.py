@@ -32,7 +32,8 @@ from flows.artifacts import publish_run_artifacts
 from flows.hooks import kill_remote_jobs, remember_run
 from flows.states import flow_run_name, name_current_flow_run, not_started_state, run_state
 from tasks.context import open_store, run_context, state_dir, transport_factory
-from tasks.steps import data_task, finish_task, preflight_task, start_run_task, step_task
+from tasks.progress import announce_flow_run
+from tasks.steps import data_task, finish_task, preflight_task, record_run, step_task
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +97,15 @@ def alignment(
         options = RunOptions(from_step=from_step, only=tuple(only or ()), force=tuple(force or ()),
                              parent=parent_run, trigger=trigger, reuse_parent=reuse_parent, reproduce_of=reproduce_of)
         try:
-            run_id = start_run_task(str(Path(experiment)), str(Path(hosts)), options)
+            run_id = record_run(str(Path(experiment)), str(Path(hosts)), options)
         except AlignflowError as exc:  # bad parameters (an unknown parent run...): nothing was recorded
             logger.error("not started: %s", exc)
             return not_started_state(exc)
     ctx = run_context(run_id)
-    name_current_flow_run(flow_run_name(ctx.experiment.name, run_id, ctx.options))
+    name = flow_run_name(ctx.experiment.name, run_id, ctx.options)
+    name_current_flow_run(name)
     remember_run(get_run_context(), run_id)
+    announce_flow_run(name, flow_run_link())
     result = WalkResult({}, ())
     error: str | None = None
     failures: tuple[BaseException, ...] = ()  # what decides between `error` and `failed` (runner.run.failure_status)
@@ -115,12 +118,25 @@ def alignment(
         error, failures = str(exc), (exc,)
     except Exception as exc:  # a task failed: Prefect re-raises the original error
         error, failures = f"{type(exc).__name__}: {exc}", (exc,)
-    except BaseException as exc:  # stopped (`alignflow serve` got SIGTERM, Ctrl-C): kill the jobs, as the CLI does
+    except KeyboardInterrupt as exc:  # Ctrl-C in `alignflow run`: the run ends cancelled, here and in Prefect
+        logger.warning("run %s: Ctrl-C, cancelling it (its jobs are killed)", run_id)
+        cancel_interrupted(open_store(), run_id, exc, transport_factory=transport_factory(), why="stopped by Ctrl-C")
+        error = "stopped by Ctrl-C"
+    except BaseException as exc:  # stopped (`alignflow serve` got SIGTERM): kill the jobs, as the CLI does
         cancel_interrupted(open_store(), run_id, exc, transport_factory=transport_factory(), what="the flow run")
         raise
-    if error is not None:
-        logger.error("run %s failed: %s", run_id, error)
     view = finish_task(run_id, result.outcomes, error=error, failures=failures)
+    if view.status in ("failed", "error"):
+        logger.error("run %s %s: %s", run_id, view.status, error)
     publish_run_artifacts(view.to_json())
     logger.info("run %s: %s, verdict %s, report %s", run_id, view.status, view.verdict, view.report)
     return run_state(view)
+
+
+def flow_run_link() -> str | None:
+    """The UI page of the flow run this code runs in."""
+    from prefect.runtime import flow_run
+
+    from flows.prefect_client import run_link
+
+    return run_link(flow_run.id) if flow_run.id else None

@@ -16,7 +16,10 @@ Prefect server and the alignflow store — a team server that starts with a brok
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +37,10 @@ def register(app: typer.Typer) -> None:
     """Entry point of the `alignflow.commands` group: add this module's commands to `app`."""
     _register_run(app)
     _register_serve(app)
-    from flows.server_cli import server_app
+    from flows.server_cli import register_ui, server_app
 
     app.add_typer(server_app(), name="server")
+    register_ui(app)
 
 
 def _complete_step(incomplete: str) -> list[str]:
@@ -64,20 +68,35 @@ def check_run_inputs(experiment: Path, hosts: Path) -> None:
     load_run_inputs(experiment, hosts)
 
 
-def _flow_run(*, verbosity: Verbosity, **params: Any) -> Any:
+@dataclass(frozen=True)
+class Launched:
+    """A run the flow executed: its record, where the UI shows it, and whether Ctrl-C stopped it."""
+
+    record: Any
+    link: str | None  # its flow run's page, on a Prefect server that outlives this command
+    per_run_server: bool  # its Prefect server was started for it, and is gone
+    ctrl_c: bool
+
+
+def _flow_run(*, verbosity: Verbosity, **params: Any) -> Launched:
     """Record the run, then hand it to the Prefect flow; whatever happens, report the recorded run.
 
-    Prefect is reached first (`flows.server.prefect_api`: the configured API, the kept server or one started for
-    this run): a run that cannot reach Prefect fails before anything is recorded.
+    Prefect is reached first (`flows.prefect_client.prefect_api`: the configured API, the kept server or one started
+    for this run): a run that cannot reach Prefect fails before anything is recorded. Ctrl-C cancels the run: the
+    flow kills its jobs and ends it `cancelled`, in the store and in Prefect (`Cancelled`).
     """
     from alignflow.cli.runs import open_store
     from alignflow.state import state_dir
-    from flows.server import prefect_api
+    from flows.prefect_client import use_state_dir_for_prefect
 
-    with prefect_api(state_dir()) as api:
-        if verbosity != "quiet" and api.server is not None and not api.server.kept:
-            Console(stderr=True).print(f"prefect: a server for this run at {api.server.ui}; `alignflow server start` "
-                                       "keeps one for later runs", highlight=False)
+    use_state_dir_for_prefect()
+    from flows.prefect_client import prefect_api
+
+    with prefect_api(state_dir()) as api, _CtrlC() as ctrl_c:
+        per_run = api.server is not None and not api.server.kept
+        if verbosity != "quiet" and api.server is not None and per_run:
+            Console(stderr=True).print(f"prefect: a server for this run only, stopped with it (UI {api.server.ui}); "
+                                       "`alignflow server start` keeps one for later runs", highlight=False)
         from alignflow.runner.run import start_run
         from alignflow.runner.session import RunOptions
         from alignflow.runview import run_view
@@ -95,11 +114,10 @@ def _flow_run(*, verbosity: Verbosity, **params: Any) -> Any:
             store.close()
         try:
             with terminal(verbosity):  # the progress display (alignflow.cli.progress), per --quiet / --verbose
-                return alignment(**params, run_id=run_id)
-        except KeyboardInterrupt:
-            _interrupt(run_id, "stopped by Ctrl-C; its detached jobs go on until `alignflow cancel` kills them, "
-                               f"`alignflow rerun {run_id}` continues it")
-            raise
+                record: Any = alignment(**params, run_id=run_id)
+        except KeyboardInterrupt:  # before the flow's walk began, or Ctrl-C again while it cancelled the run
+            _cancelled_by_ctrl_c(run_id, api.url)
+            record = {"run_id": run_id}
         except Exception as exc:
             # The flow recorded the failure; print the recorded run (its error says what went wrong). If it could
             # not (the Prefect server went away under it), the run is interrupted here, with the cause.
@@ -108,16 +126,55 @@ def _flow_run(*, verbosity: Verbosity, **params: Any) -> Any:
                 if store.get_run(run_id).status == "running":
                     store.interrupt_run(run_id, reason=f"the flow ended without closing the run ({exc}; Prefect API "
                                                        f"{api.url}); `alignflow rerun {run_id}` continues it")
-                return run_view(store, run_id)
+                record = run_view(store, run_id)
             finally:
                 store.close()
+        link = None if per_run else _run_link(api.url, run_id)
+    return Launched(record, link, per_run, ctrl_c.seen)
 
 
-def _interrupt(run_id: str, reason: str) -> None:
+class _CtrlC:
+    """While inside (in the main thread): Ctrl-C raises KeyboardInterrupt as always, and is remembered."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._previous: Any = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        signal.default_int_handler(signum, frame)
+
+    def __enter__(self) -> _CtrlC:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _cancelled_by_ctrl_c(run_id: str, api_url: str) -> None:
+    """Ctrl-C reached the command, not the flow's walk: kill what the run started, record it cancelled, and make its
+    flow run (which Prefect recorded `Crashed`) `Cancelled` too."""
     from alignflow.cli.runs import open_store
+    from alignflow.runner.control import cancel_run_jobs
+    from alignflow.transport import open_transport
+    from flows.prefect_client import cancel_flow_run
 
     with open_store(quiet=True) as store:
-        store.interrupt_run(run_id, reason=reason)
+        cancel_run_jobs(store, run_id, transport_factory=open_transport, why="stopped by Ctrl-C")
+    cancel_flow_run(api_url, run_id, message=f"run {run_id} cancelled: stopped by Ctrl-C")
+
+
+def _run_link(api_url: str, run_id: str) -> str | None:
+    from flows.prefect_client import find_flow_run, run_link
+
+    try:
+        found = find_flow_run(api_url, run_id)
+    except ConfigError:
+        return None
+    return None if found is None else run_link(found["id"])
 
 
 def _view(record: Any) -> Any:
@@ -125,6 +182,8 @@ def _view(record: Any) -> Any:
     from alignflow.cli.runs import open_store
     from alignflow.runview import RunView, run_view
 
+    if isinstance(record, Launched):
+        record = record.record
     run_id = record.run_id if isinstance(record, RunView) else record["run_id"]
     store = open_store(quiet=True)
     try:
@@ -133,8 +192,21 @@ def _view(record: Any) -> Any:
         store.close()
 
 
-def _finish(record: Any, as_json: bool, started: float, verbosity: Verbosity = "normal") -> None:
-    view = _view(record)
+def print_link(launched: Launched, run_id: str) -> None:
+    """Where the Prefect UI shows the run."""
+    console = Console(highlight=False)
+    if launched.link:
+        console.print(f"ui:      {launched.link}", markup=False, soft_wrap=True)
+    elif launched.per_run_server:
+        console.print(f"ui:      `alignflow ui {run_id}` opens it (its Prefect server stopped with the run; "
+                      "`alignflow server start` keeps one)", markup=False)
+
+
+def _finish(launched: Launched | Any, as_json: bool, started: float, verbosity: Verbosity = "normal") -> None:
+    """Print the run as `show` does (`--json`, `--quiet`), where the UI shows it, then exit with the run's code."""
+    if not isinstance(launched, Launched):  # a bare record (a RunView, or the flow's JSON)
+        launched = Launched(launched, link=None, per_run_server=False, ctrl_c=False)
+    view = _view(launched)
     if as_json:
         typer.echo(json.dumps(view.to_json(), indent=2))
     elif verbosity == "quiet":
@@ -144,6 +216,12 @@ def _finish(record: Any, as_json: bool, started: float, verbosity: Verbosity = "
                    + (f"\n{not_run_line(view)}" if view.not_run else ""))
     else:
         print_view(view, seconds=time.monotonic() - started)
+        print_link(launched, view.run_id)
+    if launched.ctrl_c:
+        Console(stderr=True, highlight=False).print(
+            f"run {view.run_id} {view.status} (Ctrl-C): its jobs were killed; `alignflow rerun {view.run_id}` "
+            "continues it, reusing every step that finished", markup=False, soft_wrap=True)
+        raise typer.Exit(130)
     raise typer.Exit(view.exit_code)
 
 
@@ -240,6 +318,8 @@ def _register_run(app: typer.Typer) -> None:
                            hosts=original.params["hosts_path"], parent_run=original.id, trigger="reproduce",
                            reproduce_of=original.id)
         view = _view(record)
+        if record.ctrl_c:
+            _finish(record, as_json, started=time.monotonic(), verbosity="quiet" if quiet else "normal")
         if view.status != "completed":
             if as_json:
                 typer.echo(json.dumps({"verdict": "incomplete", "reproduction": view.to_json()}, indent=2))
@@ -280,25 +360,25 @@ def _short(value: str | None) -> str:
     return value[:16] if len(value) == 64 and all(c in "0123456789abcdef" for c in value) else escape(value)
 
 
-def _api_url() -> str:
-    """The configured Prefect API, else the kept server alignflow owns (`alignflow server start`)."""
+def _api_url() -> tuple[str, str]:
+    """The configured Prefect API, else the kept server alignflow owns (`alignflow server start`); with its UI."""
     import os
 
-    from prefect.settings import get_current_settings
-
     from alignflow.state import state_dir
-    from flows.server import kept_server
+    from flows.prefect_client import configured_api_url, ui_url
+    from flows.server import kept_server, ui_base
 
-    url = get_current_settings().api.url
+    url = configured_api_url()
     if url:
-        return str(url)
+        return url, ui_url() or ui_base(url)
     kept = kept_server(state_dir())
     if kept is None:
         raise ConfigError("PREFECT_API_URL is not set and no Prefect server is kept: `alignflow serve` registers "
                           "deployments with a lasting Prefect server; start one with `alignflow server start` (or "
                           "use a team server, docker/compose.yaml, and export PREFECT_API_URL=http://HOST:4200/api)")
-    os.environ["PREFECT_API_URL"] = kept.url  # serve's flow-run subprocesses must reach it too
-    return kept.url
+    # serve's flow-run subprocesses must reach it too, and the links they log (`View at`) open its UI
+    os.environ.update(PREFECT_API_URL=kept.url, PREFECT_UI_URL=kept.ui)
+    return kept.url, kept.ui
 
 
 def _check_server(api_url: str) -> None:
@@ -338,6 +418,9 @@ def _register_serve(app: typer.Typer) -> None:
     ) -> None:
         """Serve the `alignment/launch` (UI form) and `nightly-regression/nightly` (cron) deployments until SIGTERM,
         and the state dir's HTML reports read-only over http."""
+        from flows.prefect_client import use_state_dir_for_prefect
+
+        use_state_dir_for_prefect()
         from flows.serve import describe, load_serve_spec, serve_deployments, serving_reports
 
         if nightly is None and Path("nightly.yaml").is_file():
@@ -364,22 +447,22 @@ def _register_serve(app: typer.Typer) -> None:
             console.print(f"alert:       {spec.nightly.alert.format} webhook on a failed nightly", highlight=False)
         if dry_run:
             raise typer.Exit(0)
-        api = _api_url()
+        api, ui = _api_url()
         _check_server(api)
         from alignflow.cli.runs import open_store
         from alignflow.state import state_dir
 
         store = open_store()  # fails now, with the database named, if the store is unreachable or too new
         try:
-            console.print(f"store:       {store.url}", highlight=False)
+            console.print(f"store:       {store.url}", highlight=False, soft_wrap=True)
         finally:
             store.close()
-        console.print(f"prefect:     {api} — UI {api.rstrip('/').removesuffix('/api')}/v2/deployments", highlight=False)
-        from prefect.settings import PREFECT_API_URL, temporary_settings
+        console.print(f"prefect:     {api} — UI {ui}/deployments", highlight=False, soft_wrap=True)
+        from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
 
-        with temporary_settings(updates={PREFECT_API_URL: api}), \
+        with temporary_settings(updates={PREFECT_API_URL: api, PREFECT_UI_URL: ui}), \
                 serving_reports(state_dir(), bind=reports_bind, port=reports_port, public_url=reports_url) as url:
-            console.print(f"reports:     {url}/", highlight=False)
+            console.print(f"reports:     {url}/", highlight=False, soft_wrap=True)
             serve_deployments(spec, limit=limit)
         console.print("stopped (schedules left active)")
 

@@ -7,7 +7,9 @@
 - `--quiet`: no display, warnings only; the command prints the result.
 
 Prefect's API log handler is never touched: the UI keeps every line. Prefect logs to the terminal through a
-`PrefectConsoleHandler` on the root logger (prefect/logging/logging.yml).
+`PrefectConsoleHandler` on the root logger (prefect/logging/logging.yml), whose rich console writes to the stream
+it was built with - past the live display, over its rows. While the display is up, that console is the display's
+(`_ThroughDisplay`): each record is printed above the rows.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Literal
+from typing import Any, Literal
 
 from alignflow.errors import ConfigError
 
@@ -36,8 +38,23 @@ def quiet_prefect(verbosity: Verbosity) -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler, PrefectConsoleHandler):
             handler.setLevel(logging.NOTSET if verbosity == "verbose" else logging.WARNING)
+            for old in [f for f in handler.filters if isinstance(f, _NoFinalStates)]:
+                handler.removeFilter(old)
+            handler.addFilter(_NoFinalStates(verbosity))
     if verbosity == "verbose":  # the core's own loggers (transfers, caches) too
         logging.getLogger("alignflow").setLevel(logging.DEBUG)
+
+
+class _NoFinalStates(logging.Filter):
+    """Off `--verbose`, the engine's `Finished in state Cancelled(...)` / `Failed(...)` records (logged at ERROR)
+    stay in the UI: the display's step lines and the run's summary say the same."""
+
+    def __init__(self, verbosity: Verbosity) -> None:
+        super().__init__()
+        self.verbosity = verbosity
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.verbosity == "verbose" or not str(record.msg).startswith("Finished in state ")
 
 
 @contextmanager
@@ -50,5 +67,30 @@ def terminal(verbosity: Verbosity) -> Iterator[None]:
     from alignflow.cli.progress import ConsoleProgress
     from tasks.progress import observing
 
-    with ConsoleProgress(verbose=verbosity == "verbose") as display, observing(display):
+    with ConsoleProgress(verbose=verbosity == "verbose") as display, observing(display), _prefect_through(display):
         yield
+
+
+class _ThroughDisplay:
+    """Stands in for a `PrefectConsoleHandler`'s rich console (its `emit` calls `console.print(message, ...)`)."""
+
+    def __init__(self, display: Any) -> None:
+        self.display = display
+
+    def print(self, message: object, *args: object, **kwargs: object) -> None:
+        self.display.log_line(str(message))
+
+
+@contextmanager
+def _prefect_through(display: Any) -> Iterator[None]:
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    handlers = [h for h in logging.getLogger().handlers if isinstance(h, PrefectConsoleHandler)]
+    saved = [h.console for h in handlers]
+    for handler in handlers:
+        handler.console = _ThroughDisplay(display)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for handler, console in zip(handlers, saved, strict=True):
+            handler.console = console

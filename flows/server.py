@@ -21,8 +21,16 @@ Two modes:
   with SIGKILL, prctl(2)), stopped by the controller when the run ends, and - should both be killed at once -
   stopped by the next alignflow command that looks for a Prefect server (`sweep`).
 
-Telemetry is off (`PREFECT_SERVER_ANALYTICS_ENABLED=false`). The server's INFO logs go to its log file, never to
+Telemetry is off (`PREFECT_SERVER_ANALYTICS_ENABLED=false`, and `DO_NOT_TRACK=1` for the Prefect client code the
+server runs; alignflow's own processes: flows/environment.py). The server's INFO logs go to its log file, never to
 the run's terminal.
+
+**Its UI talks to its own API.** The UI asks the server where the API is (`GET /ui-settings`, whose `api_url` is
+Prefect's `PREFECT_SERVER_UI_API_URL`) and calls that. Unset, Prefect derives it from `PREFECT_SERVER_API_HOST` and
+`PREFECT_SERVER_API_PORT` (prefect/settings/models/root.py), not from `--port`: a server on any other port than
+4200 sent its UI to `http://127.0.0.1:4200/api` - "Unable to connect to Prefect server", or the runs of whatever
+other Prefect server listens there. So each owned server is told its own URL, and `PREFECT_UI_URL` (the base of
+the links Prefect builds: `View at ...`, the nightly alert's link) is its V2 UI.
 """
 
 from __future__ import annotations
@@ -75,7 +83,8 @@ class ServerRecord:
 
     @property
     def ui(self) -> str:
-        return self.url.removesuffix("/api") + "/v2"
+        """The base URL of its UI (Prefect's V2 UI, the default of 3.9)."""
+        return ui_base(self.url)
 
     def alive(self) -> bool:
         return controller.liveness(self.identity) == "alive"
@@ -89,6 +98,11 @@ class ServerRecord:
             return cls(**json.loads(path.read_text()))
         except (OSError, ValueError, TypeError):
             return None
+
+
+def ui_base(api_url: str) -> str:
+    """The V2 UI of the server whose API is `api_url` (`http://HOST:PORT/api` -> `http://HOST:PORT/v2`)."""
+    return api_url.rstrip("/").removesuffix("/api") + "/v2"
 
 
 def server_dir(state: Path) -> Path:
@@ -115,6 +129,16 @@ def start_timeout_s(environ: Mapping[str, str] | None = None) -> float:
     if value <= 0:
         raise ConfigError(f"{START_TIMEOUT_ENV}={raw!r}: must be positive")
     return value
+
+
+def ui_api_url(url: str, *, timeout_s: float = 3.0) -> str | None:
+    """The API URL the UI of the server at `url` (its API) calls, as `GET /ui-settings` tells it; None if unknown."""
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/').removesuffix('/api')}/ui-settings", timeout=timeout_s) as resp:
+            found = json.loads(resp.read().decode() or "null")
+    except (OSError, ValueError, urllib.error.URLError):
+        return None
+    return str(found["api_url"]) if isinstance(found, dict) and found.get("api_url") else None
 
 
 def healthy(url: str, *, timeout_s: float = 3.0) -> bool:
@@ -168,12 +192,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def server_env(state: Path, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment of an owned server: its own PREFECT_HOME (hence database), telemetry off, quiet logs."""
+def server_env(state: Path, port: int, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of an owned server on `port`: its own PREFECT_HOME (hence database), its UI pointed at its
+    own API, telemetry off, quiet logs."""
     env = dict(os.environ if environ is None else environ)
-    for key in [k for k in env if k.startswith("PREFECT_API_") or k == "PREFECT_PROFILE"]:
-        del env[key]  # the server is not a client of some other API
-    env.update(PREFECT_HOME=str(prefect_home(state)), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    for key in [k for k in env if k.startswith(("PREFECT_API_", "PREFECT_UI_", "PREFECT_SERVER_UI_"))
+                or k in ("PREFECT_PROFILE", "PREFECT_PROFILES_PATH")]:
+        del env[key]  # the server is not a client of some other API, nor its UI some other server's
+    api = f"http://127.0.0.1:{port}/api"
+    env.update(PREFECT_HOME=str(prefect_home(state)), PREFECT_SERVER_ANALYTICS_ENABLED="false", DO_NOT_TRACK="1",
+               PREFECT_SERVER_UI_API_URL=api, PREFECT_UI_URL=ui_base(api),
                PREFECT_SERVER_LOGGING_LEVEL="WARNING", PREFECT_LOGGING_LEVEL="WARNING",
                PREFECT_CLI_PROMPT="false", PYTHONUNBUFFERED="1")
     return env
@@ -218,7 +246,7 @@ def _start_on(state: Path, port: int, *, kept: bool, timeout_s: float) -> Server
     parent = os.getpid()
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                env=server_env(state), cwd=str(folder), start_new_session=True,
+                                env=server_env(state, port), cwd=str(folder), start_new_session=True,
                                 preexec_fn=None if kept else lambda: _die_with_parent(parent))
     record = ServerRecord(url=f"http://127.0.0.1:{port}/api", port=port,
                           process=controller.current(pid=proc.pid).to_dict(), kept=kept, log=str(log_path),
@@ -322,77 +350,3 @@ def stop_kept(state: Path) -> ServerRecord | None:
         stop(record)
         forget(state, record)
         return record
-
-
-@dataclass(frozen=True, slots=True)
-class PrefectApi:
-    """The Prefect API a run talks to, and who provides it."""
-
-    url: str
-    source: str  # "PREFECT_API_URL" | "kept" | "per-run"
-    server: ServerRecord | None = None
-
-
-def check_reachable(url: str) -> None:
-    if not healthy(url, timeout_s=10):
-        raise ConfigError(f"{url}: the Prefect API does not answer (PREFECT_API_URL); start that server, or unset "
-                          "PREFECT_API_URL and alignflow runs its own")
-
-
-@contextlib.contextmanager
-def prefect_api(state: Path, *, timeout_s: float | None = None) -> Iterator[PrefectApi]:
-    """Make Prefect in this process (and its children) talk to a healthy API for the duration of the block.
-
-    A configured `PREFECT_API_URL` (environment or Prefect profile) is used as it is, after a health check. Else
-    the kept server, else a server started for this block and stopped when it ends (or when this process dies).
-    """
-    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
-
-    configured = get_current_settings().api.url
-    if configured:
-        check_reachable(str(configured))
-        yield PrefectApi(str(configured), "PREFECT_API_URL")
-        return
-    sweep(state)
-    record = kept_server(state)
-    if record is not None and healthy(record.url):
-        with _client_of(record.url, PREFECT_API_URL, temporary_settings):
-            yield PrefectApi(record.url, "kept", record)
-        return
-    record = start(state, kept=False, timeout_s=timeout_s)
-    try:
-        with _client_of(record.url, PREFECT_API_URL, temporary_settings):
-            try:
-                yield PrefectApi(record.url, "per-run", record)
-            finally:
-                _drain_to(record)
-    finally:
-        stop(record)
-        forget(state, record)
-
-
-def _drain_to(record: ServerRecord) -> None:
-    """Send the logs and events still queued in this process while their server is up (stopping it first leaves
-    Prefect's workers retrying at exit: `--- Error logging to API --- All connection attempts failed`)."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-
-    for worker in (APILogWorker, EventsWorker):
-        try:
-            worker.drain_all(timeout=30, at_exit=False)
-        except Exception as exc:  # a worker that cannot drain must not fail a finished run
-            log.debug("%s: draining %s failed: %s", record.url, worker.__name__, exc)
-
-
-@contextlib.contextmanager
-def _client_of(url: str, setting: Any, temporary_settings: Any) -> Iterator[None]:
-    previous = os.environ.get("PREFECT_API_URL")
-    os.environ["PREFECT_API_URL"] = url  # for child processes (detached jobs do not need it; hooks might)
-    try:
-        with temporary_settings(updates={setting: url}):
-            yield
-    finally:
-        if previous is None:
-            os.environ.pop("PREFECT_API_URL", None)
-        else:
-            os.environ["PREFECT_API_URL"] = previous

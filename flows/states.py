@@ -3,7 +3,8 @@
 - A run whose verdict is **pass** ends `Completed`; a finished run whose verdict is **fail** ends in a Failed-type
   state named `Not aligned` whose message is the verdict's reasons (each failed criterion with its value), so
   the runs list shows red rows for the nights that failed; a run that **could not finish** ends `Failed` with
-  its cause (Prefect itself marks a run whose process died `Crashed`).
+  its cause (Prefect itself marks a run whose process died `Crashed`); a run **cancelled** (Ctrl-C, `alignflow
+  cancel`, the UI's Cancel) ends `Cancelled`, as the store records it.
 - A step alignflow reused (its cache, or the parent run's artifacts) ends in Prefect's own `Cached` state, whose
   message names the run it was reused from (`tasks.steps.step_state`).
 - Flow runs are named `align-<experiment>-<run id>` (`-rerun-<step>`, `-reproduce`); task runs
@@ -18,7 +19,7 @@ import logging
 from typing import Any
 
 from prefect.client.schemas.objects import State
-from prefect.states import Completed, Failed
+from prefect.states import Cancelled, Completed, Failed
 
 from alignflow.errors import AlignflowError
 from alignflow.runner.session import RunOptions
@@ -55,6 +56,9 @@ def verdict_message(view: RunView) -> str:
 def run_state(view: RunView) -> State[Any]:
     """The flow run's final state for the finished alignflow run `view`."""
     record = view.to_json()
+    if view.status == "cancelled":
+        why = (view.error or "cancelled").removeprefix("cancelled").lstrip(": ")
+        return Cancelled(message=_clip(f"run {view.run_id} cancelled" + (f": {why}" if why else "")))
     if view.status in ("failed", "error"):  # error: a configuration or environment cause (runner.run.failure_status)
         how = "failed" if view.status == "failed" else "error (configuration or environment)"
         message = f"run {view.run_id} {how}: {view.error or 'no error recorded'}"

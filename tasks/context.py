@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from alignflow.runner.engine import StepRunner, TransportFactory
+from alignflow.runner.engine import PROGRESS_EVERY_S, StepRunner, TransportFactory
 from alignflow.runner.progress import ProgressFn
 from alignflow.runner.session import Events, RunContext, default_state_dir, open_run
 from alignflow.state import database_url
@@ -57,11 +57,12 @@ def transport_factory() -> TransportFactory:
 
 
 @contextmanager
-def runner_for(run_id: str, *, events: Events | None = None, progress: ProgressFn | None = None
-               ) -> Iterator[StepRunner]:
+def runner_for(run_id: str, *, events: Events | None = None, progress: ProgressFn | None = None,
+               progress_every_s: float = PROGRESS_EVERY_S) -> Iterator[StepRunner]:
     """A `StepRunner` of the run for one task (its transports are the task's own: runners are not shared)."""
     runner = StepRunner(run_context(run_id), store=open_store(), state_dir=state_dir(),
-                        transport_factory=transport_factory(), events=events, progress=progress)
+                        transport_factory=transport_factory(), events=events, progress=progress,
+                        progress_every_s=progress_every_s)
     try:
         yield runner
     finally:

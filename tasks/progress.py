@@ -1,12 +1,18 @@
 """Where a step task's messages and progress go: the task's log, a Prefect progress artifact (the bar on the task
 run's page in the UI), and whoever started the run in this process (the CLI's terminal display).
+
+The terminal gets every observation (the runner reports a running job every few seconds); the task's log and the
+progress artifact, which are writes to the Prefect API, at most one every `LOG_EVERY_S`. When the step ends, its
+artifact says how: 100 % for a step that ran, where it stopped for one that failed or was cancelled (a finished run
+must not keep a bar stuck at "step 29/30").
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 from uuid import UUID
@@ -15,6 +21,8 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
 from alignflow.runner.progress import StepProgress
 from alignflow.runner.session import StepOutcome
+
+LOG_EVERY_S = 10.0
 
 
 class RunObserver(Protocol):
@@ -25,6 +33,8 @@ class RunObserver(Protocol):
     def progress(self, progress: StepProgress) -> None: ...
 
     def step_ended(self, step: str, status: str, detail: str) -> None: ...
+
+    def run_link(self, name: str, link: str | None) -> None: ...
 
 
 _lock = threading.Lock()
@@ -48,13 +58,23 @@ def _each() -> list[RunObserver]:
         return list(_observers)
 
 
-class TaskReporter:
-    """A step task's events: each goes to the task's run logger and to the process's observers; progress also
-    to one Prefect progress artifact per step task (percent of the training's steps)."""
+def announce_flow_run(name: str, link: str | None) -> None:
+    """Tell the observers which flow run executes their run, and where the UI shows it."""
+    for observer in _each():
+        observer.run_link(name, link)
 
-    def __init__(self, logger: logging.Logger | logging.LoggerAdapter[logging.Logger], step: str) -> None:
+
+class TaskReporter:
+    """A step task's events: each goes to the process's observers, and to the task's run logger; progress also to
+    one Prefect progress artifact per step task (percent of the training's steps)."""
+
+    def __init__(self, logger: logging.Logger | logging.LoggerAdapter[logging.Logger], step: str, *,
+                 log_every_s: float = LOG_EVERY_S, clock: Callable[[], float] = time.monotonic) -> None:
         self.logger, self.step = logger, step
+        self.log_every_s, self._clock = log_every_s, clock
         self._artifact: UUID | None = None
+        self._last: StepProgress | None = None
+        self._logged_at: float | None = None
 
     def message(self, text: str) -> None:
         self.logger.info("%s", text)
@@ -70,25 +90,46 @@ class TaskReporter:
             detail = f"verdict {outcome.verdict}" + (f", {detail}" if detail else "")
         self._ended(outcome.status.value, detail)
 
-    def failed(self, exc: BaseException) -> None:
+    def failed(self, exc: BaseException, *, cancelled: bool = False) -> None:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        self._ended("failed" if isinstance(exc, Exception) else "cancelled", first)
+        self._ended("cancelled" if cancelled or not isinstance(exc, Exception) else "failed", first)
 
     def _ended(self, status: str, detail: str) -> None:
         self.logger.info("%s: %s%s", self.step, status, f" ({detail})" if detail else "")
+        self._close_artifact(status)
         for observer in _each():
             observer.step_ended(self.step, status, detail)
 
     def progress(self, p: StepProgress) -> None:
-        self.logger.info("%s", p.line())
         for observer in _each():
             observer.progress(p)
+        self._last = p
+        now = self._clock()
+        due = self._logged_at is None or now - self._logged_at >= self.log_every_s
+        if due:
+            self._logged_at = now
+            self.logger.info("%s", p.line())
         if p.iteration is None or not p.total:
             return
-        percent = min(100.0, 100.0 * p.iteration / p.total)
         if self._artifact is None:
-            made = create_progress_artifact(percent, description=f"{self.step}: training steps done")
+            made = create_progress_artifact(_percent(p), description=f"{self.step}: training steps done")
             assert isinstance(made, UUID)  # the sync API in a sync task (its async twin returns a coroutine)
             self._artifact = made
+        elif due:
+            update_progress_artifact(self._artifact, _percent(p), description=p.line())
+
+    def _close_artifact(self, status: str) -> None:
+        """The bar's last word: done, or where the training stopped."""
+        if self._artifact is None or self._last is None:
+            return
+        p = self._last
+        if status in ("ran", "cached"):
+            update_progress_artifact(self._artifact, 100.0,
+                                     description=f"{self.step}: {status}, {p.total} of {p.total} training steps")
         else:
-            update_progress_artifact(self._artifact, percent, description=p.line())
+            update_progress_artifact(self._artifact, _percent(p),
+                                     description=f"{self.step}: {status} at step {p.iteration} of {p.total}")
+
+
+def _percent(p: StepProgress) -> float:
+    return min(100.0, 100.0 * (p.iteration or 0) / p.total) if p.total else 0.0

@@ -7,23 +7,25 @@ in this process, and they never reach Prefect's API as parameters.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.schemas.objects import State, TaskRun
-from prefect.states import Completed
+from prefect.states import Cancelled, Completed, Failed
 
 from alignflow import pipeline
+from alignflow.errors import AlignflowError, RemoteJobError
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.run import data_artifact, finish, preflight_run, start_run
 from alignflow.runner.session import RunOptions, StepOutcome
 from alignflow.runner.steps import run_step
 from alignflow.runview import RunView
-from alignflow.store.records import StepStatus
+from alignflow.store.records import RunStatus, StepStatus
 from tasks.context import open_store, run_context, runner_for, state_dir
 from tasks.progress import TaskReporter
 
+PROGRESS_EVERY_S = 0.0  # every poll of a running job (the runner's 2 s): the terminal's display stays current
 # Caching is alignflow's (the store decides by cache key and re-verified fingerprints), not Prefect's.
 _COMMON: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
 CACHED = "Cached"  # the name Prefect's own cache gives a reused task result (its type stays COMPLETED)
@@ -50,11 +52,21 @@ def step_state(outcome: StepOutcome) -> StepOutcome | State[Any]:
 
 
 @task(name="start-run", task_run_name="start-run", **_COMMON)
-def start_run_task(experiment: str, hosts: str, options: RunOptions) -> str:
-    """Validate the experiment and inventory, record a new run; returns its id."""
-    run_id = start_run(experiment, hosts, store=open_store(), state_dir=state_dir(), options=options)
+def start_run_task(experiment: str, hosts: str, options: RunOptions) -> str | State[Any]:
+    """Validate the experiment and inventory, record a new run; returns its id. Bad parameters (a step the
+    experiment does not have, an unknown parent run) end the task `Failed` with the reason - a user's input, not a
+    crash: no traceback in the log - and calling it raises that error."""
+    try:
+        run_id = start_run(experiment, hosts, store=open_store(), state_dir=state_dir(), options=options)
+    except AlignflowError as exc:
+        return Failed(message=str(exc), data=exc)
     get_run_logger().info("run %s of %s started", run_id, experiment)
     return run_id
+
+
+def record_run(experiment: str, hosts: str, options: RunOptions) -> str:
+    """`start_run_task` called in a flow: the new run's id (its `Failed` state raises the AlignflowError)."""
+    return cast(str, start_run_task(experiment, hosts, options))
 
 
 @task(name="preflight", task_run_name="preflight", **_COMMON)
@@ -83,13 +95,30 @@ def step_task(run_id: str, step: str, available: Mapping[str, ArtifactRef]) -> S
     naming the run it came from (`flows.states.step_state`); the task's result is the `StepOutcome` either way."""
     reporter = TaskReporter(get_run_logger(), step)
     try:
-        with runner_for(run_id, events=reporter.message, progress=reporter.progress) as runner:
+        with runner_for(run_id, events=reporter.message, progress=reporter.progress,
+                        progress_every_s=PROGRESS_EVERY_S) as runner:
             outcome = run_step(runner, step, available)
     except BaseException as exc:
-        reporter.failed(exc)
+        cancelled = was_cancelled(run_id, exc)
+        reporter.failed(exc, cancelled=cancelled)
+        if cancelled and isinstance(exc, Exception):
+            return Cancelled(message=f"{step}: {exc}".splitlines()[0])
         raise
     reporter.ended(outcome)
     return step_state(outcome)
+
+
+def was_cancelled(run_id: str, exc: BaseException) -> bool:
+    """Whether a step ended by `exc` was cancelled rather than failed: interrupted, its job killed from outside (the
+    run's cancellation: Ctrl-C, `alignflow cancel`, the UI's Cancel), or its run recorded cancelled meanwhile."""
+    if not isinstance(exc, Exception):
+        return True
+    if isinstance(exc, RemoteJobError) and getattr(exc.state, "kind", None) == "cancelled":
+        return True
+    try:
+        return open_store().get_run(run_id).status == RunStatus.CANCELLED
+    except AlignflowError:
+        return False
 
 
 @task(name="finish-run", task_run_name="finish-run", **_COMMON)

@@ -92,8 +92,20 @@ def _interrupted(err: Console, exc: KeyboardInterrupt | None) -> NoReturn:
     sys.exit(getattr(exc, "exit_code", 130))
 
 
+def _caches_in_state_dir() -> None:
+    """matplotlib (the reports' plots) keeps its font cache in `$MPLCONFIGDIR`, default `~/.config/matplotlib` and
+    `~/.cache/matplotlib`: put it under the state dir, where alignflow keeps everything it writes (unless set)."""
+    import os
+
+    from alignflow.state import state_dir
+
+    if "MPLCONFIGDIR" not in os.environ:
+        os.environ["MPLCONFIGDIR"] = str(state_dir() / "cache" / "matplotlib")
+
+
 def main() -> None:
     """Console-script entry point: run the app and map alignflow errors to their exit codes."""
+    _caches_in_state_dir()
     err = Console(stderr=True)
     try:
         # In non-standalone mode click *returns* the code of a `typer.Exit` raised by a command.

@@ -46,14 +46,14 @@ def cancel_run_jobs(store: Store, run_id: str, *, transport_factory: TransportFa
         except ImmutableRecord:  # the step's own thread saw its job end, killed, and recorded it first
             log.info("step run %s (%s): recorded by its own step as its job ended", sr.id, sr.step)
     try:
-        store.finish_run(run_id, status=RunStatus.CANCELLED, verdict=None, report=None, error="cancelled")
+        store.finish_run(run_id, status=RunStatus.CANCELLED, verdict=None, report=None, error=f"cancelled: {why}")
     except ImmutableRecord:  # its walker saw the cancelled steps and closed the run first (`run.finish`)
         log.info("run %s: recorded %s by its own walker meanwhile", run_id, store.get_run(run_id).status)
     return killed
 
 
 def cancel_interrupted(store: Store, run_id: str, interruption: BaseException, *, transport_factory: TransportFactory,
-                       what: str = "the run") -> None:
+                       what: str = "the run", why: str | None = None) -> None:
     """The walk of `run_id` was interrupted in the controller's main thread (Ctrl-C; Prefect's TerminationSignal when
     `alignflow serve` gets SIGTERM): kill the run's jobs and record it cancelled at once. The step threads end when
     their jobs do, so the process can exit: otherwise Prefect's task runner waits for a step polling a job nobody
@@ -61,6 +61,6 @@ def cancel_interrupted(store: Store, run_id: str, interruption: BaseException, *
     raised over the interruption (a flow's cancellation hooks try again)."""
     try:
         cancel_run_jobs(store, run_id, transport_factory=transport_factory,
-                        why=f"{what} was stopped ({type(interruption).__name__})")
+                        why=why or f"{what} was stopped ({type(interruption).__name__})")
     except Exception:
         log.exception("run %s: killing its jobs as %s stopped failed", run_id, what)

@@ -342,8 +342,8 @@ class StepRunner:
                 slot = transport.slot_note(handle)
                 note, label = (slot, "waiting for a job slot") if slot.startswith("waiting") else ("", "")
             progress = tracker.update(label or str(state), tail, note=note)
-            if progress.iteration is None and not note and tail.strip():
-                progress = replace(progress, note=tail.rstrip().splitlines()[-1].strip()[-160:])
+            if progress.iteration is None and tail.strip():
+                progress = replace(progress, last_output=tail.rstrip().splitlines()[-1].strip()[-160:])
             self._progress(progress)
 
         return transport.wait(handle, poll_s=self.poll_s, timeout_s=timeout_s, on_poll=on_poll)

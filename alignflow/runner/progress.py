@@ -32,7 +32,8 @@ class StepProgress:
     metrics: Mapping[str, float] = field(default_factory=dict)
     s_per_step: float | None = None
     eta_s: float | None = None
-    note: str = ""
+    note: str = ""  # why it waits (a scheduler's reason, the host's job slots)
+    last_output: str = ""  # the job's last output line while no step line is there yet (the log shows it)
 
     def line(self) -> str:
         """One line for a log or a terminal that is not a tty."""
@@ -46,8 +47,7 @@ class StepProgress:
             parts.append(f"ETA {format_duration(self.eta_s)}")
         if self.iteration is None:
             parts.append(f"{self.state} for {format_duration(self.elapsed_s)}")
-        if self.note:
-            parts.append(self.note)
+        parts += [text for text in (self.note, self.last_output) if text]
         return "  ".join(parts)
 
 

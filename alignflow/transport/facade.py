@@ -169,9 +169,14 @@ def controller_transport(*, memo_path: str | None = None) -> Transport:
     """The controller's own filesystem as a transport (no workdir confinement: its paths are the user's).
 
     `put`/`get` are copies between the controller and a host; expressing the controller as a transport lets
-    one verified-copy routine serve every direction.
+    one verified-copy routine serve every direction. Its hash memo (and, beside it, its copy locks) is the state
+    dir's, as the runner's (`$ALIGNFLOW_HASH_MEMO` when set): nothing of a run is written outside the state dir.
     """
-    from alignflow.fingerprint import default_memo_path
+    import os
+
+    from alignflow.fingerprint import MEMO_ENV
+    from alignflow.state import state_dir
 
     host = Host(name="controller", role="controller", transport="local", workdir="/")
-    return Transport(LocalShell(host), memo_path=memo_path or str(default_memo_path()))
+    memo = memo_path or os.environ.get(MEMO_ENV) or str(state_dir() / "hashmemo.sqlite")
+    return Transport(LocalShell(host), memo_path=memo)

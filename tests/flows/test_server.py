@@ -55,6 +55,8 @@ def test_a_kept_server_is_started_once_reused_shown_and_stopped(env: dict[str, s
     try:
         assert server.healthy(record.url)
         assert (state / "prefect" / "home" / "prefect.db").is_file()  # its own database, under the state dir
+        # its UI calls its own API (GET /ui-settings): on its random port, not Prefect's default 4200 (issue 40)
+        assert server.ui_api_url(record.url) == record.url
         again = _cli(env, "server", "start")
         assert "already running" in again.stdout
         assert server.kept_server(state) == record
@@ -62,6 +64,8 @@ def test_a_kept_server_is_started_once_reused_shown_and_stopped(env: dict[str, s
         assert status.returncode == 0
         (row,) = json.loads(status.stdout)
         assert (row["mode"], row["healthy"], row["pid"]) == ("kept", True, record.identity.pid)
+        assert (row["ui"], row["ui_api_url"]) == (f"{record.ui}/runs", record.url)
+        assert f"UI {record.ui}/runs\n" in started.stdout
         assert "telemetry" not in Path(record.log).read_text().lower()
     finally:
         stopped = _cli(env, "server", "stop")
@@ -73,7 +77,7 @@ def test_a_kept_server_is_started_once_reused_shown_and_stopped(env: dict[str, s
 PER_RUN = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from flows.server import prefect_api
+    from flows.prefect_client import prefect_api
     with prefect_api(Path(sys.argv[1])) as api:
         print(api.source, api.url, api.server.identity.pid, flush=True)
         time.sleep(600)
@@ -103,6 +107,7 @@ def test_a_per_run_server_dies_with_its_controller_even_by_kill_9(env: dict[str,
         source, url, pid = proc.stdout.readline().split()
         assert source == "per-run"
         assert server.healthy(url)
+        assert server.ui_api_url(url) == url
         ((_, record),) = server.run_servers(state)
         assert record.identity.pid == int(pid)
         os.kill(proc.pid, signal.SIGKILL)

@@ -62,7 +62,7 @@ def test_cancelling_a_run_that_its_controller_already_cancelled_kills_nothing_an
     assert cancel_run_jobs(lab.store, run_id, transport_factory=lab.transport, why="the flow run was stopped (X)") == []
     assert cancel_run_jobs(lab.store, run_id, transport_factory=lab.transport) == []
     run = lab.store.get_run(run_id)
-    assert (run.status, run.error) == (RunStatus.CANCELLED, "cancelled")
+    assert (run.status, run.error) == (RunStatus.CANCELLED, "cancelled: the flow run was stopped (X)")
     [step] = [s for s in lab.store.steps(run_id) if s.step == "npu_base_train"]
     assert step.error == "cancelled: the flow run was stopped (X); its remote job was killed"
 
