@@ -5,8 +5,13 @@
 parameters are:
 
 - `experiment`: an enum of the catalog's names, built when the deployment is made (a dropdown in the UI; the
-  server refuses any other value because the deployment enforces its parameter schema);
-- `steps`: a `StepSelection` (re-execute from, only, force; step names are an enum of the pipeline's steps);
+  server refuses any other value because the deployment enforces its parameter schema); `demo`, the experiment
+  `make demo` runs, comes first and is pre-selected when the catalog has it;
+- `steps`: a `StepSelection` (re-execute from, only, force) whose step names are the steps a launch can select for
+  at least one served experiment, as the planner says (`runnable_steps`: an optional step no experiment enables,
+  such as the early gate of a twin-only catalog, is not offered). The names are inline enums (`Literal`), so
+  each dropdown is labelled with its own field's title: the UI names a select after the title of its item schema,
+  which for a shared enum definition was `StepName` twice (`Select StepName`);
 - `parent`: a `ParentRun` (a run id whose artifacts the new run may reuse; empty for none). The id is checked
   against the store when the run starts (`alignflow.runner.run.check_parent`): an unknown id or a run of another
   experiment ends the flow run `Not started`, its message listing the experiment's recent runs.
@@ -22,7 +27,7 @@ served process pickles it by value into each flow run's subprocess, enum include
 
 import enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from prefect import Flow, flow
 from prefect.client.schemas.objects import State
@@ -36,8 +41,7 @@ from flows.alignment import alignment as alignment_flow
 from flows.hooks import kill_remote_jobs
 from flows.states import flow_run_name
 
-StepName = enum.StrEnum("StepName", {name: name for name in pipeline.STEP_NAMES})  # type: ignore[misc]
-StepName.__doc__ = "A pipeline step."
+DEFAULT_EXPERIMENT = "demo"  # the one `make demo` runs: first in the dropdown, and pre-selected
 RunId = Annotated[str, StringConstraints(pattern=r"^([0-9a-f]{4,12})?$")]  # empty: no parent (a cleared field)
 
 
@@ -59,20 +63,48 @@ class FormModel(BaseModel):
         return {k: v for k, v in handler(self).items() if v is not None}
 
 
-class StepSelection(FormModel):
-    """Which steps run. Everything else still comes from the cache when its inputs are unchanged."""
+def step_selection(steps: tuple[str, ...]) -> type[FormModel]:
+    """The `steps` sub-form, offering `steps`."""
+    StepChoice: Any = Literal[steps]  # an inline enum in the schema, under each field's own title
 
-    model_config = ConfigDict(extra="forbid", title="Steps")
+    class StepSelection(FormModel):
+        """Which steps run. Everything else still comes from the cache when its inputs are unchanged."""
 
-    from_step: StepName | SkipJsonSchema[None] = Field(
-        None, title="Re-execute from", description="Re-execute this step and every step after it (empty: none).",
-        json_schema_extra=_no_default)
-    only: list[StepName] = Field(
-        default_factory=list, title="Only these steps",
-        description="Run only these steps (their inputs must come from the cache or the parent run).")
-    force: list[StepName] = Field(
-        default_factory=list, title="Force",
-        description="Re-execute these steps and what depends on them, even when cached.")
+        model_config = ConfigDict(extra="forbid", title="Steps")
+
+        from_step: StepChoice | SkipJsonSchema[None] = Field(
+            None, title="Re-execute from", description="Re-execute this step and every step after it (empty: none).",
+            json_schema_extra=_no_default)
+        only: list[StepChoice] = Field(
+            default_factory=list, title="Only these steps",
+            description="Run only these steps (their inputs must come from the cache or the parent run).")
+        force: list[StepChoice] = Field(
+            default_factory=list, title="Force",
+            description="Re-execute these steps and what depends on them, even when cached.")
+
+    return StepSelection
+
+
+StepSelection = step_selection(pipeline.STEP_NAMES)  # every step (a launch's form narrows it to its catalog)
+
+
+def runnable_steps(catalog: ExperimentCatalog, hosts: Path) -> tuple[str, ...]:
+    """The steps a launch can select (`only`, `force`, `from`) for at least one experiment of the catalog, in
+    pipeline order: whatever the planner accepts (`alignflow.runner.session.plan_for`)."""
+    from alignflow.errors import AlignflowError
+    from alignflow.runner.session import load_run_inputs, plan_for
+
+    experiments = [load_run_inputs(path, hosts)[0] for _, path in catalog.files]
+    runnable = []
+    for name in pipeline.STEP_NAMES:
+        for experiment in experiments:
+            try:
+                plan_for(experiment, RunOptions(only=(name,)))
+            except AlignflowError:
+                continue
+            runnable.append(name)
+            break
+    return tuple(runnable)
 
 
 class ParentRun(FormModel):
@@ -109,15 +141,16 @@ def launch_run_name() -> str:
                          RunOptions(force=force, parent=parent))
 
 
-def run_alignment(experiment_file: Path, hosts: Path, steps: StepSelection, parent: ParentRun | None,
+def run_alignment(experiment_file: Path, hosts: Path, steps: FormModel, parent: ParentRun | None,
                   trigger: str = "deployment") -> State[Any]:
     """The body of every launch: the alignment flow's own body, in this flow run (no nested subflow run, so the
     run's artifacts, logs and final state are on the page the UI opens)."""
     run_id = (parent.run_id if parent else None) or None
+    chosen: Any = steps
     state: State[Any] = alignment_flow.fn(
         experiment=str(experiment_file), hosts=str(hosts),
-        from_step=steps.from_step.value if steps.from_step else None,
-        only=[s.value for s in steps.only] or None, force=[s.value for s in steps.force] or None,
+        from_step=_plain(chosen.from_step) or None,
+        only=[_plain(s) for s in chosen.only] or None, force=[_plain(s) for s in chosen.force] or None,
         parent_run=run_id, reuse_parent=bool(run_id and parent and parent.reuse_artifacts),
         trigger=trigger,
     )
@@ -125,8 +158,9 @@ def run_alignment(experiment_file: Path, hosts: Path, steps: StepSelection, pare
 
 
 def experiment_enum(catalog: ExperimentCatalog) -> type[enum.StrEnum]:
-    """The catalog's names as an enum (JSON schema: `{"enum": [...]}`, a dropdown in the UI)."""
-    made: type[enum.StrEnum] = enum.StrEnum("ExperimentName", {n: n for n in catalog.names})  # type: ignore[misc]
+    """The catalog's names as an enum (JSON schema: `{"enum": [...]}`, a dropdown in the UI), the demo first."""
+    names = sorted(catalog.names, key=lambda n: n != DEFAULT_EXPERIMENT)  # stable: the catalog's order otherwise
+    made: type[enum.StrEnum] = enum.StrEnum("ExperimentName", {n: n for n in names})  # type: ignore[misc]
     # No angle brackets: the UI renders descriptions as sanitised HTML, where `<name>` would vanish.
     made.__doc__ = f"An experiment file of {catalog.directory.name}/ (NAME.yaml)."
     return made
@@ -138,12 +172,14 @@ def build_alignment_flow(catalog: ExperimentCatalog, hosts: Path) -> Flow[..., S
     files = {name: path for name, path in catalog.files}
     inventory = Path(hosts).resolve()
     names = ", ".join(catalog.names)
+    Steps = step_selection(runnable_steps(catalog, inventory))
     # Top-level parameters: Prefect takes a `Field` default's description, and its title from json_schema_extra.
-    experiment_field: Any = Field(
-        description=f"The experiment to run ({names}); each is a file of {catalog.directory.name}/.",
-        json_schema_extra={"title": "Experiment"})
+    about = f"The experiment to run ({names}); each is a file of {catalog.directory.name}/."
+    experiment_field: Any = (
+        Field(ExperimentName(DEFAULT_EXPERIMENT), description=about, json_schema_extra={"title": "Experiment"})
+        if DEFAULT_EXPERIMENT in catalog.names else Field(description=about, json_schema_extra={"title": "Experiment"}))
     steps_field: Any = Field(
-        StepSelection(), description="Which steps run; the others come from the cache or the parent run.",
+        Steps(), description="Which steps run; the others come from the cache or the parent run.",
         json_schema_extra={"title": "Steps"})
     parent_field: Any = Field(
         ParentRun(), description="An earlier run of this experiment to re-run part of (empty: none).",
@@ -151,7 +187,7 @@ def build_alignment_flow(catalog: ExperimentCatalog, hosts: Path) -> Flow[..., S
 
     def alignment(
         experiment: ExperimentName = experiment_field,  # type: ignore[valid-type]  # a class made at run time
-        steps: StepSelection = steps_field,
+        steps: Steps = steps_field,  # type: ignore[valid-type]
         parent: ParentRun = parent_field,
     ) -> State[Any]:
         """Run one alignment experiment end to end: NPU base training, bf16 and Megatron conversion, both

@@ -54,15 +54,41 @@ def test_dry_run_lists_the_ui_form_and_the_nightly_schedule(workspace: Path) -> 
     assert launch["parameters"] == ["experiment", "steps", "parent"]
     defs = launch["schema"]["definitions"]
     assert defs["ExperimentName"]["enum"] == ["demo", "tiny"]  # built from experiments/*.yaml when serving
-    assert "compare" in defs["StepName"]["enum"]
+    assert launch["schema"]["properties"]["experiment"]["default"] == "demo"  # pre-selected
+    assert offered_steps(launch["schema"]) == TWIN_STEPS
     assert defs["ParentRun"]["properties"]["run_id"]["pattern"] == "^([0-9a-f]{4,12})?$"  # empty: no parent
-    assert launch["schema"]["required"] == ["experiment"]
+    assert launch["schema"]["required"] == []
     assert_clean_form(launch["schema"])
     assert nightly["name"] == "nightly-regression/nightly"
     assert nightly["schedules"] == [{"cron": "0 2 * * *", "timezone": "UTC"}]
     config = nightly["schema"]["properties"]["config"]
     assert config["default"]["experiments"] == ["demo", "tiny"]
     assert nightly["schema"]["definitions"]["NightlyConfig"]["properties"]["experiments"]["minItems"] == 1
+
+
+TWIN_STEPS = ["npu_base_train", "convert_bf16", "convert_megatron", "gpu_train", "npu_reload_train", "compare"]
+
+
+def offered_steps(schema: dict[str, Any]) -> list[str]:
+    """The steps each field of the `steps` sub-form offers (the same for the three), each field's own enum: the UI
+    labels a dropdown with its item schema's title, which for a shared `StepName` definition was `Select StepName`
+    on two fields."""
+    fields = schema["definitions"]["StepSelection"]["properties"]
+    offered = [fields["from_step"]["enum"], fields["only"]["items"]["enum"], fields["force"]["items"]["enum"]]
+    assert "$ref" not in json.dumps(fields)
+    assert offered[0] == offered[1] == offered[2]
+    return list(offered[0])
+
+
+@pytest.mark.integration
+def test_the_form_offers_the_early_gate_only_where_an_experiment_enables_it_and_demo_first(workspace: Path) -> None:
+    gated = yaml.safe_load((workspace / "experiments" / "tiny.yaml").read_text())
+    gated.update(name="gated", gate={"enabled": True})
+    (workspace / "experiments" / "a-gated.yaml").write_text(yaml.safe_dump(gated))
+    launch, _ = dry_run()
+    assert launch["schema"]["definitions"]["ExperimentName"]["enum"] == ["demo", "a-gated", "tiny"]
+    assert offered_steps(launch["schema"]) == ["npu_base_train", "convert_bf16", "convert_megatron", "early_gate",
+                                                "gpu_train", "npu_reload_train", "compare"]
 
 
 def assert_clean_form(schema: dict[str, Any]) -> None:
@@ -161,7 +187,9 @@ def test_serve_on_the_committed_checkout_serves_the_demo_and_lists_the_rest(repo
     monkeypatch.chdir(repo_root)
     launch, nightly = dry_run()
     # the experiments whose hosts the committed hosts.yaml has (its three local hosts)
-    assert launch["schema"]["definitions"]["ExperimentName"]["enum"] == ["demo-megatron", "demo", "mindformers-cpu"]
+    assert launch["schema"]["definitions"]["ExperimentName"]["enum"] == ["demo", "demo-megatron", "mindformers-cpu"]
+    assert launch["schema"]["properties"]["experiment"]["default"] == "demo"  # `make demo`'s: listed first, chosen
+    assert "early_gate" in offered_steps(launch["schema"])  # demo-megatron's real Megatron side enables the gate
     assert {u["experiment"] for u in launch["not_served"]} == {"glm52_1b", "glm52_mini", "qwen35_dense",
                                                                "qwen35_moe"}
     assert all(any("unknown host 'npu-a'" in r for r in u["reasons"]) for u in launch["not_served"])
