@@ -146,5 +146,5 @@ class ConsoleProgress:
                 self.plain_every_s
             if due:
                 self._printed[progress.step] = now
-        if due:
-            self._print(progress.line())
+        if due:  # off a terminal: the row, once every `plain_every_s`
+            self._print(fit_row(progress.step, len(progress.step), row_fields(progress, 0.0), self.console.width))

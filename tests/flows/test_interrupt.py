@@ -8,11 +8,13 @@ command lines are pointed at); the controller is killed with SIGKILL, so nothing
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,3 +99,61 @@ def test_a_killed_controller_leaves_an_interrupted_run_that_rerun_completes(env:
     for handle in handles:  # the jobs the killed controller left were ended, not left to compete for their hosts
         with open_transport(Host.model_validate(inventory_hosts[handle.host])) as t:
             assert t.status(handle).kind in ("cancelled", "exited")
+
+
+def _flow_run(api_url: str, run_id: str) -> dict[str, Any]:
+    import httpx
+
+    found = httpx.post(f"{api_url}/flow_runs/filter", json={"flow_runs": {"name": {"like_": run_id}}}, timeout=30)
+    found.raise_for_status()
+    (flow_run,) = found.json()
+    return dict(flow_run)
+
+
+def _task_runs(api_url: str, flow_run_id: str) -> dict[str, dict[str, Any]]:
+    import httpx
+
+    found = httpx.post(f"{api_url}/task_runs/filter", timeout=30,
+                       json={"task_runs": {"flow_run_id": {"any_": [flow_run_id]}}})
+    found.raise_for_status()
+    return {t["name"].split(" @ ")[0]: t for t in found.json()}
+
+
+def test_ctrl_c_cancels_the_run_in_the_store_in_prefect_and_on_the_terminal_and_rerun_continues_it(
+        env: tuple[FlowEnv, dict[str, str]], prefect_api_url: str) -> None:
+    """Issue 40: on Ctrl-C the trainings showed `failed` + "Crash detected!", the store said cancelled, Prefect said
+    Crashed, and nothing said how to continue."""
+    flow_env, cli_env = env
+    proc = subprocess.Popen([sys.executable, "-m", "alignflow", "run", str(flow_env.experiment), "--hosts",
+                             str(flow_env.hosts), "--force", "gpu_train", "--force", "npu_reload_train"],
+                            cwd=flow_env.root, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        run_id = _wait_for_trainings(flow_env, proc)
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the command
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out + err
+    assert f"run {run_id} cancelled (Ctrl-C): its jobs were killed; `alignflow rerun {run_id}` continues it" in err
+    assert "Crash detected" not in out + err
+    assert re.search(r"^npu_reload_train +cancelled ", err, re.M), err
+    with Store.open(state_dir=flow_env.state) as store:
+        run = store.get_run(run_id)
+        assert (run.status, run.error) == (RunStatus.CANCELLED, "cancelled: stopped by Ctrl-C")
+        steps = {s.step: s for s in store.steps(run_id)}
+    assert steps["npu_reload_train"].status == StepStatus.CANCELLED
+    flow_run = _flow_run(prefect_api_url, run_id)
+    assert (flow_run["state_type"], flow_run["state"]["message"]) == ("CANCELLED",
+                                                                        f"run {run_id} cancelled: stopped by Ctrl-C")
+    tasks = _task_runs(prefect_api_url, flow_run["id"])
+    assert tasks["npu_reload_train"]["state_type"] == "CANCELLED"
+    assert all(t["state_type"] != "CRASHED" for t in tasks.values())
+
+    rerun = _cli(flow_env, cli_env, "rerun", run_id, "--quiet")  # the command it printed
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    with Store.open(state_dir=flow_env.state) as store:
+        (child,) = store.children(run_id)
+        assert child.status == RunStatus.COMPLETED
+        assert store.get_run(child.id).verdict == "pass"

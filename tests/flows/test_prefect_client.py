@@ -3,7 +3,13 @@ API URL): issue 40, "the Prefect UI of alignflow's own server cannot connect" an
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from flows.prefect_client import prefect_environment, use_state_dir_for_prefect
 from flows.server import server_env, ui_base
@@ -41,3 +47,43 @@ def test_what_the_user_set_stays_and_their_profiles_are_still_read(tmp_path: Pat
     updates = prefect_environment(tmp_path / "state", {"HOME": str(tmp_path / "home")})
     assert updates["PREFECT_PROFILES_PATH"] == str(profiles)  # a team server's profile still applies
     assert updates["PREFECT_HOME"] == str(tmp_path / "state" / "prefect" / "home")
+
+
+CI_MARKERS = ("CI", "GITHUB_ACTIONS", "GITLAB_CI", "JENKINS_URL", "BUILDKITE", "CI_NAME")  # Prefect mutes itself in CI
+
+
+def _in_a_terminal(argv: list[str], *, cwd: Path, env: dict[str, str]) -> tuple[int, str]:
+    """Run `argv` with a pseudo-terminal as stdin, stdout and stderr (where Prefect shows its telemetry notice)."""
+    master, slave = os.openpty()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the terminal's other side closed
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(master)
+    return proc.wait(timeout=300), b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.integration
+def test_in_a_terminal_a_new_user_gets_no_telemetry_notice_and_nothing_in_their_home(
+        tmp_path: Path, repo_root: Path, subprocess_env: dict[str, str]) -> None:
+    home, workspace = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    (workspace / "experiments").mkdir(parents=True)
+    shutil.copy(repo_root / "experiments" / "demo.yaml", workspace / "experiments")
+    shutil.copy(repo_root / "hosts.yaml", workspace)
+    env = {k: v for k, v in subprocess_env.items()
+           if not k.startswith(("PREFECT_", "ALIGNFLOW_")) and k not in (*CI_MARKERS, "DO_NOT_TRACK", "MPLCONFIGDIR")}
+    env["HOME"] = str(home)
+    code, out = _in_a_terminal([sys.executable, "-m", "alignflow", "serve", "--dry-run"], cwd=workspace, env=env)
+    assert code == 0, out
+    assert "alignment/launch" in out  # it imported Prefect: the form's schema is Prefect's
+    assert "anonymous usage" not in out  # Prefect's first-import notice
+    assert list(home.iterdir()) == []  # no ~/.prefect (nor its .sdk_telemetry)
+    assert (workspace / ".alignflow" / "prefect" / "home").is_dir()

@@ -83,7 +83,7 @@ def test_off_a_tty_progress_is_one_line_per_step_every_so_often_and_each_step_en
         view.step_ended("gpu_train", "ran", "")
         view.step_ended("convert_bf16", "cached", "from run 5622de9be3ae")
     lines = out.getvalue().splitlines()
-    assert lines == ["gpu_train  step 1/30", "gpu_train  step 4/30", "gpu_train         ran",
+    assert lines == ["gpu_train  cuda  step 1/30  0s", "gpu_train  cuda  step 4/30  31s", "gpu_train         ran",
                      "convert_bf16      cached  from run 5622de9be3ae"]
 
 
