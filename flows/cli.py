@@ -96,7 +96,8 @@ def _flow_run(*, verbosity: Verbosity, **params: Any) -> Launched:
         per_run = api.server is not None and not api.server.kept
         if verbosity != "quiet" and api.server is not None and per_run:
             Console(stderr=True).print(f"prefect: a server for this run only, stopped with it (UI {api.server.ui}); "
-                                       "`alignflow server start` keeps one for later runs", highlight=False)
+                                       "`alignflow server start` keeps one for later runs", highlight=False,
+                                       soft_wrap=True)
         from alignflow.runner.run import start_run
         from alignflow.runner.session import RunOptions
         from alignflow.runview import run_view
@@ -199,7 +200,7 @@ def print_link(launched: Launched, run_id: str) -> None:
         console.print(f"ui:      {launched.link}", markup=False, soft_wrap=True)
     elif launched.per_run_server:
         console.print(f"ui:      `alignflow ui {run_id}` opens it (its Prefect server stopped with the run; "
-                      "`alignflow server start` keeps one)", markup=False)
+                      "`alignflow server start` keeps one)", markup=False, soft_wrap=True)
 
 
 def _finish(launched: Launched | Any, as_json: bool, started: float, verbosity: Verbosity = "normal") -> None:
@@ -408,8 +409,9 @@ def _register_serve(app: typer.Typer) -> None:
         limit: int | None = typer.Option(None, "--limit", min=1, help="Most flow runs executing at once."),
         reports_bind: str = typer.Option("127.0.0.1", "--reports-bind",
                                          help="Address the read-only reports server listens on (0.0.0.0: all)."),
-        reports_port: int = typer.Option(4201, "--reports-port", min=0, max=65535,  # beside Prefect's 4200
-                                         help="Port of the reports server (0: any free port)."),
+        reports_port: int | None = typer.Option(None, "--reports-port", min=0, max=65535,
+                                                help="Port of the reports server (0: any free port; default 4201, "
+                                                     "or a free port when 4201 is taken)."),
         reports_url: str | None = typer.Option(None, "--reports-url",
                                                help="Address people open the reports at (default: "
                                                     "http://BIND:PORT); ignored when ALIGNFLOW_REPORTS_URL is set."),

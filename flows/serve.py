@@ -155,19 +155,29 @@ def serve_deployments(spec: ServeSpec, *, limit: int | None = None) -> None:
         log.info("%s: stopping", type(exc).__name__)
 
 
+REPORTS_PORT = 4201  # beside Prefect's 4200
+
+
 @contextmanager
-def serving_reports(state: Path, *, bind: str, port: int, public_url: str | None) -> Iterator[str]:
+def serving_reports(state: Path, *, bind: str, port: int | None, public_url: str | None) -> Iterator[str]:
     """The base URL of the state dir's reports while inside: `$ALIGNFLOW_REPORTS_URL` when something else serves
-    them (compose's nginx), else a read-only server of `<state>/reports` started here. The URL is exported to
-    this process's environment, which every flow-run subprocess inherits, and published in the state dir for
-    `alignflow run` on the same controller."""
+    them (compose's nginx), else a read-only server of `<state>/reports` started here, on `port` (None: 4201, or
+    any free port when 4201 is taken: a second `serve` on the machine, another tool). The URL is exported to this
+    process's environment, which every flow-run subprocess inherits, and published in the state dir for `alignflow
+    run` on the same controller."""
     from alignflow.reportserver import REPORTS_URL_ENV, ReportServer, publish_url, reports_dir, withdraw_url
 
     given = os.environ.get(REPORTS_URL_ENV)
     if given:
         yield given
         return
-    server = ReportServer(reports_dir(state), host=bind, port=port).start()
+    try:
+        server = ReportServer(reports_dir(state), host=bind, port=REPORTS_PORT if port is None else port).start()
+    except ConfigError:
+        if port is not None:
+            raise
+        log.warning("reports server: port %d is taken; serving on a free port", REPORTS_PORT)
+        server = ReportServer(reports_dir(state), host=bind, port=0).start()
     host = server.host if server.host not in ("0.0.0.0", "::") else socket.getfqdn()
     url = (public_url or f"http://{host}:{server.port}").rstrip("/")
     os.environ[REPORTS_URL_ENV] = url

@@ -76,8 +76,11 @@ MEASURED_S = {
     "tests/faults/test_crash.py": 136, "tests/flows/test_alignment.py": 113, "tests/deploy/test_ui_browser.py": 107,
     "twin-ms-base": 103, "tests/flows/test_gate.py": 90, "tests/diagnose/test_msprobe.py": 77,
     "tests/recipes/test_megatron_core.py": 280,
-    "tests/lab/test_mindformers_lab.py": 65, "tests/flows/test_interrupt.py": 58,
+    "tests/lab/test_mindformers_lab.py": 65, "tests/flows/test_interrupt.py": 110,
     "tests/diagnose/test_seed_bugs.py": 48, "tests/logs/test_fuzz.py": 32, "tests/store/test_concurrency.py": 28,
+    # Estimated on a loaded machine, to be measured under `make test`: the journey (a demo run, two Prefect servers,
+    # serve, Chromium), and test_interrupt with its Ctrl-C test (58 s before it; two more trainings).
+    "tests/journeys/test_walk.py": 190,
 }
 
 
