@@ -174,37 +174,47 @@ def run_link(flow_run_id: object, base: str | None = None) -> str | None:
     return f"{base}/runs/flow-run/{flow_run_id}" if base else None
 
 
-def find_flow_run(api_url: str, run_id: str) -> dict[str, Any] | None:
-    """The newest flow run of alignflow run `run_id` on the server at `api_url` (runs are named
-    `align-<experiment>-<run id>[-rerun-<step> | -reproduce]`, flows/states.py); None if it has none there."""
-    import httpx
+@contextlib.contextmanager
+def _client(api_url: str) -> Iterator[Any]:
+    """Prefect's own client of the API at `api_url` (its settings: a team server's auth string or key apply)."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    body = {"flow_runs": {"name": {"like_": run_id}}, "sort": "EXPECTED_START_TIME_DESC", "limit": 20}
+    with temporary_settings(updates={PREFECT_API_URL: api_url}), get_client(sync_client=True) as client:
+        yield client
+
+
+def find_flow_run(api_url: str, run_id: str) -> Any | None:
+    """The newest flow run (Prefect's `FlowRun`) of alignflow run `run_id` on the server at `api_url` (runs are
+    named `align-<experiment>-<run id>[-rerun-<step> | -reproduce]`, flows/states.py); None if it has none there."""
+    import httpx
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.exceptions import PrefectException
+
     try:
-        response = httpx.post(f"{api_url.rstrip('/')}/flow_runs/filter", json=body, timeout=30)
-        response.raise_for_status()
-        found = response.json()
-    except (httpx.HTTPError, ValueError) as exc:
+        with _client(api_url) as client:
+            found = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=run_id)),
+                                          sort=FlowRunSort.EXPECTED_START_TIME_DESC, limit=20)
+    except (PrefectException, httpx.HTTPError, OSError, ValueError) as exc:
         raise ConfigError(f"{api_url}: reading its flow runs failed ({exc})") from None
-    for flow_run in found:
-        name = str(flow_run.get("name", ""))
-        if name.endswith(f"-{run_id}") or f"-{run_id}-" in name:
-            return dict(flow_run)
-    return None
+    return next((f for f in found if f.name.endswith(f"-{run_id}") or f"-{run_id}-" in f.name), None)
 
 
 def cancel_flow_run(api_url: str, run_id: str, *, message: str) -> None:
     """Make the flow run of alignflow run `run_id` `Cancelled` (Prefect recorded a Ctrl-C that reached its engine
     as `Crashed`); best effort: the store's record is the one that counts."""
     import httpx
+    from prefect.exceptions import PrefectException
+    from prefect.states import Cancelled
 
     try:
         found = find_flow_run(api_url, run_id)
-        if found is None or (found.get("state") or {}).get("type") == "CANCELLED":
+        if found is None or (found.state is not None and found.state.is_cancelled()):
             return
-        httpx.post(f"{api_url.rstrip('/')}/flow_runs/{found['id']}/set_state", timeout=30,
-                   json={"state": {"type": "CANCELLED", "message": message}, "force": True}).raise_for_status()
-    except (ConfigError, httpx.HTTPError) as exc:
+        with _client(api_url) as client:
+            client.set_flow_run_state(found.id, Cancelled(message=message), force=True)
+    except (ConfigError, PrefectException, httpx.HTTPError, OSError) as exc:
         log.warning("run %s: its flow run could not be marked cancelled: %s", run_id, exc)
 
 

@@ -120,7 +120,7 @@ def register_ui(app: typer.Typer) -> None:
                 raise ConfigError(f"run {full_id}: the Prefect server at {found.api_url} has no flow run of it (a run "
                                   "made without Prefect, such as `alignflow diagnose`, or against another server); "
                                   f"`alignflow show {full_id}` prints it")
-            url = str(run_link(flow_run["id"], found.ui))
+            url = str(run_link(flow_run.id, found.ui))
         typer.echo(url)
         if open_browser and _has_browser():
             import webbrowser

@@ -1,0 +1,126 @@
+"""`alignflow serve`: the UI's launch form and the nightly as deployments, and the reports over http (flows/serve.py).
+
+Everything is checked before anything is registered: the inventory, every experiment file offered in the UI, the
+nightly settings (experiments, cron, time zone), the Prefect server and the alignflow store - a team server that
+starts with a broken piece would only fail at 2 a.m.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from alignflow.errors import ConfigError
+
+
+def _api_url() -> tuple[str, str]:
+    """The configured Prefect API, else the kept server alignflow owns (`alignflow server start`); with its UI."""
+    import os
+
+    from alignflow.state import state_dir
+    from flows.prefect_client import configured_api_url, ui_url
+    from flows.server import kept_server, ui_base
+
+    url = configured_api_url()
+    if url:
+        return url, ui_url() or ui_base(url)
+    kept = kept_server(state_dir())
+    if kept is None:
+        raise ConfigError("PREFECT_API_URL is not set and no Prefect server is kept: `alignflow serve` registers "
+                          "deployments with a lasting Prefect server; start one with `alignflow server start` (or "
+                          "use a team server, docker/compose.yaml, and export PREFECT_API_URL=http://HOST:4200/api)")
+    # serve's flow-run subprocesses must reach it too, and the links they log (`View at`) open its UI
+    os.environ.update(PREFECT_API_URL=kept.url, PREFECT_UI_URL=kept.ui)
+    return kept.url, kept.ui
+
+
+def _check_server(api_url: str) -> None:
+    import httpx
+
+    try:
+        ok = httpx.get(f"{api_url.rstrip('/')}/health", timeout=10).json()
+    except (httpx.HTTPError, ValueError) as exc:
+        raise ConfigError(f"{api_url}: Prefect server not reachable ({exc}); is it running?") from None
+    if ok is not True:
+        raise ConfigError(f"{api_url}/health answered {ok!r}, not true")
+
+
+def register_serve(app: typer.Typer) -> None:
+    @app.command("serve")
+    def serve_cmd(
+        experiments: Path = typer.Option(Path("experiments"), "--experiments",
+                                         help="Directory whose *.yaml experiments the UI offers."),
+        hosts: Path = typer.Option(Path("hosts.yaml"), "--hosts", help="Host inventory every run uses."),
+        nightly: Path | None = typer.Option(None, "--nightly",
+                                            help="Nightly settings (experiments, cron, timezone, drift); "
+                                                 "default: nightly.yaml when present."),
+        cron: str | None = typer.Option(None, "--cron", help="Nightly schedule (default '0 2 * * *')."),
+        timezone: str | None = typer.Option(None, "--timezone", help="Time zone of the schedule (default UTC)."),
+        nightly_experiment: list[str] = typer.Option([], "--nightly-experiment",
+                                                     help="Experiment of the nightly (repeatable; default: all)."),
+        limit: int | None = typer.Option(None, "--limit", min=1, help="Most flow runs executing at once."),
+        reports_bind: str = typer.Option("127.0.0.1", "--reports-bind",
+                                         help="Address the read-only reports server listens on (0.0.0.0: all)."),
+        reports_port: int | None = typer.Option(None, "--reports-port", min=0, max=65535,
+                                                help="Port of the reports server (0: any free port; default 4201, "
+                                                     "or a free port when 4201 is taken)."),
+        reports_url: str | None = typer.Option(None, "--reports-url",
+                                               help="Address people open the reports at (default: "
+                                                    "http://BIND:PORT); ignored when ALIGNFLOW_REPORTS_URL is set."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Build and print the deployments, then exit."),
+        as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the deployments as JSON."),
+    ) -> None:
+        """Serve the `alignment/launch` (UI form) and `nightly-regression/nightly` (cron) deployments until SIGTERM,
+        and the state dir's HTML reports read-only over http."""
+        from flows.prefect_client import use_state_dir_for_prefect
+
+        use_state_dir_for_prefect()
+        from flows.serve import describe, load_serve_spec, serve_deployments, serving_reports
+
+        if nightly is None and Path("nightly.yaml").is_file():
+            nightly = Path("nightly.yaml")
+        spec = load_serve_spec(experiments, hosts, nightly, cron=cron, timezone=timezone,
+                               nightly_experiments=list(nightly_experiment) or None)
+        described = describe(spec)
+        if dry_run and as_json:
+            typer.echo(json.dumps(described, indent=2))
+            raise typer.Exit(0)
+        console = Console()
+        table = Table(show_header=True, header_style="bold")
+        for col in ("deployment", "schedule", "parameters"):
+            table.add_column(col)
+        for d in described:
+            when = ", ".join(f"{s['cron']} ({s['timezone']})" for s in d["schedules"]) or "on demand"
+            table.add_row(d["name"], when, ", ".join(d["parameters"]))
+        console.print(table)
+        console.print(f"experiments: {', '.join(spec.catalog.names)} ({spec.catalog.directory})", highlight=False)
+        for u in spec.catalog.unserved:
+            console.print(f"not served:  {escape(u.name)}: {escape('; '.join(u.reasons))}", highlight=False)
+        console.print(f"nightly:     {', '.join(spec.nightly.experiments or spec.catalog.names)}", highlight=False)
+        if spec.nightly.alert is not None:
+            console.print(f"alert:       {spec.nightly.alert.format} webhook on a failed nightly", highlight=False)
+        if dry_run:
+            raise typer.Exit(0)
+        api, ui = _api_url()
+        _check_server(api)
+        from alignflow.cli.runs import open_store
+        from alignflow.state import state_dir
+
+        store = open_store()  # fails now, with the database named, if the store is unreachable or too new
+        try:
+            console.print(f"store:       {store.url}", highlight=False, soft_wrap=True)
+        finally:
+            store.close()
+        console.print(f"prefect:     {api} — UI {ui}/deployments", highlight=False, soft_wrap=True)
+        from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+
+        with temporary_settings(updates={PREFECT_API_URL: api, PREFECT_UI_URL: ui}), \
+                serving_reports(state_dir(), bind=reports_bind, port=reports_port, public_url=reports_url) as url:
+            console.print(f"reports:     {url}/", highlight=False, soft_wrap=True)
+            serve_deployments(spec, limit=limit)
+        console.print("stopped (schedules left active)")
