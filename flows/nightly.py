@@ -12,7 +12,7 @@ No `from __future__ import annotations` in this module (docs/orchestration.md#g4
 """
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from prefect import Flow, flow, get_run_logger
 from prefect.client.schemas.objects import State
@@ -31,7 +31,7 @@ from flows.launch import experiment_enum
 from tasks.context import open_store, state_dir, transport_factory
 from tasks.export import export_task
 from tasks.regression import regression_task
-from tasks.steps import record_run
+from tasks.steps import start_run_task
 
 REGRESSED = "Regressed"
 EXPORT_FAILED = "Export failed"
@@ -83,7 +83,7 @@ def run_nightly(entries: list[tuple[str, Path]], hosts: Path, drift: DriftPolicy
     export_failures: list[str] = []
     for name, path in entries:
         try:
-            run_id = record_run(str(path), str(hosts), RunOptions(trigger="nightly"))
+            run_id = cast(str, start_run_task(str(path), str(hosts), RunOptions(trigger="nightly")))
         except AlignflowError as exc:  # a broken file must not hide the other experiments' results
             logger.error("%s: not started: %s", name, exc)
             checks.append(not_started(name, str(exc)).to_dict())
