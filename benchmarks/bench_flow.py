@@ -12,7 +12,8 @@
 3. The demo through the real command line (`alignflow run demo --quiet` in a subprocess, a fresh state dir and
    a brand-new PREFECT_HOME, like a new user): end to end (goal <= 90 s, the owned Prefect server's start
    included); fully cached with a server started for the run (goal <= 15 s) and with the server kept by
-   `alignflow server start` (goal <= 5 s). Baseline, measured in the same run: the same fully cached run through
+   `alignflow server start`: ten runs, their p90 (goal <= 5 s: issue 40). Baseline, measured in the same run: the
+   same fully cached run through
    Prefect's own temporary server (what `alignflow run` used before it owned one; its start-up timeout raised so
    that it does not give up).
 
@@ -22,8 +23,10 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -45,6 +48,7 @@ os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 
 
 TRACKER = "latest_checkpointed_iteration.txt"
+KEPT_RUNS = 10
 
 
 def write_fixtures(root: Path, steps: int) -> Path:
@@ -190,7 +194,9 @@ def demo_cli() -> int:
         e2e = timed("end to end, fresh state and PREFECT_HOME", "run", "demo", "--quiet")
         per_run = timed("fully cached, server started for the run", "run", "demo", "--quiet")
         start = timed("`alignflow server start` (kept)", "server", "start")
-        kept = min(timed("fully cached, kept server", "run", "demo", "--quiet") for _ in range(2))
+        kept_runs = sorted(timed(f"fully cached, kept server ({i + 1} of {KEPT_RUNS})", "run", "demo", "--quiet")
+                           for i in range(KEPT_RUNS))
+        kept = kept_runs[math.ceil(0.9 * len(kept_runs)) - 1]  # p90, nearest rank: the 9th of 10
         timed("`alignflow server stop`", "server", "stop")
         baseline_env = {**env, "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "600"}
         t0 = time.perf_counter()
@@ -201,7 +207,8 @@ def demo_cli() -> int:
             print(f"  baseline FAILED:\n{done.stderr[-3000:]}")
             return 1
         print(f"  {'baseline: fully cached, Prefect temporary server':<52} {baseline:7.2f} s   {done.stdout.strip()}")
-        print(f"  cached, kept server:      {kept:6.2f} s = {kept / baseline:.2f} x baseline   (goal <= 5 s)")
+        print(f"  cached, kept server, p90 of {KEPT_RUNS}: {kept:6.2f} s = {kept / baseline:.2f} x baseline   "
+              f"(goal <= 5 s; median {statistics.median(kept_runs):.2f} s, max {kept_runs[-1]:.2f} s)")
         print(f"  cached, per-run server:   {per_run:6.2f} s = {per_run / baseline:.2f} x baseline   (goal <= 15 s)")
         print(f"  end to end:               {e2e:6.2f} s   (goal <= 90 s; server start alone: {start:.2f} s)")
     finally:
