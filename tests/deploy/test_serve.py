@@ -16,6 +16,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from alignflow import pipeline
 from alignflow.cli import app
 from alignflow.errors import ConfigError
 from tests.deploy.team import free_port
@@ -55,7 +56,7 @@ def test_dry_run_lists_the_ui_form_and_the_nightly_schedule(workspace: Path) -> 
     defs = launch["schema"]["definitions"]
     assert defs["ExperimentName"]["enum"] == ["demo", "tiny"]  # built from experiments/*.yaml when serving
     assert launch["schema"]["properties"]["experiment"]["default"] == "demo"  # pre-selected
-    assert offered_steps(launch["schema"]) == TWIN_STEPS
+    assert offered_steps(launch["schema"]) == EVERY_STEP
     assert defs["ParentRun"]["properties"]["run_id"]["pattern"] == "^([0-9a-f]{4,12})?$"  # empty: no parent
     assert launch["schema"]["required"] == []
     assert_clean_form(launch["schema"])
@@ -66,7 +67,7 @@ def test_dry_run_lists_the_ui_form_and_the_nightly_schedule(workspace: Path) -> 
     assert nightly["schema"]["definitions"]["NightlyConfig"]["properties"]["experiments"]["minItems"] == 1
 
 
-TWIN_STEPS = ["npu_base_train", "convert_bf16", "convert_megatron", "gpu_train", "npu_reload_train", "compare"]
+EVERY_STEP = list(pipeline.STEP_NAMES)  # the planner enables an optional step a launch names (pipeline.plan)
 
 
 def offered_steps(schema: dict[str, Any]) -> list[str]:
@@ -81,14 +82,13 @@ def offered_steps(schema: dict[str, Any]) -> list[str]:
 
 
 @pytest.mark.integration
-def test_the_form_offers_the_early_gate_only_where_an_experiment_enables_it_and_demo_first(workspace: Path) -> None:
-    gated = yaml.safe_load((workspace / "experiments" / "tiny.yaml").read_text())
-    gated.update(name="gated", gate={"enabled": True})
-    (workspace / "experiments" / "a-gated.yaml").write_text(yaml.safe_dump(gated))
+def test_the_form_lists_the_demo_first_and_pre_selects_it(workspace: Path) -> None:
+    first = yaml.safe_load((workspace / "experiments" / "tiny.yaml").read_text())
+    first.update(name="a-first")
+    (workspace / "experiments" / "a-first.yaml").write_text(yaml.safe_dump(first))  # before demo in the catalog
     launch, _ = dry_run()
-    assert launch["schema"]["definitions"]["ExperimentName"]["enum"] == ["demo", "a-gated", "tiny"]
-    assert offered_steps(launch["schema"]) == ["npu_base_train", "convert_bf16", "convert_megatron", "early_gate",
-                                                "gpu_train", "npu_reload_train", "compare"]
+    assert launch["schema"]["definitions"]["ExperimentName"]["enum"] == ["demo", "a-first", "tiny"]
+    assert launch["schema"]["properties"]["experiment"]["default"] == "demo"
 
 
 def assert_clean_form(schema: dict[str, Any]) -> None:
@@ -189,7 +189,7 @@ def test_serve_on_the_committed_checkout_serves_the_demo_and_lists_the_rest(repo
     # the experiments whose hosts the committed hosts.yaml has (its three local hosts)
     assert launch["schema"]["definitions"]["ExperimentName"]["enum"] == ["demo", "demo-megatron", "mindformers-cpu"]
     assert launch["schema"]["properties"]["experiment"]["default"] == "demo"  # `make demo`'s: listed first, chosen
-    assert "early_gate" in offered_steps(launch["schema"])  # demo-megatron's real Megatron side enables the gate
+    assert offered_steps(launch["schema"]) == EVERY_STEP
     assert {u["experiment"] for u in launch["not_served"]} == {"glm52_1b", "glm52_mini", "qwen35_dense",
                                                                "qwen35_moe"}
     assert all(any("unknown host 'npu-a'" in r for r in u["reasons"]) for u in launch["not_served"])
@@ -293,11 +293,10 @@ def test_every_step_the_form_offers_starts_a_run(field: str, tmp_path: Path, rep
 
     env = make_flow_env(tmp_path / "exp", repo_root)
     with Store.open(state_dir=env.state) as store:
-        for step in launch.StepName:
-            picked = launch.StepSelection.model_validate({field: step.value if field == "from_step" else [step.value]})
-            options = RunOptions(from_step=picked.from_step.value if picked.from_step else None,
-                                 only=tuple(s.value for s in picked.only), force=tuple(s.value for s in picked.force))
+        for step in EVERY_STEP:  # what the form offers (test_dry_run_lists_the_ui_form_and_the_nightly_schedule)
+            picked: Any = launch.StepSelection.model_validate({field: step if field == "from_step" else [step]})
+            options = RunOptions(from_step=picked.from_step, only=tuple(picked.only), force=tuple(picked.force))
             plan = open_run(store, start_run(env.experiment, env.hosts, store=store, state_dir=env.state,
                                              options=options)).plan
-            assert step.value in plan.steps, (field, step)
-            assert step.value not in plan.reuse_only, (field, step)
+            assert step in plan.steps, (field, step)
+            assert step not in plan.reuse_only, (field, step)
