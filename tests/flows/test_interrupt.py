@@ -41,14 +41,24 @@ def _cli(env: FlowEnv, cli_env: dict[str, str], *args: str) -> subprocess.Comple
                           text=True, timeout=1200, check=False)
 
 
-def _wait_for_trainings(env: FlowEnv, proc: subprocess.Popen[bytes], timeout_s: float = 900) -> str:
-    """The run id, once both trainings have launched their jobs."""
+def _runs(env: FlowEnv) -> set[str]:
+    if not (env.state / "store.sqlite").exists():
+        return set()
+    with Store.open(state_dir=env.state) as store:
+        return {run.id for run in store.list_runs(limit=1000)}
+
+
+def _wait_for_trainings(env: FlowEnv, proc: subprocess.Popen[Any], timeout_s: float = 900,
+                        before: frozenset[str] = frozenset()) -> str:
+    """The id of the new run (not one of `before`), once both its trainings have launched their jobs."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.poll() is None, "alignflow run ended before the trainings started"
         if (env.state / "store.sqlite").exists():
             with Store.open(state_dir=env.state) as store:
                 for run in store.list_runs(limit=1):
+                    if run.id in before:
+                        continue
                     jobs = {s.step for s in store.steps(run.id) if s.job_dir}
                     if set(TRAININGS) <= jobs:
                         return run.id
@@ -124,11 +134,12 @@ def test_ctrl_c_cancels_the_run_in_the_store_in_prefect_and_on_the_terminal_and_
     """Issue 40: on Ctrl-C the trainings showed `failed` + "Crash detected!", the store said cancelled, Prefect said
     Crashed, and nothing said how to continue."""
     flow_env, cli_env = env
+    before = frozenset(_runs(flow_env))  # the other test's runs, their trainings long done
     proc = subprocess.Popen([sys.executable, "-m", "alignflow", "run", str(flow_env.experiment), "--hosts",
                              str(flow_env.hosts), "--force", "gpu_train", "--force", "npu_reload_train"],
                             cwd=flow_env.root, env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        run_id = _wait_for_trainings(flow_env, proc)
+        run_id = _wait_for_trainings(flow_env, proc, before=before)
         proc.send_signal(signal.SIGINT)  # what Ctrl-C sends the command
         out, err = proc.communicate(timeout=300)
     finally:
