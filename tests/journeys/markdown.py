@@ -143,13 +143,35 @@ def _in_order(wanted: list[Any], have: list[Any]) -> list[Any]:
     return missing
 
 
+def _stream(lines: Iterable[str]) -> list[str]:
+    """The words of every line outside a table body, as skeletons, in order (a long line wraps where the terminal
+    ends: as a stream of words, a sample printed at another width, or with a longer path, still reads the same)."""
+    return [word for line in lines if not line.startswith("│") for word in skeleton(line).split()]
+
+
+def _find(words: list[str], stream: list[str], start: int) -> int | None:
+    """Where `words` occur contiguously in `stream` at or after `start` (the index after them), or None."""
+    for i in range(start, len(stream) - len(words) + 1):
+        if stream[i:i + len(words)] == words:
+            return i + len(words)
+    return None
+
+
 def sample_matches(sample: Block, output: str) -> list[str]:
     """What of the sample the output lacks (empty when it matches), in the sample's order: every line outside a
-    table body as a skeleton, and the first two cells of each table row. A line `…` stands for lines left out."""
+    table body (as a skeleton, wherever the output wrapped it), and the first two cells of each table row. A line
+    `…` stands for lines left out."""
     out_lines = output.splitlines()
     kept = [line for line in sample.lines if line.strip() not in ("…", "...")]
-    wanted = [skeleton(line) for line in kept if not line.startswith("│") and skeleton(line)]
-    lines = _in_order(wanted, [skeleton(x) for x in out_lines])
+    stream, position, problems = _stream(out_lines), 0, []
+    for line in kept:
+        words = _stream([line])
+        if not words:
+            continue
+        found = _find(words, stream, position)
+        if found is None:
+            problems.append(f"{sample.where}: no line like {' '.join(words)!r}")
+        else:
+            position = found
     rows = _in_order(table_rows(kept), table_rows(out_lines))
-    return [f"{sample.where}: no line like {want!r}" for want in lines] + \
-        [f"{sample.where}: no table row starting {cells}" for cells in rows]
+    return problems + [f"{sample.where}: no table row starting {cells}" for cells in rows]

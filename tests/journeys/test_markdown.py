@@ -74,6 +74,8 @@ def test_a_marked_block_runs_its_commands_with_the_placeholders_filled(guide: Pa
 def test_a_sample_output_matches_another_runs_output_and_not_a_different_one(guide: Path) -> None:
     sample = marked_blocks([guide])["walk-output"]
     assert sample_matches(sample, OUTPUT) == []
+    wrapped = OUTPUT.replace("report:  /tmp/x", "report:\n/tmp/x")  # a narrower terminal, or a longer path
+    assert sample_matches(sample, wrapped) == []
     failed = OUTPUT.replace("│ convert_bf16     │ ran    │", "│ convert_bf16     │ failed │")
     assert sample_matches(sample, failed) == ["guide.md:14: no table row starting ('convert_bf16', 'ran')"]
     assert sample_matches(sample, OUTPUT.replace("verdict PASS", "verdict FAIL")) == [

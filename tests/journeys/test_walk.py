@@ -6,7 +6,7 @@ In file order, on one checkout and one state dir (tests/journeys/conftest.py):
    `run` prints is checked against what it printed;
 2. the `walk` block: `alignflow server start` (its UI link, opened in Chromium, lists the run), `alignflow run`
    (on the kept server: its `ui:` link shows the run, its task runs and artifacts), `alignflow ui RUN` (the first
-   run's page), `alignflow diagnose RUN`, `alignflow export RUN --tensorboard DIR`;
+   run's page), `alignflow diagnose RUN` (no divergent module), `alignflow export RUN --tensorboard DIR`;
 3. the `form` block: `alignflow serve`, then the launch form in Chromium, submitted as it opens (the demo is
    pre-selected); the run completes, the link `serve` logs opens it, its report opens over http;
 4. nothing was written outside the checkout: the home directory is still empty.
@@ -129,13 +129,10 @@ def test_alignflow_ui_prints_the_page_of_a_run_made_before_the_server_was_kept(w
     page.screenshot(path=str(walk.shots / "journey-4-ui-first-run.png"), full_page=True)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 40: `alignflow diagnose RUN` refuses every run (\"step 'diagnose' is "
-                                       "optional and not enabled for this experiment\", exit 2); the walk-runs "
-                                       "branch makes it run on any recorded run")
 def test_diagnose_finds_no_divergent_module_in_the_demo(walk: Walk) -> None:
     done = walk.run("walk", 3, "alignflow diagnose")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "DIVERGED" not in done.stdout
+    assert "PASS: no divergent module" in done.stdout
 
 
 def test_export_writes_both_sides_curves_for_tensorboard(walk: Walk) -> None:
