@@ -63,13 +63,13 @@ def prefect_environment(state: Path, environ: Mapping[str, str]) -> dict[str, st
 
 def use_state_dir_for_prefect(state: Path | None = None, environ: MutableMapping[str, str] | None = None) -> None:
     """Set `prefect_environment` in this process (before Prefect is imported: it reads its home once)."""
-    from alignflow.state import state_dir
+    from alignflow.state import state_dir, writable_dir
 
     env = os.environ if environ is None else environ
     state = state_dir(env) if state is None else state
     updates = prefect_environment(state, env)
-    if "PREFECT_HOME" in updates:
-        Path(updates["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)
+    if "PREFECT_HOME" in updates:  # a read-only state dir: an error naming it (exit 2), not a traceback (issue 33)
+        writable_dir(Path(updates["PREFECT_HOME"]))
     env.update(updates)
 
 
