@@ -19,6 +19,7 @@ AlignflowError                      retryable?
  +-- FingerprintMismatch            no
  +-- StoreError                     no   the database cannot be opened, migrated or written
  |    +-- StoreSchemaError          no   schema behind ("run `alignflow db upgrade`") or from a newer alignflow
+ |    +-- StoreReadOnly             no   a write to a store on a read-only file system or directory
  |    +-- RecordNotFound            no   unknown id, ambiguous id prefix, unknown experiment
  |    +-- ImmutableRecord           no   a finished run / step run cannot change; a re-run makes new rows
  +-- PipelineError                  no   a step cannot run (missing upstream artifact, unknown step)
@@ -200,6 +201,13 @@ class StoreError(AlignflowError):
 
 class StoreSchemaError(StoreError):
     """The database schema is behind this alignflow (run `alignflow db upgrade`) or was made by a newer one."""
+
+    exit_code = 2
+
+
+class StoreReadOnly(StoreError):
+    """A write to a store that can only be read (its directory or file system is read-only): reading commands
+    work on it, a run needs a writable state directory or another `ALIGNFLOW_DB_URL`."""
 
     exit_code = 2
 

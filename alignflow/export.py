@@ -234,7 +234,9 @@ def export_mlflow(series: RunSeries, tracking_uri: str) -> dict[str, str]:
     created: list[str] = []
     client = None
     if check_mlflow_uri(tracking_uri).startswith("sqlite:///"):  # SQLite creates the file, not its directory
-        Path(tracking_uri[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+        from alignflow.state import writable_dir
+
+        writable_dir(Path(tracking_uri[len("sqlite:///"):]).parent)  # a read-only one: exit 2, naming it
     try:
         client = MlflowClient(tracking_uri=tracking_uri)
         experiment_id = _experiment(client, view.experiment, tracking_uri)

@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from alignflow import controller
+from alignflow.state import writable_dir
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +260,8 @@ def staged_dir(dst: Path, *, purpose: str, refuse: Callable[[str], BaseException
         message = f"{dst}: already exists; remove it or choose another destination"
         raise refuse(message) if refuse is not None else FileExistsError(errno.EEXIST, message, str(dst))
     parent = dst.parent if str(dst.parent) else Path(".")
-    parent.mkdir(parents=True, exist_ok=True)
+    # a read-only destination: a ConfigError (exit 2) naming the directory, no traceback
+    writable_dir(parent, fix="make it writable or choose a destination you can write")
     with _locked(parent) as parent_locked:
         _sweep(parent, parent_locked, only_for=None, expected=dst.name)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", suffix=STAGING_SUFFIX, dir=parent))

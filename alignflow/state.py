@@ -59,21 +59,21 @@ def expand_state_dir(path: str, state: Path | None = None) -> str:
     return str((state if state is not None else state_dir()) / path[len(STATE_DIR_TOKEN):].lstrip("/"))
 
 
-def writable_dir(path: Path) -> Path:
+def writable_dir(path: Path, *, fix: str | None = None) -> Path:
     """`path` (the state dir or a directory in it), created if missing and checked writable; a `ConfigError` (exit 2)
     naming the directory that refuses, instead of an `OSError` traceback from whichever write came first (issue
-    33: a read-only state dir)."""
+    33: a read-only state dir). `fix`: what the user does about it, when `path` is not under the state dir."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ConfigError(_unwritable(path, exc.strerror or str(exc))) from None
+        raise ConfigError(_unwritable(path, exc.strerror or str(exc), fix)) from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise ConfigError(_unwritable(path, "not writable"))
+        raise ConfigError(_unwritable(path, "not writable", fix))
     return path
 
 
-def _unwritable(path: Path, why: str) -> str:
+def _unwritable(path: Path, why: str, fix: str | None) -> str:
     refusing = next((p for p in (path, *path.parents) if p.exists()), path)
     inside = f" (alignflow needs {path} in it)" if refusing != path else ""
-    return (f"{refusing}: cannot write there: {why}{inside}; make it writable, or set {STATE_DIR_ENV} to a "
-            "directory you can write")
+    fix = fix or f"make it writable, or set {STATE_DIR_ENV} to a directory you can write"
+    return f"{refusing}: cannot write there: {why}{inside}; {fix}"

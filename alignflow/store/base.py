@@ -96,7 +96,7 @@ class StoreBase:
         except IntegrityError as exc:
             raise StoreError(f"{self.url}: {what}: rejected by the database: {database.first_line(exc)}") from exc
         except SQLAlchemyError as exc:
-            raise StoreError(f"{self.url}: {what}: {database.first_line(exc)}") from exc
+            raise database.store_error(self.url, what, exc) from exc
 
     @contextmanager
     def _read(self, what: str) -> Iterator[Session]:
@@ -104,7 +104,7 @@ class StoreBase:
             with Session(self._read_engine, expire_on_commit=False) as session, session.begin():
                 yield session
         except SQLAlchemyError as exc:
-            raise StoreError(f"{self.url}: {what}: {database.first_line(exc)}") from exc
+            raise database.store_error(self.url, what, exc) from exc
 
     @staticmethod
     def _fresh_id(s: Session, model: type[Run] | type[StepRun]) -> str:

@@ -5,7 +5,10 @@ concurrent writers wait instead of failing, foreign keys on, and write transacti
 `BEGIN IMMEDIATE`. The last one matters: Python's sqlite3 starts transactions deferred, and a deferred
 transaction that read before writing gets `SQLITE_BUSY` *without* waiting when another process committed in
 between (the busy handler cannot help a stale snapshot) — two flows writing at once would lose a write.
-Read-only sessions stay deferred so that `alignflow history` never queues behind a writer.
+Read-only sessions stay deferred so that `alignflow history` never queues behind a writer. A database whose file
+or directory cannot be written (an archived state dir, a read-only mount) opens as SQLite's `immutable` read-only
+URI: nobody can write it through this path, WAL's shared memory cannot be made there, and reading commands
+work; a write is a `StoreReadOnly` (exit 2) naming the file.
 
 PostgreSQL (production, through `ALIGNFLOW_DB_URL`): psycopg 3 (`postgresql+psycopg://`; a bare
 `postgresql://` is read as psycopg 3 too), pre-ping so that a server restart costs one reconnect, and an
@@ -18,6 +21,7 @@ wheel; `alembic_config()` points Alembic at them without any `alembic.ini`.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -37,7 +41,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
-from alignflow.errors import StoreError, StoreSchemaError
+from alignflow.errors import StoreError, StoreReadOnly, StoreSchemaError
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +96,20 @@ def create_store_engine(url: str) -> Engine:
 def _sqlite_engine(parsed: URL) -> Engine:
     database = parsed.database or ""
     kwargs: dict[str, Any] = {"connect_args": {"timeout": BUSY_TIMEOUT_S}}
+    immutable = False
     if database in ("", ":memory:"):
         kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
     else:
-        try:
-            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"{mask_url(parsed)}: cannot create the state directory: {exc}") from exc
+        path = Path(database).expanduser()
+        immutable = read_only_file(path)
+        if immutable:
+            uri = f"{path.resolve().as_uri()}?immutable=1"
+            kwargs["creator"] = lambda: sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S)
+        else:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"{mask_url(parsed)}: cannot create the state directory: {exc}") from exc
     engine = create_engine(parsed, **kwargs)
 
     @event.listens_for(engine, "connect")
@@ -107,7 +118,7 @@ def _sqlite_engine(parsed: URL) -> Engine:
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
-            if database not in ("", ":memory:"):
+            if database not in ("", ":memory:") and not immutable:
                 _enter_wal(cursor)
             cursor.execute("PRAGMA foreign_keys=ON")
         finally:
@@ -119,6 +130,12 @@ def _sqlite_engine(parsed: URL) -> Engine:
         conn.exec_driver_sql("BEGIN DEFERRED" if read_only else "BEGIN IMMEDIATE")
 
     return engine
+
+
+def read_only_file(path: Path) -> bool:
+    """True when the database file exists but it or its directory cannot be written (SQLite needs the directory
+    for its journal and WAL files). `os.access` answers for root too on a read-only mount (EROFS)."""
+    return path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
 
 
 def _enter_wal(cursor: Any) -> None:
@@ -292,7 +309,17 @@ def translate_errors(engine: Engine, what: str) -> Iterator[None]:
     except StoreError:
         raise
     except SQLAlchemyError as exc:
-        raise StoreError(f"{mask_url(engine.url)}: {what}: {first_line(exc)}") from exc
+        raise store_error(mask_url(engine.url), what, exc) from exc
+
+
+def store_error(url: str, what: str, exc: SQLAlchemyError) -> StoreError:
+    """The `StoreError` for a failed database call: `StoreReadOnly` (exit 2) for a write to a read-only store."""
+    message = first_line(exc)
+    if "readonly database" in message:
+        return StoreReadOnly(f"{url}: {what}: the store is read-only ({message}); reading commands work on it, "
+                             "a run needs a writable state directory (ALIGNFLOW_STATE_DIR) or another "
+                             "ALIGNFLOW_DB_URL")
+    return StoreError(f"{url}: {what}: {message}")
 
 
 def first_line(exc: SQLAlchemyError) -> str:
