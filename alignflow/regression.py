@@ -223,7 +223,7 @@ def outcome_from_store(store: Any, run_id: str) -> RunOutcome:
     comparison = store.comparison(run.id)
     return RunOutcome(run_id=run.id, experiment=run.experiment, status=str(run.status), verdict=run.verdict,
                       criteria=tuple(comparison.criteria) if comparison is not None else (), error=run.error,
-                      config_sha256=run.config_sha256, experiment_file=run.params.get("experiment_path"))
+                      config_sha256=run.config_sha256, experiment_file=run.experiment_file)
 
 
 def check_against_last_pass(store: Any, run_id: str, policy: DriftPolicy) -> RegressionCheck:

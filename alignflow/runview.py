@@ -169,7 +169,7 @@ def run_view(store: Store, run_id: str) -> RunView:
         duration_s=run.duration_s, error=run.error, report=run.report, steps=steps, criteria=criteria,
         snapshots={s.host: dict(s.data) for s in store.snapshots(run.id)},
         reasons=tuple(str(r) for r in (comparison.summary or {}).get("reasons") or ()) if comparison else (),
-        config_sha256=run.config_sha256, experiment_file=run.params.get("experiment_path"),
+        config_sha256=run.config_sha256, experiment_file=run.experiment_file,
     )
 
 

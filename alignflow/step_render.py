@@ -2,7 +2,7 @@
 
 Built only on the runner's public pieces — `alignflow.backends.commands.step_command` (the template the runner
 launches), `alignflow.runner.placeholders.fill` (how `{python}`, `{out}` and `{in:NAME}` become host paths),
-`alignflow.config.placement.resolve_host` (which host a step runs on) — and the transport's `render_prologue` (how a
+`alignflow.config.placement.place` (which host a step runs on) — and the transport's `render_prologue` (how a
 host's env and setup lines and the step's env reach the command), so that nothing here is a second opinion.
 
 Placeholders are filled where their value is known before a run: `{python}` from the host, `{in:data}` from
@@ -92,10 +92,10 @@ def render_step(experiment: Experiment, step: str, *, inventory: Inventory | Non
     known: dict[str, str] = {}
     host: Host | None = None
     if inventory is not None:
-        from alignflow.config.placement import resolve_host
+        from alignflow.config.placement import place
         from alignflow.transport import open_transport
 
-        host = resolve_host(experiment, inventory, step, Path("."))
+        host = place(experiment, inventory, steps=(step,)).host(step)  # a step with a command: never the controller
         known["python"] = open_transport(host).python()
         on_host = experiment.data.host_paths.get(host.role)
         if on_host is not None:

@@ -293,8 +293,8 @@ def _register_run(app: typer.Typer) -> None:
                 _end_left_jobs(store, parent.id)
         finally:
             store.close()
-        params = parent.params
-        record = _flow_run(verbosity=verbosity, experiment=params["experiment_path"], hosts=params["hosts_path"],
+        params = parent.alignment_params()
+        record = _flow_run(verbosity=verbosity, experiment=params.experiment_path, hosts=params.hosts_path,
                            force=[step] if step else None, parent_run=parent.id, reuse_parent=True, trigger="rerun")
         _finish(record, as_json, started, verbosity)
 
@@ -315,8 +315,9 @@ def _register_run(app: typer.Typer) -> None:
             original = store.get_run(run_id)
         finally:
             store.close()
-        record = _flow_run(verbosity=verbosity_of(quiet, verbose), experiment=original.params["experiment_path"],
-                           hosts=original.params["hosts_path"], parent_run=original.id, trigger="reproduce",
+        params = original.alignment_params()
+        record = _flow_run(verbosity=verbosity_of(quiet, verbose), experiment=params.experiment_path,
+                           hosts=params.hosts_path, parent_run=original.id, trigger="reproduce",
                            reproduce_of=original.id)
         view = _view(record)
         if record.ctrl_c:

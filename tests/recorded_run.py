@@ -12,7 +12,7 @@ from alignflow.config.criteria import default_criteria
 from alignflow.logs import parse_log
 from alignflow.store import Store
 from tests.logfixtures import make_run, megatron_lines, mindformers_lines, perturbed
-from tests.store.sample import TickingClock
+from tests.store.sample import TickingClock, run_params
 
 DATA_SHA = "d" * 64
 STEPS = 30
@@ -50,7 +50,7 @@ def record_run(root: Path, *, loss_offset: float = 0.003, fail_step: str | None 
                     source="ascend:/w/npu.log")
     with Store.open(url, clock=TickingClock()) as store:
         store.ensure_experiment("glm-mini", config=CONFIG, config_sha256="a" * 64)
-        run = store.create_run("glm-mini", trigger="cli", code_version="alignflow 0.1.0", params={})
+        run = store.create_run("glm-mini", trigger="cli", code_version="alignflow 0.1.0", params=run_params("glm-mini"))
         store.add_snapshot(run.id, "ascend", snapshot("ascend", mindspore="2.10.0"))
         store.add_snapshot(run.id, "cuda", snapshot("cuda", torch="2.6.0"))
         data = {"name": "data", "host": "cpu", "path": "/w/data.bin", "sha256": DATA_SHA, "size": 4096,

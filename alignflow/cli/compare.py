@@ -265,13 +265,13 @@ def _logs_of_runs(args: list[Path]) -> tuple[list[Path], tuple[str, ...] | None,
 def _run_criteria(store: Any, run_id: str) -> list[Criterion] | None:
     """The acceptance criteria a run's experiment was recorded with (`alignflow.runner.compare_step` judges by);
     None for a run recorded without its experiment."""
-    from alignflow.config.experiment import Experiment
     from alignflow.diagnose.noise import latest_noise_floor, resolve_criteria
+    from alignflow.store.params import RunParams
 
-    doc = store.get_run(run_id).params.get("experiment")
-    if doc is None:
+    params = store.get_run(run_id).params
+    if not isinstance(params, RunParams):
         return None
-    experiment = Experiment.model_validate(doc)
+    experiment = params.experiment
     return resolve_criteria(experiment.criteria, latest_noise_floor(store, experiment.name))
 
 

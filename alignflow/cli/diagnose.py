@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
         A new run, child of RUN, that executes only the `diagnose` step from RUN's converted checkpoints (its
         recorded experiment and inventory); the diagnosis is that run's recorded `diagnosis` artifact."""
         from alignflow.runner.run import execute_pipeline, start_run
-        from alignflow.runner.session import RunOptions, default_state_dir
+        from alignflow.runner.session import RunOptions, default_state_dir, open_run
         from alignflow.store import Store
         from alignflow.transport import open_transport
 
@@ -93,10 +93,10 @@ def register(app: typer.Typer) -> None:
         state = default_state_dir()
         store = Store.open(state_dir=state, upgrade=True)
         try:
-            parent = store.get_run(run_id)
-            options = RunOptions(parent=parent.id, reuse_parent=True, only=("diagnose",), force=("diagnose",),
-                                 trigger="diagnose", recorded_from=parent.id)
-            child = start_run(parent.params["experiment_path"], parent.params["hosts_path"], store=store,
+            parent = open_run(store, run_id)
+            options = RunOptions(parent=parent.run_id, reuse_parent=True, only=("diagnose",), force=("diagnose",),
+                                 trigger="diagnose", recorded_from=parent.run_id)
+            child = start_run(parent.params.experiment_path, parent.params.hosts_path, store=store,
                               state_dir=state, options=options,
                               experiment_update={"diagnose": {"step": step, "dump_budget_bytes": _budget(budget)}})
             view = execute_pipeline(child, store=store, state_dir=state, transport_factory=open_transport,

@@ -45,7 +45,7 @@ def config_notes(runs: list[RunRecord]) -> list[str]:
     configs: dict[str, dict[str, tuple[set[str], int]]] = {}
     for r in runs:
         files, count = configs.setdefault(r.experiment, {}).get(r.config_sha256, (set(), 0))
-        path = r.params.get("experiment_path")
+        path = r.experiment_file
         configs[r.experiment][r.config_sha256] = (files | ({str(path)} if path else set()), count + 1)
     lines = []
     for experiment, by_sha in configs.items():
@@ -78,7 +78,7 @@ def run_summary(r: RunRecord) -> dict[str, Any]:
             "verdict": r.verdict, "trigger": r.trigger, "parent_id": r.parent_id, "code_version": r.code_version,
             "started": r.started_at.isoformat(), "finished": r.finished_at.isoformat() if r.finished_at else None,
             "duration_s": r.duration_s, "error": r.error, "report": r.report, "config_sha256": r.config_sha256,
-            "experiment_file": r.params.get("experiment_path")}
+            "experiment_file": r.experiment_file}
 
 
 def register(app: typer.Typer) -> None:

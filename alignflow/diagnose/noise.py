@@ -30,6 +30,7 @@ from alignflow.config.experiment import Experiment
 from alignflow.diagnose.core import fill_placeholders
 from alignflow.errors import ConfigError, PipelineError, RemoteJobError
 from alignflow.logs.schema import ParsedLog
+from alignflow.store.params import NoiseRunParams
 from alignflow.transport import JobSpec, Transport
 
 TRIGGER = "noise"
@@ -163,7 +164,7 @@ def record_noise(store: Any, experiment: Experiment, floor: NoiseFloor, logs: Se
     sha = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
     store.ensure_experiment(experiment.name, config=config, config_sha256=sha)
     run = store.create_run(experiment.name, trigger=TRIGGER, code_version=f"alignflow {__version__}",
-                           params={"runs": floor.runs})
+                           params=NoiseRunParams(runs=floor.runs))
     try:
         for i, log in enumerate(logs):
             step = store.start_step(run.id, f"noise_train_{i + 1}", host="gpu", command=log.source, cache_key="-",
@@ -195,11 +196,10 @@ def latest_noise_floor(store: Any, experiment: str) -> NoiseFloor | None:
 
 def noise_for_run(store: Any, experiment: Experiment, run_id: str, *, runs: int, work_dir: Path) -> NoiseFloor:
     """Measure and record the floor on the GPU host of a run, from that run's converted checkpoint and data."""
-    from alignflow.config.hosts import Inventory
     from alignflow.transport import open_transport
 
     run = store.get_run(run_id)
-    inventory = Inventory.model_validate(run.params["inventory"])
+    inventory = run.alignment_params().inventory
     artifacts = {a.name: a for a in store.run_artifacts(run.id)}
     gpu = next((s for s in store.steps(run.id) if s.step == "gpu_train" and s.host), None)
     if "megatron_ckpt" not in artifacts or gpu is None:

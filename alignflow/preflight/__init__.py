@@ -9,7 +9,7 @@ compares the alignment-critical ones (`rules.RULES`), and names, for every diffe
 each came from.
 
 ```python
-npu, gpu, data = render_sides(experiment, inventory=inventory)   # rendering only; no host is contacted
+npu, gpu, data = render_sides(experiment, placement=placement)   # rendering only; no host is contacted
 report = preflight(npu, gpu, data)                                # pure
 if not report.ok: print(report.summary())
 ```
@@ -24,17 +24,19 @@ declared).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from alignflow.config.experiment import Experiment
-from alignflow.config.hosts import Inventory
+from alignflow.config.hosts import Host, Inventory
+from alignflow.config.placement import Placement, place
 from alignflow.frameworks.megatron_lm import check_flags
 from alignflow.preflight.gpu import gpu_settings
 from alignflow.preflight.layout import batch_fits, gpu_layout, npu_layout
 from alignflow.preflight.megatron_combos import combination_problems
 from alignflow.preflight.npu import npu_settings
 from alignflow.preflight.rules import RULES, Finding, PreflightReport, Rule, compare
-from alignflow.preflight.sides import DataBinding, GpuSide, NpuSide, render_sides
+from alignflow.preflight.sides import SIDE_STEPS, DataBinding, GpuSide, NpuSide, render_sides
 from alignflow.preflight.values import MISSING, DataFile, Value
 
 __all__ = [
@@ -83,14 +85,18 @@ def preflight(npu: NpuSide, gpu: GpuSide, data: DataBinding, *,
 
 
 def check_experiment(experiment: Experiment, *, inventory: Inventory | None = None,
-                     data_sha256: str | None = None, transport_factory: Any = None) -> PreflightReport:
-    """Render `experiment`'s two sides and compare them (reads the MindFormers template). With an inventory and a
-    `transport_factory` (`alignflow.transport.open_transport`), the GPU host of a real Megatron side is probed for
-    Megatron-LM at `gpu.entry`; otherwise no host is contacted."""
-    npu, gpu, data = render_sides(experiment, inventory=inventory, data_sha256=data_sha256)
+                     placement: Placement | None = None, data_sha256: str | None = None,
+                     transport_factory: Callable[[Host], Any] | None = None) -> PreflightReport:
+    """Render `experiment`'s two sides and compare them (reads the MindFormers template). The sides' hosts come
+    from `placement` (a run's), else are placed once from `inventory`. With hosts and a `transport_factory`
+    (`alignflow.transport.open_transport`), the GPU host of a real Megatron side is probed for Megatron-LM at
+    `gpu.entry`; otherwise no host is contacted."""
+    if placement is None and inventory is not None:
+        placement = place(experiment, inventory, steps=SIDE_STEPS)
+    npu, gpu, data = render_sides(experiment, placement=placement, data_sha256=data_sha256)
     host_problems = None
-    if inventory is not None and transport_factory is not None:
+    if placement is not None and transport_factory is not None:
         from alignflow.preflight.gpu_host import check_gpu_host
 
-        host_problems = check_gpu_host(experiment, inventory, transport_factory)
+        host_problems = check_gpu_host(experiment, placement.host("gpu_train"), transport_factory)
     return preflight(npu, gpu, data, gpu_host_problems=host_problems)

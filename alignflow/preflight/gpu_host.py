@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from alignflow.config.experiment import Experiment
-from alignflow.config.hosts import Host, Inventory
+from alignflow.config.hosts import Host
 from alignflow.frameworks.megatron_versions import TE
 
 PROBE = r'''
@@ -44,17 +43,14 @@ print(json.dumps(out))
 '''
 
 
-def check_gpu_host(experiment: Experiment, inventory: Inventory,
-                   transport_factory: Callable[[Host], Any]) -> list[str]:
-    """Problems of the gpu_train host for `experiment` (empty: Megatron-LM is there as declared)."""
+def check_gpu_host(experiment: Experiment, host: Host, transport_factory: Callable[[Host], Any]) -> list[str]:
+    """Problems of `host`, where `experiment`'s gpu_train runs (empty: Megatron-LM is there as declared)."""
     entry = experiment.gpu.entry
     if experiment.gpu.kind != "megatron" or entry is None:
         return []
-    from alignflow.config.placement import resolve_host
     from alignflow.errors import AlignflowError
 
     gpu = experiment.gpu
-    host = resolve_host(experiment, inventory, "gpu_train", Path("."))
     wanted = ["torch", *(gpu.extensions or ())]
     if gpu.transformer_impl == "transformer_engine" and TE not in wanted:
         wanted.append(TE)

@@ -11,21 +11,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from alignflow.backends.commands import step_command
 from alignflow.config.experiment import Experiment
-from alignflow.config.hosts import Inventory
-from alignflow.config.placement import resolve_host
+from alignflow.config.placement import Placement
 from alignflow.errors import ConfigError
 from alignflow.preflight.layout import launcher_world
 from alignflow.preflight.values import DataFile
 
 DATA_PLACEHOLDER = "{in:data}"
 TWIN_GPU_MODULE = "alignflow.twin.torch_train"
+SIDE_STEPS = ("npu_reload_train", "gpu_train")
+"""The steps whose rendered commands preflight compares (their hosts add their env)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +74,15 @@ class GpuSide:
 
 
 def render_sides(
-    experiment: Experiment, *, inventory: Inventory | None = None, data_sha256: str | None = None,
+    experiment: Experiment, *, placement: Placement | None = None, data_sha256: str | None = None,
 ) -> tuple[NpuSide, GpuSide, DataBinding]:
-    """Render the NPU reload training and the GPU training of `experiment` (no host is contacted)."""
+    """Render the NPU reload training and the GPU training of `experiment` (no host is contacted), on their hosts
+    of `placement` when given (a run's, or `place` over an inventory: `SIDE_STEPS`)."""
     sha = data_sha256 or experiment.data.sha256
-    hosts = {step: resolve_host(experiment, inventory, step, Path(".")) if inventory is not None else None
-             for step in ("npu_reload_train", "gpu_train")}
-    npu_cmd = step_command(experiment, "npu_reload_train", data_sha256=sha or "", host=hosts["npu_reload_train"])
-    gpu_cmd = step_command(experiment, "gpu_train", data_sha256=sha or "", host=hosts["gpu_train"])
+    hosts = {step: placement.host(step) if placement is not None else None for step in SIDE_STEPS}
+    npu_host, gpu_host = hosts["npu_reload_train"], hosts["gpu_train"]
+    npu_cmd = step_command(experiment, "npu_reload_train", data_sha256=sha or "", host=npu_host)
+    gpu_cmd = step_command(experiment, "gpu_train", data_sha256=sha or "", host=gpu_host)
     where = experiment.source or experiment.name
     text = npu_cmd.template.files.get("config.yaml")
     if text is None:
@@ -91,9 +92,7 @@ def render_sides(
         raise ConfigError(f"{where}: the rendered NPU config is not a mapping")
     npu_env, gpu_env = dict(npu_cmd.template.env), dict(gpu_cmd.template.env)
     npu_env_src = gpu_env_src = "command env; no hosts file given"
-    if inventory is not None:
-        npu_host = resolve_host(experiment, inventory, "npu_reload_train", Path("."))
-        gpu_host = resolve_host(experiment, inventory, "gpu_train", Path("."))
+    if npu_host is not None and gpu_host is not None:
         npu_env, gpu_env = {**npu_host.env, **npu_env}, {**gpu_host.env, **gpu_env}
         npu_env_src, gpu_env_src = f"host {npu_host.name} + command env", f"host {gpu_host.name} + command env"
     template = experiment.npu.template if experiment.npu.kind == "mindformers" else "the twin's renderer"

@@ -28,7 +28,7 @@ from alignflow.backends.template import CommandTemplate
 from alignflow.codeversion import repo_version
 from alignflow.config.experiment import Experiment
 from alignflow.config.hosts import Host, Inventory
-from alignflow.config.placement import CONTROLLER, resolve_host
+from alignflow.config.placement import CONTROLLER
 from alignflow.errors import AlignflowError, FingerprintMismatch, PathMissing, PipelineError, SentinelError
 from alignflow.logs.schema import ParsedLog
 from alignflow.logs.sentinels import CHECKPOINT_LOADED, check_sentinels
@@ -116,7 +116,8 @@ class StepRunner:
         self._events(message)
 
     def host(self, step: str) -> Host:
-        return resolve_host(self.experiment, self.inventory, step, self.state_dir)
+        """Where `step` runs, as placed when the run started."""
+        return self.ctx.placement.host(step)
 
     def transport(self, host: Host) -> Transport:
         t = self._transports.get(host.name)

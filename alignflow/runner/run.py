@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from alignflow import pipeline
 from alignflow.codeversion import alignflow_version
 from alignflow.config.experiment import Experiment
+from alignflow.config.placement import place
 from alignflow.errors import (
     AlignflowError,
     ConfigError,
@@ -52,6 +53,7 @@ from alignflow.runner.steps import run_step
 from alignflow.runner.walk import ThreadScheduler, walk
 from alignflow.runview import NOT_SELECTED, RunView, run_view
 from alignflow.store import Store
+from alignflow.store.params import RunParams
 from alignflow.store.records import RunStatus, StepStatus
 
 log = logging.getLogger(__name__)
@@ -79,7 +81,7 @@ def start_run(
                              recorded_from=options.reproduce_of,
                              force=tuple(s.name for s in pipeline.STEPS if not s.optional))
     if options.recorded_from is not None:
-        old = open_run(store, options.recorded_from)
+        old = open_run(store, options.recorded_from).params
         experiment, inventory = old.experiment, old.inventory
         experiment_path, hosts_path = old.experiment_path, old.hosts_path
     else:
@@ -92,15 +94,10 @@ def start_run(
     config = experiment.model_dump(mode="json")
     config_sha = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
     store.ensure_experiment(experiment.name, config=config, config_sha256=config_sha)
-    params = {
-        "experiment_path": str(Path(experiment_path).resolve()),
-        "hosts_path": str(Path(hosts_path).resolve()),
-        "experiment": config,
-        "inventory": inventory.model_dump(mode="json"),
-        "options": options.to_dict(),
-        "plan": {"steps": list(plan.steps), "forced": sorted(plan.forced), "reuse_only": sorted(plan.reuse_only)},
-        "state_dir": str(state_dir),
-    }
+    params = RunParams(
+        experiment_path=str(Path(experiment_path).resolve()), hosts_path=str(Path(hosts_path).resolve()),
+        state_dir=str(state_dir), experiment=experiment, inventory=inventory, options=options,
+        plan=plan, placement=place(experiment, inventory, state_dir=state_dir))
     # the run's own configuration, not the experiment's newest: a file edited back and forth records each run
     # under the config it ran, and history / the nightly tell runs of another configuration by it
     run = store.create_run(experiment.name, parent_id=options.parent, trigger=options.trigger,
@@ -161,7 +158,7 @@ def preflight_run(ctx: RunContext, *, state_dir: Path, events: Events | None = N
 
     # the GPU host is probed only when this run executes something there (`--only npu_base_train` does not)
     probe = open_transport if any(_uses_gpu_side(step) for step in executed_steps(ctx.plan)) else None
-    report = check_experiment(experiment, inventory=ctx.inventory, transport_factory=probe)
+    report = check_experiment(experiment, placement=ctx.placement, transport_factory=probe)
     out = state_dir / "runs" / ctx.run_id / "preflight.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report.to_dict(), indent=2), encoding="utf-8")
@@ -188,12 +185,11 @@ def _uses_gpu_side(step: str) -> bool:
 def check_slurm_hosts(ctx: RunContext, *, events: Events | None = None,
                       transport_factory: TransportFactory | None = None) -> None:
     """`PreflightError` when a Slurm host of the run's plan cannot run its jobs (`alignflow.transport.slurm_check`)."""
-    from alignflow.config.placement import resolve_host
     from alignflow.transport import open_transport
     from alignflow.transport.slurm_check import check_slurm_host
 
     hosts = {h.name: h for step in executed_steps(ctx.plan) if pipeline.step(step).executor != "compare"
-             for h in [resolve_host(ctx.experiment, ctx.inventory, step, Path("."))] if h.scheduler == "slurm"}
+             for h in [ctx.placement.host(step)] if h.scheduler == "slurm"}
     errors: list[str] = []
     for host in hosts.values():
         t = (transport_factory or open_transport)(host)

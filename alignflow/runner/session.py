@@ -9,20 +9,21 @@ inventory as they were, the plan, the trigger and the parent run. `open_run` rea
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from alignflow import pipeline
 from alignflow.codeversion import code_version_for
 from alignflow.config.experiment import Experiment, check_hosts, load_experiment
 from alignflow.config.hosts import Inventory, load_hosts
-from alignflow.config.placement import CONTROLLER
+from alignflow.config.placement import CONTROLLER, Placement
 from alignflow.errors import ConfigError, FingerprintMismatch, PipelineError
 from alignflow.fingerprint import Fingerprinter, HashMemo
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.store import Store
+from alignflow.store.params import RunOptions as RunOptions  # where runs are asked for; recorded with RunParams
+from alignflow.store.params import RunParams
 from alignflow.store.records import StepStatus
 from alignflow.twin.data import check_data_dir, make_data_dir
 
@@ -30,32 +31,6 @@ log = logging.getLogger(__name__)
 
 Events = Callable[[str], None]
 """Where the runner says what it is doing (a logger's `info`, the CLI's console, a Prefect run logger)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RunOptions:
-    """How a run was asked for."""
-
-    from_step: str | None = None
-    only: tuple[str, ...] = ()
-    force: tuple[str, ...] = ()
-    parent: str | None = None
-    trigger: str = "cli"
-    reuse_parent: bool = False  # take the parent's artifacts for steps that are not re-executed
-    reproduce_of: str | None = None  # re-execute this run's recorded experiment, every step forced
-    recorded_from: str | None = None  # run this run's recorded experiment and inventory (not the files as they are)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"from_step": self.from_step, "only": list(self.only), "force": list(self.force),
-                "parent": self.parent, "trigger": self.trigger, "reuse_parent": self.reuse_parent,
-                "reproduce_of": self.reproduce_of, "recorded_from": self.recorded_from}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> RunOptions:
-        return cls(from_step=data.get("from_step"), only=tuple(data.get("only") or ()),
-                   force=tuple(data.get("force") or ()), parent=data.get("parent"),
-                   trigger=str(data.get("trigger") or "cli"), reuse_parent=bool(data.get("reuse_parent")),
-                   reproduce_of=data.get("reproduce_of"), recorded_from=data.get("recorded_from"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,37 +45,41 @@ class StepOutcome:
     verdict: str | None = None
     reused_from_run: str | None = None  # the run whose step run a cached outcome reuses
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "status": self.status.value, "step_run_id": self.step_run_id,
-                "cache_key": self.cache_key, "verdict": self.verdict, "reused_from_run": self.reused_from_run,
-                "artifacts": {k: v.to_dict() for k, v in self.artifacts.items()}}
 
 
 @dataclass(frozen=True, slots=True)
 class RunContext:
-    """A recorded run's experiment, inventory, plan and options, exactly as recorded when it started."""
+    """A recorded run's experiment, inventory, plan, options and placement, exactly as recorded when it started."""
 
     run_id: str
-    experiment: Experiment
-    inventory: Inventory
-    plan: pipeline.Plan
-    options: RunOptions
-    experiment_path: str
-    hosts_path: str
+    params: RunParams
+
+    @property
+    def experiment(self) -> Experiment:
+        return self.params.experiment
+
+    @property
+    def inventory(self) -> Inventory:
+        return self.params.inventory
+
+    @property
+    def plan(self) -> pipeline.Plan:
+        return self.params.plan
+
+    @property
+    def options(self) -> RunOptions:
+        return self.params.options
+
+    @property
+    def placement(self) -> Placement:
+        return self.params.placement
 
 
 def open_run(store: Store, run_id: str) -> RunContext:
-    """The `RunContext` of a recorded run (its parameters as `start_run` recorded them)."""
+    """The `RunContext` of a recorded alignment run (its parameters as `start_run` recorded them, of any version
+    of the store's codec: `alignflow.store.params`)."""
     run = store.get_run(run_id)
-    params = run.params
-    experiment = Experiment.model_validate(params["experiment"]).model_copy(
-        update={"source": params["experiment_path"]})
-    inventory = Inventory.model_validate(params["inventory"]).model_copy(update={"source": params["hosts_path"]})
-    plan = pipeline.Plan(steps=tuple(params["plan"]["steps"]), forced=frozenset(params["plan"]["forced"]),
-                         reuse_only=frozenset(params["plan"].get("reuse_only", ())))
-    return RunContext(run_id=run.id, experiment=experiment, inventory=inventory, plan=plan,
-                      options=RunOptions.from_dict(params.get("options") or {}),
-                      experiment_path=str(params["experiment_path"]), hosts_path=str(params["hosts_path"]))
+    return RunContext(run_id=run.id, params=run.alignment_params())
 
 
 def default_state_dir() -> Path:

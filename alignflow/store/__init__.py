@@ -18,6 +18,8 @@ API (all keyword arguments after the first one or two; errors are `StoreError` s
     get_experiment(name) -> ExperimentRecord;  experiment_config(name, config_sha256) -> dict
 
     create_run(experiment, *, parent_id=None, trigger, code_version, params, config_sha256=None) -> RunRecord
+        params: RunParams | NoiseRunParams (`alignflow.store.params`, one versioned codec); RunRecord.params
+        reads them back from any version, `alignment_params()` those of an alignment run
     finish_run(run_id, *, status, verdict=None, report=None, error=None) -> RunRecord
         status: completed | failed | error | cancelled | crashed; open steps closed as failed (refused if completed)
     get_run(run_id) -> RunRecord;  list_runs(*, experiment=None, status=None, limit=50) -> [RunRecord] newest first

@@ -130,7 +130,7 @@ class Run(Base):
         return RunRecord(
             id=self.id, experiment=experiment, config_sha256=config_sha256, parent_id=self.parent_id,
             trigger=self.trigger, status=RunStatus(self.status), code_version=self.code_version,
-            verdict=self.verdict, report=self.report, error=self.error, params=dict(self.params),
+            verdict=self.verdict, report=self.report, error=self.error, stored_params=dict(self.params),
             started_at=_aware(self.started_at), finished_at=aware(self.finished_at),
             controller=None if self.controller is None else dict(self.controller),
         )

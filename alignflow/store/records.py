@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
+
+from pydantic import JsonValue
+
+from alignflow.errors import ConfigError
+from alignflow.store.params import NoiseRunParams, RunParams, decode_params, experiment_file
 
 PASS_VERDICT = "pass"
 
@@ -54,16 +59,6 @@ FINISHED_RUN_STATUSES = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.ERROR,
                          RunStatus.CRASHED, RunStatus.INTERRUPTED)
 
 
-def _json_ready(record: Any) -> dict[str, Any]:
-    out = asdict(record)
-    for key, value in out.items():
-        if isinstance(value, datetime):
-            out[key] = value.isoformat()
-        elif isinstance(value, StrEnum):
-            out[key] = value.value
-    return out
-
-
 @dataclass(frozen=True, slots=True)
 class ExperimentRecord:
     """An experiment and the configuration version last ensured for it."""
@@ -73,9 +68,6 @@ class ExperimentRecord:
     config_sha256: str
     config: dict[str, Any]
     created_at: datetime
-
-    def to_json(self) -> dict[str, Any]:
-        return _json_ready(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +84,32 @@ class RunRecord:
     verdict: str | None
     report: str | None
     error: str | None
-    params: dict[str, Any]
+    # The parameters as the store keeps them (`alignflow.store.params`): read them through `params`.
+    stored_params: dict[str, JsonValue]
     started_at: datetime
     finished_at: datetime | None
     # The process that drives the run (`alignflow.controller.ControllerIdentity.to_dict()`); None for runs
     # recorded before it was kept (schema revision 0003).
     controller: dict[str, Any] | None = None
+
+    @property
+    def params(self) -> RunParams | NoiseRunParams:
+        """What the run was started with, decoded from any version of its stored document (`StoreError` when
+        this alignflow cannot read it)."""
+        return decode_params(self.stored_params, run=self.id)
+
+    def alignment_params(self) -> RunParams:
+        """`params` of an alignment run; `ConfigError` for a run of another kind (a noise-floor measurement), which
+        has no experiment to run again."""
+        params = self.params
+        if not isinstance(params, RunParams):
+            raise ConfigError(f"run {self.id} is a {params.kind} run (trigger {self.trigger}), not an alignment run")
+        return params
+
+    @property
+    def experiment_file(self) -> str | None:
+        """The experiment file the run read (None for a noise run), even when its parameters no longer read."""
+        return experiment_file(self.stored_params)
 
     @property
     def duration_s(self) -> float | None:
@@ -109,9 +121,6 @@ class RunRecord:
     @property
     def finished(self) -> bool:
         return self.status != RunStatus.RUNNING
-
-    def to_json(self) -> dict[str, Any]:
-        return {**_json_ready(self), "duration_s": self.duration_s}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +156,6 @@ class StepRunRecord:
     def finished(self) -> bool:
         return self.status not in OPEN_STEP_STATUSES
 
-    def to_json(self) -> dict[str, Any]:
-        return {**_json_ready(self), "duration_s": self.duration_s}
-
 
 @dataclass(frozen=True, slots=True)
 class ArtifactRecord:
@@ -166,9 +172,6 @@ class ArtifactRecord:
     manifest: list[Any] | dict[str, Any] | None
     created_at: datetime
 
-    def to_json(self) -> dict[str, Any]:
-        return _json_ready(self)
-
 
 @dataclass(frozen=True, slots=True)
 class SnapshotRecord:
@@ -179,9 +182,6 @@ class SnapshotRecord:
     host: str
     taken_at: datetime
     data: dict[str, Any]
-
-    def to_json(self) -> dict[str, Any]:
-        return _json_ready(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +198,3 @@ class ComparisonRecord:
     @property
     def passed(self) -> bool:
         return self.verdict == PASS_VERDICT
-
-    def to_json(self) -> dict[str, Any]:
-        return _json_ready(self)

@@ -17,6 +17,7 @@ from alignflow.store.base import OPEN_STEPS
 from alignflow.store.interruptions import Interruptions
 from alignflow.store.measurements import Measurements
 from alignflow.store.models import Artifact, Experiment, ExperimentConfig, Run, StepRun, experiment_record
+from alignflow.store.params import NoiseRunParams, RunParams, encode_params
 from alignflow.store.records import (
     FINISHED_RUN_STATUSES,
     OPEN_STEP_STATUSES,
@@ -96,7 +97,7 @@ class Store(Measurements, References, Interruptions):
         parent_id: str | None = None,
         trigger: str,
         code_version: str,
-        params: dict[str, Any],
+        params: RunParams | NoiseRunParams,
         config_sha256: str | None = None,
     ) -> RunRecord:
         """Start a run of an experiment (status `running`), under its latest config unless `config_sha256` says.
@@ -105,7 +106,7 @@ class Store(Measurements, References, Interruptions):
         whose controller died can be told from a live one (`alignflow.store.interruptions.reconcile`)."""
         check_name(trigger, "create_run: trigger", max_length=100)
         check_name(code_version, "create_run: code_version", max_length=200)
-        doc = json_document(params, "create_run: params")
+        doc = json_document(encode_params(params), "create_run: params")
 
         with self._write(f"create a run of {experiment_name!r}") as s:
             exp = self._experiment_row(s, experiment_name)

@@ -23,6 +23,7 @@ from alignflow.regression import (
     not_started,
 )
 from alignflow.store import Store
+from tests.store.sample import run_params
 
 
 def crit(metric: str, statistic: str, value: float | None, threshold: float, *, passed: bool | None = None,
@@ -142,7 +143,7 @@ def test_not_started_is_a_regression() -> None:
 
 def record_run(store: Store, verdict: str, lm_me: float) -> str:
     store.ensure_experiment("exp", config={"a": 1}, config_sha256="c" * 64)
-    run = store.create_run("exp", trigger="nightly", code_version="test", params={})
+    run = store.create_run("exp", trigger="nightly", code_version="test", params=run_params("exp"))
     store.add_metrics(run.id, source="gpu", frame=pd.DataFrame({"lm_loss": [1.0]}, index=[1]))
     store.add_comparison(run.id, verdict=verdict, criteria=[crit("lm_loss", "me", lm_me, 1e-3)], summary={})
     store.finish_run(run.id, status="completed", verdict=verdict)

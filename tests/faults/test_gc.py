@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from alignflow.store import Store
+from tests.store.sample import run_params
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +44,7 @@ def _record_run(state: Path, wd: Path) -> None:
     """A run whose records name one output, one job dir and one staged input (in its command)."""
     with Store.open(state_dir=state) as store:
         store.ensure_experiment("e", config={"a": 1}, config_sha256="0" * 64)
-        run = store.create_run("e", trigger="test", code_version="v", params={}, config_sha256="0" * 64)
+        run = store.create_run("e", trigger="test", code_version="v", params=run_params("e"), config_sha256="0" * 64)
         step = store.start_step(run.id, "convert_bf16", host="cpu",
                                 command=f"python -m alignflow convert bf16 {wd}/inputs/base-kept {wd}/artifacts/"
                                 f"convert_bf16/kept/bf16", cache_key="k", inputs={})

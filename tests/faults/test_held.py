@@ -22,6 +22,7 @@ from alignflow.errors import HostKeyRejected, PathNotAllowed
 from alignflow.transport import JobSpec, JobState, open_transport
 from tests.faults.conftest import SECRET, Site
 from tests.lab.sshd import SSHLab
+from tests.store.sample import run_params
 
 pytestmark = pytest.mark.integration
 
@@ -126,7 +127,7 @@ def test_a_damaged_store_is_a_clear_error_and_the_file_is_untouched(tmp_path: Pa
     state = tmp_path / "state"
     with Store.open(state_dir=state) as store:
         store.ensure_experiment("e", config={}, config_sha256="0" * 64)
-        store.create_run("e", trigger="t", code_version="v", params={}, config_sha256="0" * 64)
+        store.create_run("e", trigger="t", code_version="v", params=run_params("e"), config_sha256="0" * 64)
     db = state / "store.sqlite"
     user = None
     if damage == "truncated":

@@ -12,6 +12,7 @@ from alignflow.logs import parse_log
 from alignflow.logs.schema import BOOKKEEPING_COLUMNS
 from alignflow.runner.reproduce import _log_note
 from tests.logfixtures import make_run, megatron_lines
+from tests.store.sample import run_params
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ def _record(store: Any, shas: dict[str, str], *, keys: dict[str, str] | None = N
             ) -> str:
     """A finished run whose steps produce `shas` (artifact -> sha256); each step's inputs are its upstream outputs;
     `metrics`: what both trainings logged (recorded as the engine records a parsed log)."""
-    run = store.create_run("demo", trigger="cli", code_version="v1", params={})
+    run = store.create_run("demo", trigger="cli", code_version="v1", params=run_params())
     store.add_snapshot(run.id, "cuda", {"host": "cuda", "taken_at": "now", "packages": {"torch": torch}})
     made: dict[str, dict[str, Any]] = {"data": DATA}
     for step, needs, outputs in GRAPH:

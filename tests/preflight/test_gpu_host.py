@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from alignflow.config import load_experiment, load_hosts
+from alignflow.config.placement import place
 from alignflow.preflight import check_experiment
 from alignflow.preflight.gpu_host import check_gpu_host
 from alignflow.runner.run import execute_pipeline, start_run
@@ -52,7 +53,9 @@ def experiment(repo_root: Path, tmp_path: Path, entry: str, extensions: list[str
 
 def problems(path: Path) -> list[str]:
     inventory = load_hosts(path.parent / "hosts.yaml")
-    return check_gpu_host(load_experiment(path, inventory), inventory, open_transport)
+    experiment = load_experiment(path, inventory)
+    return check_gpu_host(experiment, place(experiment, inventory, steps=("gpu_train",)).host("gpu_train"),
+                          open_transport)
 
 
 def test_a_megatron_checkout_of_the_declared_version_passes(repo_root: Path, tmp_path: Path) -> None:

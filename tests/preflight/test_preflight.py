@@ -13,8 +13,10 @@ from typer.testing import CliRunner
 from alignflow.backends.megatron import merge_flags
 from alignflow.cli import app
 from alignflow.config import load_experiment
+from alignflow.config.placement import place
 from alignflow.errors import ConfigError
 from alignflow.preflight import DataBinding, GpuSide, NpuSide, check_experiment, preflight, render_sides
+from alignflow.preflight.sides import SIDE_STEPS
 from tests.recipes.copies import copy_twin, example_inventory, load_copy, recipe_copy
 
 
@@ -85,8 +87,9 @@ def _sides(config: dict[str, object], argv: list[str]) -> tuple[NpuSide, GpuSide
 
 @pytest.fixture
 def rendered(repo_root: Path) -> tuple[NpuSide, GpuSide, DataBinding]:
-    exp = load_experiment(repo_root / "experiments" / "qwen35_moe.yaml", example_inventory(repo_root))
-    return render_sides(exp, inventory=example_inventory(repo_root))
+    inventory = example_inventory(repo_root)
+    exp = load_experiment(repo_root / "experiments" / "qwen35_moe.yaml", inventory)
+    return render_sides(exp, placement=place(exp, inventory, steps=SIDE_STEPS))
 
 
 def test_the_last_occurrence_of_a_flag_wins_as_in_megatron(rendered: tuple[NpuSide, GpuSide, DataBinding]) -> None:

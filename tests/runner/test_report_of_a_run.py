@@ -11,6 +11,7 @@ from pathlib import Path
 from alignflow.runview import RunView, run_view, timing_conditions
 from alignflow.store import Store
 from tests.runner.conftest import FakeLab
+from tests.store.sample import run_params
 
 
 def _files(view: RunView) -> tuple[str, str, dict[str, object]]:
@@ -66,7 +67,7 @@ def test_trainings_that_share_a_machine_are_timed_beside_each_other(tmp_path: Pa
     clock = _Clock()
     with Store.open(f"sqlite:///{tmp_path / 'store.sqlite'}", clock=clock) as store:
         store.ensure_experiment("demo", config={"name": "demo"}, config_sha256="a" * 64)
-        run = store.create_run("demo", trigger="cli", code_version="t", params={})
+        run = store.create_run("demo", trigger="cli", code_version="t", params=run_params())
         for host in ("ascend", "cuda"):
             store.add_snapshot(run.id, host, {"host": host, "hostname": "vm", "cpus": 2, "load": [3.5, 3.0, 2.5],
                                               "accelerators": {"npu-smi": {"present": False},

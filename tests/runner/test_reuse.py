@@ -32,7 +32,7 @@ def test_a_rerun_after_an_edited_experiment_reexecutes_what_the_edit_reaches(lab
     got = statuses(rerun)
     assert got["gpu_train"] == got["npu_reload_train"] == got["npu_base_train"] == "ran"
     assert any("not taken from parent run" in m for m in lab.messages)
-    recorded = lab.store.get_run(rerun.run_id).params["experiment"]["training"]["lr"]
+    recorded = lab.store.get_run(rerun.run_id).alignment_params().experiment.training.lr
     assert recorded == 3.0e-3  # and what was recorded is what trained
 
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from alignflow.cli import app
 from alignflow.store import Store, database
 from tests.lab.postgres import PostgresServer
-from tests.store.sample import CONFIG, CONFIG_SHA, SHA_C, TickingClock
+from tests.store.sample import CONFIG, CONFIG_SHA, SHA_C, TickingClock, run_params
 
 runner = CliRunner()
 
@@ -31,14 +31,14 @@ def _invoke(args: list[str], monkeypatch: pytest.MonkeyPatch, url: str) -> tuple
 def _populate(url: str) -> tuple[str, str]:
     with Store.open(url, clock=TickingClock()) as store:
         store.ensure_experiment("demo", config=CONFIG, config_sha256=CONFIG_SHA)
-        first = store.create_run("demo", trigger="cli", code_version="v1", params={}).id
+        first = store.create_run("demo", trigger="cli", code_version="v1", params=run_params()).id
         step = store.start_step(first, "convert_bf16", host="cpu", command="convert", cache_key="k", inputs={})
         store.add_artifact(step.id, name="bf16_ckpt", host="cpu", path="out/bf16", kind="dir", sha256=SHA_C,
                            size_bytes=5 * 2**30)
         store.finish_step(step.id, status="ran", exit_code=0, stdout_tail="", stderr_tail="")
         store.add_comparison(first, verdict="pass", criteria=[{"ok": True}], summary={})
         store.finish_run(first, status="completed", verdict="pass", report="reports/index.html")
-        second = store.create_run("demo", parent_id=first, trigger="rerun", code_version="v2", params={}).id
+        second = store.create_run("demo", parent_id=first, trigger="rerun", code_version="v2", params=run_params()).id
     return first, second
 
 

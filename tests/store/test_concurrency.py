@@ -15,7 +15,7 @@ import pytest
 
 from alignflow.errors import ImmutableRecord
 from alignflow.store import RunStatus, StepStatus, Store
-from tests.store.sample import CONFIG, CONFIG_SHA
+from tests.store.sample import CONFIG, CONFIG_SHA, run_params
 
 PER_WRITER = 25
 
@@ -61,7 +61,7 @@ def test_two_processes_writing_at_once_lose_no_rows(
         for run in runs:
             [step] = store.steps(run.id)
             assert (step.status, step.host, step.job_dir) == (StepStatus.RAN, run.trigger,
-                                                              f"jobs/{run.trigger}/{run.params['i']}")
+                                                              f"jobs/{run.trigger}/{step.inputs['i']}")
             assert [a.name for a in store.artifacts(step.id)] == ["bf16_ckpt"]
             assert list(store.metrics(run.id)["value"]) == [3.0, 2.0, 1.0]
 
@@ -100,7 +100,7 @@ def test_threads_sharing_one_store_lose_no_rows(store: Store) -> None:
     def work(worker: int) -> list[str]:
         ids = []
         for i in range(10):
-            run = store.create_run("demo", trigger=f"t{worker}", code_version="v", params={"i": i})
+            run = store.create_run("demo", trigger=f"t{worker}", code_version="v", params=run_params())
             step = store.start_step(run.id, "compare", host="ctl", command="c", cache_key=f"{worker}-{i}", inputs={})
             store.finish_step(step.id, status="ran", exit_code=0, stdout_tail="", stderr_tail="")
             ids.append(run.id)
@@ -120,7 +120,7 @@ def test_two_processes_finishing_one_run_leave_exactly_one_outcome(
 ) -> None:
     with Store.open(db_url) as store:
         store.ensure_experiment("demo", config=CONFIG, config_sha256=CONFIG_SHA)
-        run_id = store.create_run("demo", trigger="cli", code_version="v", params={}).id
+        run_id = store.create_run("demo", trigger="cli", code_version="v", params=run_params()).id
     script = (
         "import sys\n"
         "from alignflow.errors import ImmutableRecord\n"
@@ -153,7 +153,7 @@ def test_a_step_cannot_start_in_a_run_that_another_transaction_is_finishing(post
 
     with Store.open(postgres_url) as store:
         store.ensure_experiment("demo", config=CONFIG, config_sha256=CONFIG_SHA)
-        run_id = store.create_run("demo", trigger="cli", code_version="v", params={}).id
+        run_id = store.create_run("demo", trigger="cli", code_version="v", params=run_params()).id
         finisher = create_engine(postgres_url)
         observer = create_engine(postgres_url)
         pool = ThreadPoolExecutor(max_workers=1)

@@ -15,7 +15,7 @@ from alignflow.errors import ImmutableRecord
 from alignflow.store import RunStatus, StepStatus, Store
 from alignflow.store import database as db
 from alignflow.store.interruptions import INTERRUPTED_STEP, reconcile
-from tests.store.sample import CONFIG, CONFIG_SHA, SHA_B, TickingClock
+from tests.store.sample import CONFIG, CONFIG_SHA, SHA_B, TickingClock, run_params
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def sleeper() -> subprocess.Popen[bytes]:
 def _run_driven_by(db_url: str, ident: controller.ControllerIdentity) -> tuple[Store, str, str]:
     store = Store.open(db_url, clock=TickingClock(), controller=ident.to_dict)
     store.ensure_experiment("demo", config=CONFIG, config_sha256=CONFIG_SHA)
-    run = store.create_run("demo", trigger="cli", code_version="test", params={})
+    run = store.create_run("demo", trigger="cli", code_version="test", params=run_params())
     done = store.start_step(run.id, "npu_base_train", host="ascend", command="train", cache_key="k1", inputs={})
     store.finish_step(done.id, status="ran", exit_code=0, stdout_tail="", stderr_tail="")
     open_step = store.start_step(run.id, "convert_bf16", host="cpu", command="convert", cache_key="k2",
@@ -41,7 +41,7 @@ def _run_driven_by(db_url: str, ident: controller.ControllerIdentity) -> tuple[S
 def test_a_run_records_the_process_that_drives_it(db_url: str) -> None:
     with Store.open(db_url) as store:
         store.ensure_experiment("demo", config=CONFIG, config_sha256=CONFIG_SHA)
-        run = store.create_run("demo", trigger="cli", code_version="test", params={})
+        run = store.create_run("demo", trigger="cli", code_version="test", params=run_params())
         assert run.controller == controller.current().to_dict()
         assert store.get_run(run.id).controller == run.controller
 

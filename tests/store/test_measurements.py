@@ -10,12 +10,12 @@ import pytest
 
 from alignflow.errors import ImmutableRecord, StoreError
 from alignflow.store import Store
-from tests.store.sample import CONFIG, CONFIG_SHA
+from tests.store.sample import CONFIG, CONFIG_SHA, run_params
 
 
 def _run(store: Store) -> str:
     store.ensure_experiment("demo", config=CONFIG, config_sha256=CONFIG_SHA)
-    return store.create_run("demo", trigger="cli", code_version="v", params={}).id
+    return store.create_run("demo", trigger="cli", code_version="v", params=run_params()).id
 
 
 def _log_frame() -> pd.DataFrame:

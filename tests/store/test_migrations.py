@@ -10,6 +10,7 @@ from alignflow.errors import StoreError, StoreSchemaError
 from alignflow.store import Store
 from alignflow.store import database as db
 from alignflow.store.models import Base
+from tests.store.sample import run_params
 
 
 def test_upgrade_from_an_empty_database_creates_every_table(db_url: str) -> None:
@@ -124,6 +125,7 @@ def test_a_store_with_runs_upgrades_and_keeps_them(db_url: str) -> None:
         (run,) = store.list_runs()
         assert (run.id, run.status) == ("0123456789ab", "failed")
         assert [s.id for s in store.steps(run.id)] == ["ba9876543210"]
-        store.finish_run(store.create_run("demo", trigger="cli", code_version="x", params={}).id, status="error",
+        errored = store.create_run("demo", trigger="cli", code_version="x", params=run_params()).id
+        store.finish_run(errored, status="error",
                          error="conversion.spec: unknown conversion spec 'twin-mo'")
         assert [r.status for r in store.list_runs()] == ["error", "failed"]

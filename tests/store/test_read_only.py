@@ -14,13 +14,14 @@ import pytest
 
 from alignflow.errors import StoreReadOnly
 from alignflow.store import Store, database
-from tests.store.sample import CONFIG, CONFIG_SHA
+from tests.store.sample import CONFIG, CONFIG_SHA, run_params
 
 
 def _recorded(path: Path) -> str:
     with Store.open(f"sqlite:///{path}") as store:
         store.ensure_experiment("demo", config=CONFIG, config_sha256=CONFIG_SHA)
-        return store.create_run("demo", trigger="cli", code_version="git:1234abcd", params={}).id
+        return store.create_run("demo", trigger="cli", code_version="git:1234abcd",
+                                params=run_params()).id
 
 
 def test_a_store_whose_directory_cannot_be_written_is_read_and_refuses_writes_with_exit_2(

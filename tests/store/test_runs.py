@@ -10,12 +10,12 @@ import pytest
 from alignflow.errors import ImmutableRecord, RecordNotFound, StoreError
 from alignflow.store import PASS_VERDICT, RunStatus, StepStatus, Store
 from alignflow.store import base as store_base
-from tests.store.sample import CONFIG, CONFIG_SHA, SHA_B, SHA_C
+from tests.store.sample import CONFIG, CONFIG_SHA, SHA_B, SHA_C, run_params
 
 
 def _run(store: Store, **kw: object) -> str:
     store.ensure_experiment("demo", config=CONFIG, config_sha256=CONFIG_SHA)
-    args: dict[str, object] = {"trigger": "cli", "code_version": "git:1234abcd", "params": {"steps": 10}, **kw}
+    args: dict[str, object] = {"trigger": "cli", "code_version": "git:1234abcd", "params": run_params(), **kw}
     return store.create_run("demo", **args).id  # type: ignore[arg-type]
 
 
@@ -39,17 +39,17 @@ def test_ensure_experiment_is_idempotent_and_keeps_every_config_version(store: S
 
 def test_a_run_records_the_config_version_it_ran_with(store: Store) -> None:
     store.ensure_experiment("demo", config=CONFIG, config_sha256=CONFIG_SHA)
-    old = store.create_run("demo", trigger="cli", code_version="v1", params={})
+    old = store.create_run("demo", trigger="cli", code_version="v1", params=run_params())
     store.ensure_experiment("demo", config={**CONFIG, "seed": 2}, config_sha256=SHA_B)
-    new = store.create_run("demo", trigger="cli", code_version="v1", params={})
-    pinned = store.create_run("demo", trigger="cli", code_version="v1", params={}, config_sha256=CONFIG_SHA)
+    new = store.create_run("demo", trigger="cli", code_version="v1", params=run_params())
+    pinned = store.create_run("demo", trigger="cli", code_version="v1", params=run_params(), config_sha256=CONFIG_SHA)
     assert (old.config_sha256, new.config_sha256, pinned.config_sha256) == (CONFIG_SHA, SHA_B, CONFIG_SHA)
 
 
 def test_a_run_of_an_unknown_experiment_names_the_known_ones(store: Store) -> None:
     store.ensure_experiment("demo", config=CONFIG, config_sha256=CONFIG_SHA)
     with pytest.raises(RecordNotFound, match="experiment 'dem0': not in the store; recorded experiments: demo"):
-        store.create_run("dem0", trigger="cli", code_version="v1", params={})
+        store.create_run("dem0", trigger="cli", code_version="v1", params=run_params())
 
 
 def test_a_bad_config_digest_is_refused(store: Store) -> None:
@@ -61,9 +61,10 @@ def test_a_bad_config_digest_is_refused(store: Store) -> None:
 
 
 def test_create_and_read_a_run(store: Store) -> None:
+    params = run_params(trigger="schedule", only=("gpu_train",))
     run = store.create_run(
         store.ensure_experiment("demo", config=CONFIG, config_sha256=CONFIG_SHA).name,
-        trigger="schedule", code_version="git:1234abcd", params={"steps": 10, "lr": np.float64(1e-4), "n": np.int64(3)},
+        trigger="schedule", code_version="git:1234abcd", params=params,
     )
     assert len(run.id) == 12
     assert run.status == RunStatus.RUNNING
@@ -73,7 +74,9 @@ def test_create_and_read_a_run(store: Store) -> None:
     assert run.started_at.utcoffset() == UTC.utcoffset(None)
     got = store.get_run(run.id)
     assert got == run
-    assert got.params == {"steps": 10, "lr": 1e-4, "n": 3}
+    assert got.params == params
+    assert got.stored_params["version"] == 2
+    assert got.experiment_file == params.experiment_path
 
 
 def test_a_unique_prefix_finds_a_run_and_an_ambiguous_one_lists_the_matches(
@@ -152,7 +155,7 @@ def test_finish_run_rejects_a_status_that_is_not_final(store: Store) -> None:
 def test_list_runs_is_newest_first_and_filters_by_experiment(store: Store) -> None:
     a1 = _run(store)
     store.ensure_experiment("other", config={}, config_sha256=SHA_C)
-    b1 = store.create_run("other", trigger="cli", code_version="v", params={}).id
+    b1 = store.create_run("other", trigger="cli", code_version="v", params=run_params("other")).id
     a2 = _run(store, parent_id=a1)
     assert [r.id for r in store.list_runs()] == [a2, b1, a1]
     assert [r.id for r in store.list_runs(experiment="demo")] == [a2, a1]
@@ -181,13 +184,21 @@ def test_last_passing_run_skips_failures_and_honours_before(store: Store) -> Non
 
 def test_params_that_are_not_json_are_refused_naming_the_key(store: Store) -> None:
     store.ensure_experiment("demo", config=CONFIG, config_sha256=CONFIG_SHA)
-    with pytest.raises(StoreError, match=r"params\['lr'\]: nan cannot be stored in JSON"):
-        store.create_run("demo", trigger="cli", code_version="v", params={"lr": float("nan")})
-    with pytest.raises(StoreError, match=r"params\['when'\]: a set is not JSON"):
-        store.create_run("demo", trigger="cli", code_version="v", params={"when": {1}})
+    params = run_params()
+    criterion = params.experiment.criteria[0].model_copy(update={"threshold": float("nan")})
+    nan = params.model_copy(update={"experiment": params.experiment.model_copy(update={"criteria": [criterion]})})
+    with pytest.raises(StoreError, match=r"params\['experiment'\]\['criteria'\]\[0\]\['threshold'\]: nan cannot be "
+                                         "stored in JSON"):
+        store.create_run("demo", trigger="cli", code_version="v", params=nan)
+    run = store.create_run("demo", trigger="cli", code_version="v", params=params)
+    with pytest.raises(StoreError, match=r"inputs\['when'\]: a set is not JSON"):
+        store.start_step(run.id, "gpu_train", host="cuda", command="c", cache_key="k", inputs={"when": {1}})
     with pytest.raises(StoreError, match="key 1 is not a string"):
-        store.create_run("demo", trigger="cli", code_version="v", params={1: "x"})
-    assert store.list_runs() == []
+        store.start_step(run.id, "gpu_train", host="cuda", command="c", cache_key="k", inputs={1: "x"})
+    with pytest.raises(StoreError, match=r"inputs\['n'\]: inf cannot be stored in JSON"):
+        store.start_step(run.id, "gpu_train", host="cuda", command="c", cache_key="k", inputs={"n": np.float64("inf")})
+    assert [r.id for r in store.list_runs()] == [run.id]
+    assert store.steps(run.id) == []
 
 
 # --- step runs ----------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from alignflow.store import Store
+from tests.store.sample import run_params
 
 
 def _meet_the_other_writer(store: Store, name: str, deadline: float) -> bool:
@@ -41,7 +42,7 @@ def main(argv: list[str]) -> int:
     store.ensure_experiment("race", config={"writers": 2}, config_sha256="d" * 64)
     ids = []
     for i in range(count):
-        run = store.create_run("race", trigger=name, code_version="v", params={"i": i})
+        run = store.create_run("race", trigger=name, code_version="v", params=run_params("race"))
         step = store.start_step(run.id, "convert_bf16", host=name, command="convert", cache_key=f"{name}-{i}",
                                 inputs={"i": i})
         store.attach_job(step.id, job_dir=f"jobs/{name}/{i}", handle={"pid": i})
