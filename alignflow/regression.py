@@ -98,11 +98,6 @@ class CriterionChange:
             return None
         return self.value - self.baseline
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "label": self.label, "threshold": self.threshold, "baseline": self.baseline,
-                "value": self.value, "change": self.change, "allowed": self.allowed,
-                "passed_before": self.passed_before, "passed_now": self.passed_now, "regression": self.regression}
-
 
 @dataclass(frozen=True, slots=True)
 class RegressionCheck:
@@ -122,12 +117,6 @@ class RegressionCheck:
     @property
     def regressed(self) -> bool:
         return bool(self.reasons)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.experiment, "run_id": self.run_id, "baseline_run_id": self.baseline_run_id,
-                "status": self.status, "verdict": self.verdict, "baseline_verdict": self.baseline_verdict,
-                "regressed": self.regressed, "reasons": list(self.reasons), "config_changed": self.config_changed,
-                "notes": list(self.notes), "changes": [c.to_dict() for c in self.changes]}
 
 
 def criterion_key(criterion: Mapping[str, Any]) -> str:

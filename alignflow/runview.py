@@ -13,22 +13,30 @@ Schema history: 1 — first version (issue 20); `reasons` and each step's `reuse
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainSerializer, computed_field
 
 from alignflow import pipeline
 from alignflow.compare.context import FingerprintRow, ReportContext, StepRow, TimingConditions
 from alignflow.store import Store
-from alignflow.store.records import StepRunRecord
+from alignflow.store.records import StepRunRecord, input_refs
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 NOT_SELECTED = "not selected for this run"
 """The reason recorded for a step a run skips because its plan leaves it out (`--only`, a `diagnose` run)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ArtifactView:
+# ISO 8601 as Python writes it (`+00:00`, not pydantic's `Z`): the notation every `show --json` document has used
+Time = Annotated[datetime, PlainSerializer(datetime.isoformat, when_used="json")]
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ArtifactView(_View):
     name: str
     host: str
     path: str
@@ -36,38 +44,25 @@ class ArtifactView:
     sha256: str
     size_bytes: int
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "host": self.host, "path": self.path, "kind": self.kind, "sha256": self.sha256,
-                "size_bytes": self.size_bytes}
 
-
-@dataclass(frozen=True, slots=True)
-class StepView:
+class StepView(_View):
     step: str
     step_run_id: str
     status: str
     host: str | None
     exit_code: int | None
-    started: datetime | None
-    finished: datetime | None
+    started: Time | None
+    finished: Time | None
     duration_s: float | None
     cache_key: str | None
     reused_from: str | None  # the step run whose outputs a cached step took
-    error: str | None
-    inputs: Mapping[str, Any]
-    artifacts: tuple[ArtifactView, ...]
     reused_from_run: str | None = None  # the run that step run belongs to
-
-    def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "step_run_id": self.step_run_id, "status": self.status, "host": self.host,
-                "exit_code": self.exit_code, "started": _iso(self.started), "finished": _iso(self.finished),
-                "duration_s": self.duration_s, "cache_key": self.cache_key, "reused_from": self.reused_from,
-                "reused_from_run": self.reused_from_run, "error": self.error,
-                "artifacts": [a.to_json() for a in self.artifacts]}
+    error: str | None
+    inputs: dict[str, JsonValue] = Field(exclude=True)  # as recorded (`start_step`): not part of `show --json`
+    artifacts: tuple[ArtifactView, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class CriterionView:
+class CriterionView(_View):
     """One criterion as the comparison judged it, in the report's notation."""
 
     label: str
@@ -80,16 +75,11 @@ class CriterionView:
     note: str
     source: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {"label": self.label, "value": self.value, "value_text": self.value_text,
-                "threshold_text": self.threshold_text, "passed": self.passed, "first_outside": self.first_outside,
-                "driving_steps": list(self.driving_steps), "note": self.note, "source": self.source}
 
+class RunView(_View):
+    """A recorded run, everything `alignflow show` prints; `model_dump(mode="json")` is `show --json`."""
 
-@dataclass(frozen=True, slots=True)
-class RunView:
-    """A recorded run, everything `alignflow show` prints."""
-
+    schema_version: Literal[1] = SCHEMA_VERSION
     run_id: str
     experiment: str
     status: str
@@ -97,31 +87,29 @@ class RunView:
     trigger: str
     parent_id: str | None
     code_version: str
-    started: datetime
-    finished: datetime | None
+    started: Time
+    finished: Time | None
     duration_s: float | None
     error: str | None
     report: str | None
     steps: tuple[StepView, ...]
     criteria: tuple[CriterionView, ...]
-    snapshots: Mapping[str, Mapping[str, Any]]  # host -> HostSnapshot.to_dict()
     reasons: tuple[str, ...] = ()  # why the verdict is fail: each failed criterion with its driving steps, ...
+    # host -> its snapshot as recorded (`HostSnapshot.to_dict()`); `show --json` lists the hosts only
+    snapshots: dict[str, dict[str, JsonValue]] = Field(exclude=True)
     config_sha256: str | None = None  # the experiment's configuration this run ran (its fingerprint)
     experiment_file: str | None = None  # the file that configuration was read from
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def hosts(self) -> list[str]:
+        """The hosts the run recorded a snapshot of."""
+        return sorted(self.snapshots)
 
     def step(self, name: str) -> StepView | None:
         """The last recorded attempt at step `name`."""
         found = [s for s in self.steps if s.step == name]
         return found[-1] if found else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"schema_version": SCHEMA_VERSION, "run_id": self.run_id, "experiment": self.experiment,
-                "status": self.status, "verdict": self.verdict, "trigger": self.trigger, "parent_id": self.parent_id,
-                "code_version": self.code_version, "started": _iso(self.started), "finished": _iso(self.finished),
-                "duration_s": self.duration_s, "error": self.error, "report": self.report,
-                "steps": [s.to_json() for s in self.steps], "criteria": [c.to_json() for c in self.criteria],
-                "reasons": list(self.reasons), "hosts": sorted(self.snapshots), "config_sha256": self.config_sha256,
-                "experiment_file": self.experiment_file}
 
     @property
     def not_run(self) -> tuple[str, ...]:
@@ -157,8 +145,8 @@ def run_view(store: Store, run_id: str) -> RunView:
         step=s.step, step_run_id=s.id, status=str(s.status), host=s.host, exit_code=s.exit_code, started=s.started_at,
         finished=s.finished_at, duration_s=s.duration_s, cache_key=s.cache_key, reused_from=s.reused_from,
         error=s.error, inputs=dict(s.inputs or {}),
-        artifacts=tuple(ArtifactView(a.name, a.host, a.path, a.kind, a.sha256, a.size_bytes)
-                        for a in store.artifacts(s.id)),
+        artifacts=tuple(ArtifactView(name=a.name, host=a.host, path=a.path, kind=a.kind, sha256=a.sha256,
+                                     size_bytes=a.size_bytes) for a in store.artifacts(s.id)),
         reused_from_run=store.get_step(s.reused_from).run_id if s.reused_from else None,
     ) for _, s in ranked)
     comparison = store.comparison(run.id)
@@ -212,12 +200,10 @@ def report_context(view: RunView, *, sides: Mapping[str, str] | None = None, des
     seen: set[tuple[str, str]] = set()
     produced = {a.name for s in view.steps for a in s.artifacts}
     for s in view.steps:
-        for name, ref in s.inputs.items():  # run inputs (the data file): no step of the run produced them
-            if (isinstance(ref, Mapping) and ref.get("sha256") and name not in produced
-                    and (name, str(ref["sha256"])) not in seen):
-                seen.add((name, str(ref["sha256"])))
-                prints.append(FingerprintRow(name, str(ref["sha256"]), ref.get("size"),
-                                             f"{ref.get('host', '')}:{ref.get('path', '')}"))
+        for name, ref in input_refs(s.inputs).items():  # run inputs (the data file): no step of the run made them
+            if name not in produced and (name, ref.sha256) not in seen:
+                seen.add((name, ref.sha256))
+                prints.append(FingerprintRow(name, ref.sha256, ref.size, f"{ref.host}:{ref.path}"))
         for a in s.artifacts:
             if (a.name, a.sha256) not in seen:
                 seen.add((a.name, a.sha256))
@@ -306,7 +292,3 @@ def host_device(snapshot: Mapping[str, Any]) -> str:
 
 def _pipeline_order() -> dict[str, int]:
     return {name: i for i, name in enumerate(pipeline.STEP_NAMES)}
-
-
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None

@@ -86,7 +86,7 @@ def alignment(
     run_id: str | None = None,
 ) -> State[Any]:
     """Run one alignment experiment end to end; its final state carries the verdict (`flows.states`), its result
-    is the run record (`alignflow show --json`, a `RunView.to_json()` document).
+    is the run record (`alignflow show --json`, a `RunView` as JSON).
 
     `run_id` continues a run already recorded by the caller (the CLI records it first so that it can always
     report on it); otherwise the flow records a new run from the other parameters.
@@ -127,7 +127,7 @@ def alignment(
     view = finish_task(run_id, result.outcomes, error=error, failures=failures)
     if view.status in ("failed", "error"):
         logger.error("run %s %s: %s", run_id, view.status, error)
-    publish_run_artifacts(view.to_json())
+    publish_run_artifacts(view)
     logger.info("run %s: %s, verdict %s, report %s", run_id, view.status, view.verdict, view.report)
     return run_state(view)
 

@@ -17,13 +17,15 @@ Per nightly run: `nightly-regressions` (markdown) and `nightly-criteria` (table)
 The renderers are pure functions of the records (`flows.summaries`), tested without Prefect.
 """
 
-from typing import Any
+from collections.abc import Sequence
 
 from prefect import task
 from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from alignflow.regression import RegressionCheck
 from alignflow.reportserver import reports_url
+from alignflow.runview import RunView
 from flows.summaries import (
     artifact_key,
     metric_rows,
@@ -32,7 +34,6 @@ from flows.summaries import (
     nightly_message,
     nightly_rows,
     report_link,
-    report_run,
     run_markdown,
     thumbnails,
 )
@@ -43,20 +44,16 @@ __all__ = ["nightly_message", "publish_nightly_artifacts", "publish_run_artifact
 
 @task(name="publish-artifacts", task_run_name="publish-artifacts", cache_policy=NO_CACHE,
       persist_result=False)
-def publish_run_artifacts(record: dict[str, Any]) -> None:
-    """Summary, metric table and report link of one finished run, read back from the store."""
+def publish_run_artifacts(view: RunView) -> None:
+    """Summary, metric table and report link of one finished run (its comparison and data read from the store)."""
     store = open_store()
-    comp = store.comparison(record["run_id"])
-    comparison = None if comp is None else {"criteria": comp.criteria, "verdict": comp.verdict,
-                                            "summary": comp.summary}
-    trigger = store.get_run(record["run_id"]).trigger
-    data = next((s.inputs["data"] for s in store.steps(record["run_id"]) if "data" in (s.inputs or {})), None)
-    experiment, run_id = record["experiment"], record["run_id"]
-    url = report_link(record["report"], reports_url=reports_url(state_dir())) if record.get("report") else None
-    create_markdown_artifact(run_markdown(record, comparison, data=data, trigger=trigger, report_url=url,
-                                          plots=thumbnails(record.get("report"))),
+    comparison = store.comparison(view.run_id)
+    data = next((ref for s in store.steps(view.run_id) if (ref := s.input_ref("data")) is not None), None)
+    experiment, run_id = view.experiment, view.run_id
+    url = report_link(view.report, reports_url=reports_url(state_dir())) if view.report else None
+    create_markdown_artifact(run_markdown(view, comparison, data=data, report_url=url, plots=thumbnails(view.report)),
                              key=artifact_key(experiment, "summary"),
-                             description=f"alignflow run {run_id}: verdict {record.get('verdict')}")
+                             description=f"alignflow run {run_id}: verdict {view.verdict}")
     rows = metric_rows(comparison) if comparison is not None else []
     if rows:
         steps = metric_steps(comparison) if comparison is not None else None
@@ -64,14 +61,14 @@ def publish_run_artifacts(record: dict[str, Any]) -> None:
         create_table_artifact(rows, key=artifact_key(experiment, "metrics"),
                               description=f"error statistics of run {run_id}{over} (report notation)")
     if url:
-        source = report_run(record)
+        source = view.report_run or run_id
         text = f"{experiment} report (run {source})" + (f", reused by run {run_id}" if source != run_id else "")
         create_link_artifact(url, link_text=text, key=artifact_key(experiment, "report"),
                              description=f"HTML report of run {source}"
                                          + (f" (compare reused from it by run {run_id})" if source != run_id else ""))
 
 
-def publish_nightly_artifacts(checks: list[dict[str, Any]]) -> None:
+def publish_nightly_artifacts(checks: Sequence[RegressionCheck]) -> None:
     create_markdown_artifact(nightly_markdown(checks), key="nightly-regressions",
                              description=nightly_message(checks))
     create_table_artifact(nightly_rows(checks), key="nightly-criteria",

@@ -209,7 +209,7 @@ def _finish(launched: Launched | Any, as_json: bool, started: float, verbosity: 
         launched = Launched(launched, link=None, per_run_server=False, ctrl_c=False)
     view = _view(launched)
     if as_json:
-        typer.echo(json.dumps(view.to_json(), indent=2))
+        typer.echo(json.dumps(view.model_dump(mode="json"), indent=2))
     elif verbosity == "quiet":
         typer.echo(f"run {view.run_id}: {view.status}, verdict {(view.verdict or 'none').upper()}"
                    + (f", report {view.report}" if view.report else "")
@@ -324,7 +324,8 @@ def _register_run(app: typer.Typer) -> None:
             _finish(record, as_json, started=time.monotonic(), verbosity="quiet" if quiet else "normal")
         if view.status != "completed":
             if as_json:
-                typer.echo(json.dumps({"verdict": "incomplete", "reproduction": view.to_json()}, indent=2))
+                doc = {"verdict": "incomplete", "reproduction": view.model_dump(mode="json")}
+                typer.echo(json.dumps(doc, indent=2))
             else:
                 Console().print(f"[bold red]NOT REPRODUCED[/]: the reproduction {view.run_id} ended {view.status}")
                 print_view(view)
@@ -335,7 +336,8 @@ def _register_run(app: typer.Typer) -> None:
         finally:
             store.close()
         if as_json:
-            typer.echo(json.dumps({**judged.to_json(), "reproduction_run": view.to_json()}, indent=2))
+            doc = {**judged.to_json(), "reproduction_run": view.model_dump(mode="json")}
+            typer.echo(json.dumps(doc, indent=2))
             raise typer.Exit(0 if judged.verdict == "reproduced" else 1)
         console = Console(highlight=False)
         color = "green" if judged.verdict == "reproduced" else "red"

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 from alignflow.config.catalog import ExperimentCatalog, NightlyExport, NightlySettings
 from alignflow.errors import AlignflowError
 from alignflow.export import NothingToExport
-from alignflow.regression import DriftPolicy, not_started
+from alignflow.regression import DriftPolicy, RegressionCheck, not_started
 from alignflow.runner.control import cancel_run_jobs
 from alignflow.runner.session import RunOptions
 from flows.alignment import alignment
@@ -79,21 +79,21 @@ def run_nightly(entries: list[tuple[str, Path]], hosts: Path, drift: DriftPolicy
     logger = get_run_logger()
     marker = _current_marker(flow_run.id)
     marker.parent.mkdir(parents=True, exist_ok=True)
-    checks: list[dict[str, Any]] = []
+    checks: list[RegressionCheck] = []
     export_failures: list[str] = []
     for name, path in entries:
         try:
             run_id = cast(str, start_run_task(str(path), str(hosts), RunOptions(trigger="nightly")))
         except AlignflowError as exc:  # a broken file must not hide the other experiments' results
             logger.error("%s: not started: %s", name, exc)
-            checks.append(not_started(name, str(exc)).to_dict())
+            checks.append(not_started(name, str(exc)))
             continue
         marker.write_text(run_id)
         state = alignment(experiment=str(path), hosts=str(hosts), trigger="nightly", run_id=run_id,
                           return_state=True)
         marker.unlink(missing_ok=True)
         logger.info("%s: run %s ended %s", name, run_id, state.type.value)
-        checks.append(regression_task(run_id, drift.model_dump(mode="json")))
+        checks.append(regression_task(run_id, drift))
         if export is not None and export.wanted:
             failure = _export(name, run_id, export)
             if failure:
@@ -101,7 +101,7 @@ def run_nightly(entries: list[tuple[str, Path]], hosts: Path, drift: DriftPolicy
                 export_failures.append(failure)
     publish_nightly_artifacts(checks)
     message = "\n".join([nightly_message(checks), *export_failures])
-    if any(c["regressed"] for c in checks):
+    if any(c.regressed for c in checks):
         logger.error(message)
         return Failed(name=REGRESSED, message=message)
     if export_failures:

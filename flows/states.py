@@ -34,7 +34,7 @@ MAX_MESSAGE = 2000  # characters of a state message (the UI shows it on the run'
 
 class NotAligned(Exception):
     """Raised to an in-process caller of the flow when the run finished with verdict fail; `record` is the run
-    (`RunView.to_json()`). A verdict is not an error of alignflow: the run itself completed."""
+    (`RunView.model_dump(mode="json")`). A verdict is not an error of alignflow: the run itself completed."""
 
     def __init__(self, message: str, record: dict[str, Any]) -> None:
         super().__init__(message)
@@ -55,7 +55,7 @@ def verdict_message(view: RunView) -> str:
 
 def run_state(view: RunView) -> State[Any]:
     """The flow run's final state for the finished alignflow run `view`."""
-    record = view.to_json()
+    record = view.model_dump(mode="json")
     if view.status == "cancelled":
         why = (view.error or "cancelled").removeprefix("cancelled").lstrip(": ")
         return Cancelled(message=_clip(f"run {view.run_id} cancelled" + (f": {why}" if why else "")))

@@ -1,18 +1,21 @@
 """What alignflow shows in the Prefect UI, as text: the run summary (markdown with the curves embedded), the
-metric table, the report link and the nightly check — pure functions of the records, free of Prefect, so they
-are tested (and imported) without it. `flows.artifacts` publishes them as Prefect artifacts."""
+metric table, the report link and the nightly check — pure functions of the records (`RunView`, the store's
+`ComparisonRecord`, `RegressionCheck`), free of Prefect, so they are tested (and imported) without it.
+`flows.artifacts` publishes them as Prefect artifacts."""
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from alignflow.compare.formatting import AVERAGES, fmt_percent_of, fmt_value
 from alignflow.compare.names import THUMBNAIL_METRICS, thumbnail_name
 from alignflow.compare.tables import METRIC_HEADER, metric_cells
 from alignflow.config.criteria import RELATIVE_STATISTICS
+from alignflow.regression import RegressionCheck
+from alignflow.runview import RunView, StepView
+from alignflow.store.records import ArtifactRef, ComparisonRecord
 
 WEIGHTS = (("base_ckpt", "NPU base checkpoint"), ("bf16_ckpt", "bf16 checkpoint"),
            ("megatron_ckpt", "Megatron checkpoint"))
@@ -49,7 +52,7 @@ def _statistic(key: str) -> str:
     return key.split("(", 1)[0]
 
 
-def stat_text(value: Any, key: str, *, signed: bool = False) -> str:
+def stat_text(value: float | None, key: str, *, signed: bool = False) -> str:
     """A criterion's quantity (or a change of it) in the report's notation: percent for relative statistics, the
     averages' extra digit (`alignflow.compare.formatting`); a sign only on changes."""
     if value is None:
@@ -61,7 +64,7 @@ def stat_text(value: Any, key: str, *, signed: bool = False) -> str:
     return fmt_value(float(value), extra=1 if statistic in AVERAGES else 0, signed=signed)
 
 
-def _cell(text: Any) -> str:
+def _cell(text: object) -> str:
     """A markdown table cell: pipes escaped, one line."""
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -79,92 +82,87 @@ def _size(n: int | None) -> str:
     return f"{value / 1024:.1f} TiB"
 
 
-def _seconds(step: dict[str, Any]) -> str:
-    from datetime import datetime
-
-    if not step.get("started") or not step.get("finished"):
+def _seconds(step: StepView) -> str:
+    if step.started is None or step.finished is None:
         return "—"
-    delta = datetime.fromisoformat(step["finished"]) - datetime.fromisoformat(step["started"])
-    return f"{delta.total_seconds():.1f} s"
+    return f"{(step.finished - step.started).total_seconds():.1f} s"
 
 
-def fingerprints(record: dict[str, Any], data: dict[str, Any] | None) -> list[tuple[str, str, str, int | None]]:
+def fingerprints(view: RunView, data: ArtifactRef | None) -> list[tuple[str, str, str, int | None]]:
     """(what, path, sha256, size) of the data file and of each checkpoint the run produced or reused."""
     rows: list[tuple[str, str, str, int | None]] = []
     if data:
-        rows.append(("data", str(data.get("path", "")), str(data.get("sha256", "")), data.get("size")))
-    outputs = {a["name"]: a for s in record["steps"] for a in s["artifacts"]}
+        rows.append(("data", data.path, data.sha256, data.size))
+    outputs = {a.name: a for s in view.steps for a in s.artifacts}
     for name, what in WEIGHTS:
         if name in outputs:
             a = outputs[name]
-            rows.append((what, f"{a['host']}:{a['path']}", a["sha256"], a.get("size_bytes", a.get("size"))))
+            rows.append((what, f"{a.host}:{a.path}", a.sha256, a.size_bytes))
     return rows
 
 
-def run_markdown(record: dict[str, Any], comparison: dict[str, Any] | None, *, data: dict[str, Any] | None = None,
-                 trigger: str | None = None, report_url: str | None = None,
-                 plots: Mapping[str, str] | None = None) -> str:
+def run_markdown(view: RunView, comparison: ComparisonRecord | None, *, data: ArtifactRef | None = None,
+                 report_url: str | None = None, plots: Mapping[str, str] | None = None) -> str:
     """The summary of one run: verdict, curves, criteria, steps (ran / cached, from which run), fingerprints and
     the report link (which names the run that wrote the report when `compare` was reused)."""
-    verdict = (record.get("verdict") or "none").upper()
-    head = [f"**Verdict: {verdict}**", f"status {record['status']}"]
-    if trigger:
-        head.append(f"trigger {trigger}")
-    parent = record.get("parent_id", record.get("parent"))  # the run view's key (alignflow.runview), or the old one
-    if parent:
-        head.append(f"parent `{parent}`")
-    lines = [f"# {record['experiment']} — run `{record['run_id']}`", "", " · ".join(head), ""]
-    if record.get("error"):
-        lines += ["> " + str(record["error"]).replace("\n", "\n> "), ""]
-    elif record.get("verdict") == "fail" and record.get("reasons"):
-        lines += ["Not aligned:", "", *[f"- {_cell(r)}" for r in record["reasons"]], ""]
+    head = [f"**Verdict: {(view.verdict or 'none').upper()}**", f"status {view.status}", f"trigger {view.trigger}"]
+    if view.parent_id:
+        head.append(f"parent `{view.parent_id}`")
+    lines = [f"# {view.experiment} — run `{view.run_id}`", "", " · ".join(head), ""]
+    if view.error:
+        lines += ["> " + view.error.replace("\n", "\n> "), ""]
+    elif view.verdict == "fail" and view.reasons:
+        lines += ["Not aligned:", "", *[f"- {_cell(r)}" for r in view.reasons], ""]
     if plots:
         lines += [" ".join(f"![{metric}]({uri})" for metric, uri in plots.items()), ""]
     if comparison:
-        from alignflow.runview import criterion_view
-
-        # The report's notation (alignflow.compare.formatting): the same value and unit as the HTML and CLI.
-        lines += ["## Criteria", "", "| criterion | value | threshold | result | diverges at | driving steps |",
-                  "|---|---:|---:|---|---:|---|"]
-        for doc in comparison.get("criteria", []):
-            c = criterion_view(doc)
-            lines.append(f"| {_cell(c.label)} | {c.value_text} | {c.threshold_text} | "
-                         f"{'pass' if c.passed else '**FAIL**'} | {c.first_outside or ''} | "
-                         f"{', '.join(map(str, c.driving_steps))} |")
-        lines.append("")
-    counts: dict[str, int] = {}
-    for s in record["steps"]:
-        counts[s["status"]] = counts.get(s["status"], 0) + 1
-    tally = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
-    lines += [f"## Steps ({tally})", "", "| step | host | status | time | outputs (sha256) |", "|---|---|---|---|---|"]
-    for s in record["steps"]:
-        outs = ", ".join(f"{a['name']} `{a['sha256'][:12]}`" for a in s["artifacts"]) or "—"
-        status = s["status"] + (f" (run `{s['reused_from_run']}`)" if s.get("reused_from_run") else "")
-        lines.append(f"| {s['step']} | {s['host'] or '—'} | {status} | {_seconds(s)} | {outs} |")
-    prints = fingerprints(record, data)
+        lines += _criteria_lines(comparison)
+    lines += _steps_lines(view)
+    prints = fingerprints(view, data)
     if prints:
         lines += ["", "## Fingerprints", "", "| what | sha256 | size | where |", "|---|---|---|---|"]
         lines += [f"| {what} | `{sha}` | {_size(size)} | `{where}` |" for what, where, sha, size in prints]
-    if report_url:
-        name = Path(str(record["report"])).name
-        source = report_run(record)
-        reused = f" — reused from run `{source}` (its comparison is this run's)" if source != record["run_id"] else ""
-        lines += ["", f"Report: [{name}]({report_url}){reused}"]
+    if report_url and view.report:
+        source = view.report_run
+        reused = f" — reused from run `{source}` (its comparison is this run's)" if source != view.run_id else ""
+        lines += ["", f"Report: [{Path(view.report).name}]({report_url}){reused}"]
     return "\n".join(lines)
 
 
-def report_run(record: Mapping[str, Any]) -> str:
-    """The run whose compare step wrote the record's report (`RunView.report_run`, from the JSON)."""
-    compare = [s for s in record["steps"] if s["step"] == "compare"]
-    source = compare[-1].get("reused_from_run") if compare else None
-    return str(source or record["run_id"])
+def _criteria_lines(comparison: ComparisonRecord) -> list[str]:
+    """The criteria table, in the report's notation (alignflow.compare.formatting): the same value and unit as the
+    HTML and the CLI."""
+    from alignflow.runview import criterion_view
+
+    lines = ["## Criteria", "", "| criterion | value | threshold | result | diverges at | driving steps |",
+             "|---|---:|---:|---|---:|---|"]
+    for doc in comparison.criteria:
+        c = criterion_view(doc)
+        lines.append(f"| {_cell(c.label)} | {c.value_text} | {c.threshold_text} | "
+                     f"{'pass' if c.passed else '**FAIL**'} | {c.first_outside or ''} | "
+                     f"{', '.join(map(str, c.driving_steps))} |")
+    return [*lines, ""]
+
+
+def _steps_lines(view: RunView) -> list[str]:
+    """The steps table: status (and the run a cached step came from), time, outputs with their sha256."""
+    counts: dict[str, int] = {}
+    for s in view.steps:
+        counts[s.status] = counts.get(s.status, 0) + 1
+    tally = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    lines = [f"## Steps ({tally})", "", "| step | host | status | time | outputs (sha256) |", "|---|---|---|---|---|"]
+    for s in view.steps:
+        outs = ", ".join(f"{a.name} `{a.sha256[:12]}`" for a in s.artifacts) or "—"
+        status = s.status + (f" (run `{s.reused_from_run}`)" if s.reused_from_run else "")
+        lines.append(f"| {s.step} | {s.host or '—'} | {status} | {_seconds(s)} | {outs} |")
+    return lines
 
 
 # the rows whose cells carry the step of their maximum, `2e-06 (2)`
 AT_STEP = {"max |e|": "max |e| (step)", "max rel": "max rel (step)"}
 
 
-def metric_rows(comparison: dict[str, Any]) -> list[dict[str, str]]:
+def metric_rows(comparison: ComparisonRecord) -> list[dict[str, str]]:
     """The metrics table of the report, transposed for the UI's table (it scrolls sideways past ~6 columns in its
     box and shows 10 rows a page): one row per statistic, a column per metric, every cell the report's text (the
     step of a maximum beside it, in the rows `max |e| (step)` and `max rel (step)`: `2e-06 (2)`), so the ten rows
@@ -172,7 +170,7 @@ def metric_rows(comparison: dict[str, Any]) -> list[dict[str, str]]:
     metric columns filled the box to the pixel, and a wider digit made it scroll. A column is
     named by its metric alone when every metric was compared over the same steps (`metric_steps` says how many),
     else `lm_loss (n=30)`."""
-    metrics = (comparison.get("summary") or {}).get("metrics") or {}
+    metrics = (comparison.summary or {}).get("metrics") or {}
     if not metrics:
         return []
     counts = {m: dict(zip(METRIC_HEADER, metric_cells(m, stats), strict=True))["n"] for m, stats in metrics.items()}
@@ -190,50 +188,49 @@ def metric_rows(comparison: dict[str, Any]) -> list[dict[str, str]]:
     return list(rows.values())
 
 
-def metric_steps(comparison: dict[str, Any]) -> str | None:
+def metric_steps(comparison: ComparisonRecord) -> str | None:
     """How many steps every metric was compared over (`8`), or None when they differ or there are none."""
-    metrics = (comparison.get("summary") or {}).get("metrics") or {}
+    metrics = (comparison.summary or {}).get("metrics") or {}
     counts = {dict(zip(METRIC_HEADER, metric_cells(m, stats), strict=True))["n"] for m, stats in metrics.items()}
     return next(iter(counts)) if len(counts) == 1 else None
 
 
-def _at(step: Any) -> str:
+def _at(step: object) -> str:
     return "" if step is None else f" ({step})"
 
 
-def nightly_message(checks: list[dict[str, Any]]) -> str:
+def nightly_message(checks: Sequence[RegressionCheck]) -> str:
     """One line for the flow run's state: which experiments regressed and why (what automations show)."""
-    bad = [c for c in checks if c["regressed"]]
-    notes = "".join(f"\nnote: {c['experiment']}: {n}" for c in checks for n in c.get("notes") or ())
+    bad = [c for c in checks if c.regressed]
+    notes = "".join(f"\nnote: {c.experiment}: {n}" for c in checks for n in c.notes)
     if not bad:
         return f"nightly: no regression in {len(checks)} experiment(s){notes}"
-    parts = [f"{c['experiment']} ({'; '.join(c['reasons'])})" for c in bad]
+    parts = [f"{c.experiment} ({'; '.join(c.reasons)})" for c in bad]
     return f"nightly: {len(bad)} of {len(checks)} experiment(s) regressed: " + "; ".join(parts) + notes
 
 
-def nightly_markdown(checks: list[dict[str, Any]]) -> str:
-    bad = [c for c in checks if c["regressed"]]
+def nightly_markdown(checks: Sequence[RegressionCheck]) -> str:
+    bad = [c for c in checks if c.regressed]
     title = f"{len(bad)} of {len(checks)} experiment(s) regressed" if bad else "no regression"
     lines = [f"# Nightly regression check — {title}", "",
              "| experiment | run | verdict | last passing run | result |", "|---|---|---|---|---|"]
     for c in checks:
-        run = f"`{c['run_id']}`" if c.get("run_id") else "—"
-        base = f"`{c['baseline_run_id']}`" if c.get("baseline_run_id") else "none"
-        result = "**REGRESSED**: " + "; ".join(c["reasons"]) if c["regressed"] else "ok"
-        if c.get("config_changed"):
-            result += " (" + ("; ".join(c.get("notes") or ()) or "experiment changed since the baseline") + ")"
-        lines.append(f"| {c['experiment']} | {run} | {c.get('verdict') or c['status']} | {base} | {_cell(result)} |")
+        run = f"`{c.run_id}`" if c.run_id else "—"
+        base = f"`{c.baseline_run_id}`" if c.baseline_run_id else "none"
+        result = "**REGRESSED**: " + "; ".join(c.reasons) if c.regressed else "ok"
+        if c.config_changed:
+            result += " (" + ("; ".join(c.notes) or "experiment changed since the baseline") + ")"
+        lines.append(f"| {c.experiment} | {run} | {c.verdict or c.status} | {base} | {_cell(result)} |")
     for c in bad:
-        moved = [ch for ch in c.get("changes", []) if ch.get("baseline") is not None]
+        moved = [ch for ch in c.changes if ch.baseline is not None]
         if not moved:
             continue
-        lines += ["", f"## {c['experiment']}", "", "| criterion | last pass | now | change | allowed | regression |",
+        lines += ["", f"## {c.experiment}", "", "| criterion | last pass | now | change | allowed | regression |",
                   "|---|---|---|---|---|---|"]
         for ch in moved:
-            key = str(ch.get("key", ""))
-            lines.append(f"| {_cell(ch['label'])} | {stat_text(ch['baseline'], key)} | {stat_text(ch['value'], key)} | "
-                         f"{stat_text(ch['change'], key, signed=True)} | {stat_text(ch['allowed'], key)} | "
-                         f"{_cell(ch['regression'] or '—')} |")
+            lines.append(f"| {_cell(ch.label)} | {stat_text(ch.baseline, ch.key)} | {stat_text(ch.value, ch.key)} | "
+                         f"{stat_text(ch.change, ch.key, signed=True)} | {stat_text(ch.allowed, ch.key)} | "
+                         f"{_cell(ch.regression or '—')} |")
     return "\n".join(lines)
 
 
@@ -241,20 +238,18 @@ NIGHTLY_COLUMNS = ("experiment", "run", "baseline_run", "verdict", "regressed", 
                    "change", "allowed", "regression")
 
 
-def nightly_rows(checks: list[dict[str, Any]]) -> list[dict[str, str]]:
+def nightly_rows(checks: Sequence[RegressionCheck]) -> list[dict[str, str]]:
     """One row per experiment and criterion (one per experiment that has no criteria to show), every column in
     every row, values in the report's notation."""
     rows = []
     for c in checks:
-        base = {"experiment": c["experiment"], "run": c.get("run_id") or "", "baseline_run": c.get("baseline_run_id")
-                or "", "verdict": c.get("verdict") or c.get("status") or "", "regressed": "yes" if c["regressed"]
-                else "no"}
-        if not c.get("changes"):
+        base = {"experiment": c.experiment, "run": c.run_id or "", "baseline_run": c.baseline_run_id or "",
+                "verdict": c.verdict or c.status or "", "regressed": "yes" if c.regressed else "no"}
+        if not c.changes:
             rows.append({**base, "criterion": "", "last_pass": "", "now": "", "change": "", "allowed": "",
-                         "regression": "; ".join(c["reasons"])})
-        for ch in c.get("changes", []):
-            key = str(ch.get("key", ""))
-            rows.append({**base, "criterion": ch["label"], "last_pass": stat_text(ch["baseline"], key),
-                         "now": stat_text(ch["value"], key), "change": stat_text(ch["change"], key, signed=True),
-                         "allowed": stat_text(ch["allowed"], key), "regression": ch["regression"] or ""})
+                         "regression": "; ".join(c.reasons)})
+        for ch in c.changes:
+            rows.append({**base, "criterion": ch.label, "last_pass": stat_text(ch.baseline, ch.key),
+                         "now": stat_text(ch.value, ch.key), "change": stat_text(ch.change, ch.key, signed=True),
+                         "allowed": stat_text(ch.allowed, ch.key), "regression": ch.regression or ""})
     return [{k: row[k] for k in NIGHTLY_COLUMNS} for row in rows]

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from alignflow.regression import DriftPolicy, check_against_last_pass
+from alignflow.regression import DriftPolicy, RegressionCheck, check_against_last_pass
 from tasks.context import open_store
 
 
 @task(name="regression-check", task_run_name="regression-check", cache_policy=NO_CACHE, persist_result=False)
-def regression_task(run_id: str, drift: dict[str, Any]) -> dict[str, Any]:
-    """`RegressionCheck.to_dict()` of the run (reads the store only)."""
-    check = check_against_last_pass(open_store(), run_id, DriftPolicy.model_validate(drift))
+def regression_task(run_id: str, drift: DriftPolicy) -> RegressionCheck:
+    """The run against its experiment's last passing run (reads the store only)."""
+    check = check_against_last_pass(open_store(), run_id, drift)
     get_run_logger().info("%s run %s vs %s: %s", check.experiment, run_id, check.baseline_run_id or "no baseline",
                           "; ".join(check.reasons) or "no regression")
-    return check.to_dict()
+    return check

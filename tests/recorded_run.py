@@ -10,7 +10,7 @@ from alignflow.compare.comparison import compare
 from alignflow.compare.report import write_report
 from alignflow.config.criteria import default_criteria
 from alignflow.logs import parse_log
-from alignflow.store import Store
+from alignflow.store import ArtifactRef, Store
 from tests.logfixtures import make_run, megatron_lines, mindformers_lines, perturbed
 from tests.store.sample import TickingClock, run_params
 
@@ -53,8 +53,7 @@ def record_run(root: Path, *, loss_offset: float = 0.003, fail_step: str | None 
         run = store.create_run("glm-mini", trigger="cli", code_version="alignflow 0.1.0", params=run_params("glm-mini"))
         store.add_snapshot(run.id, "ascend", snapshot("ascend", mindspore="2.10.0"))
         store.add_snapshot(run.id, "cuda", snapshot("cuda", torch="2.6.0"))
-        data = {"name": "data", "host": "cpu", "path": "/w/data.bin", "sha256": DATA_SHA, "size": 4096,
-                "kind": "file"}
+        data = ArtifactRef(name="data", host="cpu", path="/w/data.bin", sha256=DATA_SHA, size=4096, kind="file")
         outputs = {"npu_base_train": ("base_ckpt", "ascend", "e" * 64), "convert_bf16": ("bf16_ckpt", "cpu", "f" * 64),
                    "convert_megatron": ("megatron_ckpt", "cpu", "1" * 64), "gpu_train": ("gpu_log", "cuda", "2" * 64),
                    "npu_reload_train": ("npu_log", "ascend", "3" * 64)}

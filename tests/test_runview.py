@@ -92,7 +92,7 @@ def test_run_json_prints_the_view(recorded: Recorded, monkeypatch: pytest.Monkey
         flows_cli._finish({"run_id": recorded.run_id}, True, 0.0)
     assert exited.code == 1
     with Store.open(recorded.url) as store:
-        assert json.loads(capsys.readouterr().out) == run_view(store, recorded.run_id).to_json()
+        assert json.loads(capsys.readouterr().out) == run_view(store, recorded.run_id).model_dump(mode="json")
 
 
 def test_show_prints_status_steps_and_criteria_within_the_terminal(recorded: Recorded) -> None:

@@ -151,7 +151,7 @@ def show_run(run_id: str, *, as_json: bool) -> None:
         found, step = run_of(store, run_id)
         view = run_view(store, found)
     if as_json:
-        doc = view.to_json()
+        doc = view.model_dump(mode="json")
         if step is not None:
             doc["step_run"] = {"id": step.id, "step": step.step}
         typer.echo(json.dumps(doc, indent=2))

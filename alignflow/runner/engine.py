@@ -250,7 +250,7 @@ class StepRunner:
         # the key of what is reused: the same as `key`, except for a reuse-only step pinned to its parent's record
         key = cached.cache_key or key
         record = self.store.record_cached_step(self.run_id, step, host=cached.host or "", command=cached.command or "",
-                                               cache_key=key, reused_from=cached.id, inputs=cached.inputs)
+                                               cache_key=key, reused_from=cached.id)
         where = "parent run" if cached.run_id == self.ctx.options.parent else "run"
         self.emit(f"{step}: cached (step run {cached.id} of {where} {cached.run_id})")
         return StepOutcome(step, StepStatus.CACHED, refs, record.id, key, reused_from_run=cached.run_id)

@@ -106,7 +106,7 @@ def recording(
 ) -> Iterator[StepRecord]:
     """A step run of `step` in `run_id` (or `resume`, an attempt's open one), finished by the policy above."""
     record = resume or store.start_step(run_id, step, host=host, command=command, cache_key=cache_key,
-                                        inputs={n: ref.to_dict() for n, ref in inputs.items()})
+                                        inputs=inputs)
     rec = StepRecord(store, record)
     rec.resumable = resume is not None
     try:

@@ -274,7 +274,7 @@ def _finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, e
 
 
 def show(store: Store, run_id: str) -> RunView:
-    """The recorded run as `alignflow show` prints it (`RunView.to_json()` is `show --json`)."""
+    """The recorded run as `alignflow show` prints it (`RunView.model_dump(mode="json")` is `show --json`)."""
     return run_view(store, run_id)
 
 

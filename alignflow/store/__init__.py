@@ -27,14 +27,15 @@ API (all keyword arguments after the first one or two; errors are `StoreError` s
     children(run_id) -> [RunRecord]                                          re-runs of a run
 
     start_step(run_id, step, *, host, command, cache_key, inputs, status="running"|"pending") -> StepRunRecord
+        inputs: name -> ArtifactRef; StepRunRecord.input_ref(name) reads one back
     mark_running(step_run_id) -> StepRunRecord                               pending -> running
     attach_job(step_run_id, *, job_dir, handle) -> StepRunRecord             once, before polling starts
     finish_step(step_run_id, *, status, exit_code, stdout_tail, stderr_tail, error=None) -> StepRunRecord
         status: ran | failed | skipped; tails keep their last 64 KiB
     skip_step(run_id, step, *, reason, host=None) -> StepRunRecord
     find_cached_step(step, cache_key) -> StepRunRecord | None               newest that RAN (never a cached copy)
-    record_cached_step(run_id, step, *, host, command, cache_key, reused_from, inputs=None) -> StepRunRecord
-        copies the artifacts of `reused_from` to the new step run
+    record_cached_step(run_id, step, *, host, command, cache_key, reused_from) -> StepRunRecord
+        copies the inputs and artifacts of `reused_from` to the new step run
     get_step(step_run_id) -> StepRunRecord;  steps(run_id) -> [StepRunRecord] in creation order
 
     add_artifact(step_run_id, *, name, host, path, kind, sha256, size_bytes, manifest=None) -> ArtifactRecord
@@ -52,6 +53,7 @@ Snapshots, metrics and comparisons can only be added while their run is running.
 from alignflow.store.records import (
     PASS_VERDICT,
     ArtifactRecord,
+    ArtifactRef,
     ComparisonRecord,
     ExperimentRecord,
     RunRecord,
@@ -66,6 +68,7 @@ from alignflow.store.store import Store
 __all__ = [
     "PASS_VERDICT",
     "ArtifactRecord",
+    "ArtifactRef",
     "ComparisonRecord",
     "ExperimentRecord",
     "RunRecord",

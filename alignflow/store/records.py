@@ -1,15 +1,18 @@
-"""What the store hands out: statuses and frozen records (never ORM objects, never a Session)."""
+"""What the store hands out: statuses and frozen records (never ORM objects, never a Session); `ArtifactRef`, what a
+step run records of each of its inputs, and the codec of those records."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
-from pydantic import JsonValue
+from pydantic import JsonValue, TypeAdapter, ValidationError
 
 from alignflow.errors import ConfigError
+from alignflow.fingerprint import Fingerprint
 from alignflow.store.params import NoiseRunParams, RunParams, decode_params, experiment_file
 
 PASS_VERDICT = "pass"
@@ -133,7 +136,7 @@ class StepRunRecord:
     host: str | None
     command: str | None
     cache_key: str | None
-    inputs: dict[str, Any]
+    inputs: dict[str, JsonValue]  # as recorded: `input_ref` reads a reference back
     status: StepStatus
     exit_code: int | None
     created_at: datetime
@@ -155,6 +158,10 @@ class StepRunRecord:
     @property
     def finished(self) -> bool:
         return self.status not in OPEN_STEP_STATUSES
+
+    def input_ref(self, name: str) -> ArtifactRef | None:
+        """The recorded reference of input `name` (None: the step had no such input; see `input_refs`)."""
+        return input_refs(self.inputs).get(name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,3 +205,55 @@ class ComparisonRecord:
     @property
     def passed(self) -> bool:
         return self.verdict == PASS_VERDICT
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactRef:
+    """An artifact on a host, with the fingerprint it had when it was recorded; passed between steps as plain data
+    and recorded as the inputs of the step runs that read it (`encode_inputs`)."""
+
+    name: str
+    host: str
+    path: str
+    sha256: str
+    size: int
+    kind: str
+    manifest: list[list[Any]] | None = field(default=None, compare=False)
+
+    @classmethod
+    def from_record(cls, record: ArtifactRecord) -> ArtifactRef:
+        """The reference of an artifact row of the store."""
+        manifest = record.manifest if isinstance(record.manifest, list) else None
+        return cls(record.name, record.host, record.path, record.sha256, record.size_bytes, record.kind, manifest)
+
+    def short(self) -> str:
+        return f"{self.name}@{self.host}:{self.path} ({self.sha256[:12]})"
+
+    @classmethod
+    def from_fingerprint(cls, name: str, host: str, path: str, fp: Fingerprint, kind: str) -> ArtifactRef:
+        """The reference of `path` on `host` as just fingerprinted there (a directory keeps its manifest)."""
+        manifest = [[f.path, f.sha256, f.size] for f in fp.files] if fp.kind == "dir" else None
+        return cls(name, host, path, fp.sha256, fp.size, kind, manifest)
+
+
+_REF: TypeAdapter[ArtifactRef] = TypeAdapter(ArtifactRef)
+_INPUTS: TypeAdapter[dict[str, ArtifactRef]] = TypeAdapter(dict[str, ArtifactRef])
+
+
+def encode_inputs(inputs: Mapping[str, ArtifactRef]) -> dict[str, JsonValue]:
+    """The document a step run keeps of its inputs: name -> every field of the reference."""
+    doc: dict[str, JsonValue] = _INPUTS.dump_python(dict(inputs), mode="json")
+    return doc
+
+
+def input_refs(doc: Mapping[str, JsonValue]) -> dict[str, ArtifactRef]:
+    """The references a step run's recorded inputs hold (`encode_inputs`), leaving out those the first alignflow
+    recorded as a bare sha256 (a cached step's inputs, in its first days)."""
+    refs: dict[str, ArtifactRef] = {}
+    for name, ref in doc.items():
+        if isinstance(ref, Mapping):
+            try:
+                refs[name] = _REF.validate_python(ref)
+            except ValidationError:
+                continue
+    return refs

@@ -7,6 +7,7 @@ see the `alignflow.store` package docstring.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import select, update
@@ -23,11 +24,13 @@ from alignflow.store.records import (
     OPEN_STEP_STATUSES,
     PASS_VERDICT,
     ArtifactRecord,
+    ArtifactRef,
     ExperimentRecord,
     RunRecord,
     RunStatus,
     StepRunRecord,
     StepStatus,
+    encode_inputs,
 )
 from alignflow.store.references import References
 from alignflow.store.values import check_name, check_sha256, json_document, log_tail
@@ -226,7 +229,7 @@ class Store(Measurements, References, Interruptions):
         host: str,
         command: str,
         cache_key: str,
-        inputs: dict[str, Any],
+        inputs: Mapping[str, ArtifactRef],
         status: StepStatus | str = StepStatus.RUNNING,
     ) -> StepRunRecord:
         """A new step run, `running` (or `pending`: waiting for a host; `mark_running` when it starts)."""
@@ -236,7 +239,7 @@ class Store(Measurements, References, Interruptions):
         check_name(step, "start_step: step", max_length=100)
         check_name(host, f"step {step}: host", max_length=200)
         check_name(cache_key, f"step {step}: cache_key", max_length=128)
-        doc = json_document(inputs, f"step {step}: inputs")
+        doc = json_document(encode_inputs(inputs), f"step {step}: inputs")
 
         with self._write(f"start step {step}") as s:
             run = self._run_row(s, run_id)
@@ -334,12 +337,10 @@ class Store(Measurements, References, Interruptions):
         command: str,
         cache_key: str,
         reused_from: str,
-        inputs: dict[str, Any] | None = None,
     ) -> StepRunRecord:
-        """A finished `cached` step run that reuses step run `reused_from`; its artifacts are recorded again
-        under the new step run (same host, path and sha256), so every run lists its own inputs and outputs."""
+        """A finished `cached` step run that reuses step run `reused_from`; its inputs and artifacts are recorded
+        again under the new step run (same host, path and sha256), so every run lists its own inputs and outputs."""
         check_name(cache_key, f"step {step}: cache_key", max_length=128)
-        doc = json_document(inputs or {}, f"step {step}: inputs")
 
         with self._write(f"record cached step {step}") as s:
             run = self._run_row(s, run_id)
@@ -353,7 +354,7 @@ class Store(Measurements, References, Interruptions):
             now = self._clock()
             ident = self._fresh_id(s, StepRun)
             row = StepRun(id=ident, run_id=run.id, step=step, host=host, command=command, cache_key=cache_key,
-                          inputs=doc, status=StepStatus.CACHED.value, created_at=now, started_at=now,
+                          inputs=dict(source.inputs), status=StepStatus.CACHED.value, created_at=now, started_at=now,
                           finished_at=now, reused_from=source.id)
             s.add(row)
             s.flush()

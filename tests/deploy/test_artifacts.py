@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import re
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,9 @@ from alignflow.compare.report import write_report
 from alignflow.compare.tables import metrics_table
 from alignflow.config.criteria import default_criteria
 from alignflow.logs import parse_log
+from alignflow.regression import CriterionChange, RegressionCheck, not_started
+from alignflow.runview import ArtifactView, RunView, StepView
+from alignflow.store.records import ArtifactRef, ComparisonRecord
 from flows.summaries import (
     AT_STEP,
     NIGHTLY_COLUMNS,
@@ -24,7 +28,6 @@ from flows.summaries import (
     nightly_message,
     nightly_rows,
     report_link,
-    report_run,
     run_markdown,
     thumbnails,
 )
@@ -33,35 +36,46 @@ from tests.logfixtures import make_run, megatron_lines, mindformers_lines, pertu
 SHA = {name: (c * 64) for name, c in (("data", "d"), ("base", "a"), ("bf16", "b"), ("mg", "e"), ("log", "f"))}
 
 
-def step(name: str, status: str, artifacts: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
-    return {"step": name, "host": "cpu", "status": status, "started": "2026-01-01T00:00:00+00:00",
-            "finished": "2026-01-01T00:00:12.5+00:00",
-            "artifacts": [{"name": n, "host": "cpu", "path": f"/w/{n}", "sha256": SHA[k], "size": 3 * 2**20}
-                          for n, k in artifacts]}
+def step(name: str, status: str, artifacts: tuple[tuple[str, str], ...] = (), **more: Any) -> StepView:
+    started = datetime(2026, 1, 1, tzinfo=UTC)
+    return StepView(step=name, step_run_id=f"{name[:4]}00000000", status=status, host="cpu", exit_code=0,
+                    started=started, finished=started + timedelta(seconds=12.5), duration_s=12.5, cache_key="k",
+                    reused_from=None, error=None, inputs={},
+                    artifacts=tuple(ArtifactView(name=n, host="cpu", path=f"/w/{n}", kind="dir", sha256=SHA[k],
+                                                 size_bytes=3 * 2**20) for n, k in artifacts), **more)
 
 
-RECORD = {
-    "run_id": "0123456789ab", "experiment": "Demo MoE", "parent": None, "status": "completed", "verdict": "pass",
-    "report": "/state/reports/0123456789ab-c0ffee/report.html", "error": None,
-    "steps": [step("npu_base_train", "cached", (("base_ckpt", "base"),)),
-              step("convert_bf16", "cached", (("bf16_ckpt", "bf16"),)),
-              step("convert_megatron", "ran", (("megatron_ckpt", "mg"),)),
-              step("gpu_train", "ran", (("gpu_log", "log"),))],
-}
-COMPARISON = {"verdict": "pass", "criteria": [
+RECORD = RunView(
+    run_id="0123456789ab", experiment="Demo MoE", status="completed", verdict="pass", trigger="deployment",
+    parent_id=None, code_version="alignflow 0.1.0", started=datetime(2026, 1, 1, tzinfo=UTC), finished=None,
+    duration_s=None, error=None, report="/state/reports/0123456789ab-c0ffee/report.html", criteria=(), snapshots={},
+    steps=(step("npu_base_train", "cached", (("base_ckpt", "base"),)),
+           step("convert_bf16", "cached", (("bf16_ckpt", "bf16"),)),
+           step("convert_megatron", "ran", (("megatron_ckpt", "mg"),)),
+           step("gpu_train", "ran", (("gpu_log", "log"),))),
+)
+
+
+def comparison_record(criteria: list[dict[str, Any]], summary: dict[str, Any]) -> ComparisonRecord:
+    return ComparisonRecord(id=1, run_id=RECORD.run_id, verdict="pass", criteria=criteria, summary=summary,
+                            created_at=datetime(2026, 1, 1, tzinfo=UTC))
+
+
+COMPARISON = comparison_record([
     {"metric": "lm_loss", "statistic": "me", "value": 1.25e-7, "threshold": 0.001, "passed": True,
      "label": "|me(lm_loss)| < 0.001"},
     {"metric": "grad_norm", "statistic": "me", "value": None, "threshold": 0.01, "passed": False,
      "label": "|me(grad_norm)| < 0.01"},
     {"metric": "lm_loss", "statistic": "step_rel", "value": 0.0002804, "threshold": 0.005, "passed": True,
      "label": "|step_rel(lm_loss, step 1)| < 0.5%", "value_text": "0.02804%", "threshold_text": "0.5%"}],
-    "summary": {"metrics": {"lm_loss": {"n": 30, "me": 1e-7, "max_abs": 3e-7, "step_rel": {"1": 0.0},
-                                        "resolution_text": "1e-6"}}}}
+    {"metrics": {"lm_loss": {"n": 30, "me": 1e-7, "max_abs": 3e-7, "step_rel": {"1": 0.0},
+                             "resolution_text": "1e-6"}}})
+DATA = ArtifactRef(name="data", host="controller", path="/data/demo.tokens", sha256=SHA["data"], size=524288,
+                   kind="data")
 
 
 def test_run_summary_has_verdict_criteria_steps_and_every_fingerprint() -> None:
-    data = {"path": "/data/demo.tokens", "sha256": SHA["data"], "size": 524288}
-    md = run_markdown(RECORD, COMPARISON, data=data, trigger="deployment", report_url="http://r/x/report.html")
+    md = run_markdown(RECORD, COMPARISON, data=DATA, report_url="http://r/x/report.html")
     assert md.startswith("# Demo MoE — run `0123456789ab`")
     assert "**Verdict: PASS** · status completed · trigger deployment" in md
     assert "| \\|me(lm_loss)\\| < 0.001 | +1.25e-07 | 0.001 | pass |" in md  # pipes escaped inside the table
@@ -79,8 +93,8 @@ def test_run_summary_has_verdict_criteria_steps_and_every_fingerprint() -> None:
 
 
 def test_failed_run_summary_quotes_the_error() -> None:
-    failed = {**RECORD, "status": "failed", "verdict": "fail", "report": None,
-              "error": "gpu_train: load_return: missing keys\nsecond line"}
+    failed = RECORD.model_copy(update={"status": "failed", "verdict": "fail", "report": None,
+                                       "error": "gpu_train: load_return: missing keys\nsecond line"})
     md = run_markdown(failed, None)
     assert "**Verdict: FAIL** · status failed" in md
     assert "> gpu_train: load_return: missing keys\n> second line" in md
@@ -104,12 +118,12 @@ def significant_digits(text: str) -> int:
 
 def test_metric_table_is_the_reports_metrics_table_transposed_every_cell_in_its_notation(
         comparison: Comparison) -> None:
-    rows = metric_rows({"summary": comparison.to_json()})
+    rows = metric_rows(comparison_record([], comparison.to_json()))
     report = metrics_table([comparison], ("NPU", "GPU"))
     assert len(rows) <= 10  # the UI's table shows 10 rows a page
     # metrics compared over different steps (here 39 and 40): each column says its count
     assert len({r[1] for r in report.rows}) > 1
-    assert metric_steps({"summary": comparison.to_json()}) is None
+    assert metric_steps(comparison_record([], comparison.to_json())) is None
     columns = {f"{r[0]} (n={r[1]})": dict(zip(report.header, r, strict=True)) for r in report.rows}
     assert set(rows[0]) == {"statistic", *columns}
     named = {label: name for name, label in AT_STEP.items()}  # the report's statistic of each UI row
@@ -136,9 +150,9 @@ def test_metric_columns_are_named_by_metric_when_every_metric_has_the_same_steps
     n = next(iter(summary["metrics"].values()))["n"]
     for stats in summary["metrics"].values():
         stats["n"] = n  # as when every metric was logged at every step
-    rows = metric_rows({"summary": summary})
+    rows = metric_rows(comparison_record([], summary))
     assert set(rows[0]) == {"statistic", *summary["metrics"]}
-    assert metric_steps({"summary": summary}) == str(n)
+    assert metric_steps(comparison_record([], summary)) == str(n)
 
 
 def test_summary_embeds_the_loss_and_grad_norm_thumbnails_as_data_uris(comparison: Comparison,
@@ -159,10 +173,10 @@ def test_summary_embeds_the_loss_and_grad_norm_thumbnails_as_data_uris(compariso
 
 
 def test_a_reused_comparison_links_the_report_of_the_run_it_came_from() -> None:
-    reused = {**RECORD, "run_id": "bbbbbbbbbbbb",
-              "steps": [*RECORD["steps"], {**step("compare", "cached"), "reused_from_run": "0123456789ab"}]}
-    assert report_run(reused) == "0123456789ab"
-    assert report_run(RECORD) == RECORD["run_id"]
+    reused = RECORD.model_copy(update={"run_id": "bbbbbbbbbbbb", "steps": (
+        *RECORD.steps, step("compare", "cached", reused_from_run="0123456789ab"))})
+    assert reused.report_run == "0123456789ab"
+    assert RECORD.report_run == RECORD.run_id
     md = run_markdown(reused, None, report_url="http://r/0123456789ab-c0ffee/report.html")
     assert md.endswith("Report: [report.html](http://r/0123456789ab-c0ffee/report.html) — reused from run "
                        "`0123456789ab` (its comparison is this run's)")
@@ -170,7 +184,7 @@ def test_a_reused_comparison_links_the_report_of_the_run_it_came_from() -> None:
 
 
 def test_a_failed_verdict_lists_its_reasons_above_everything_else() -> None:
-    failed = {**RECORD, "verdict": "fail", "reasons": ["|me(lm_loss)| < 0.001 failed: value +2.3e-03"]}
+    failed = RECORD.model_copy(update={"verdict": "fail", "reasons": ("|me(lm_loss)| < 0.001 failed: value +2.3e-03",)})
     md = run_markdown(failed, None)
     assert "**Verdict: FAIL**" in md
     assert "Not aligned:\n\n- \\|me(lm_loss)\\| < 0.001 failed: value +2.3e-03" in md
@@ -180,25 +194,26 @@ def test_keys_and_links() -> None:
     assert artifact_key("Demo MoE", "summary") == "demo-moe-summary"
     assert artifact_key("qwen3.5_moe/bf16", "report") == "qwen3-5-moe-bf16-report"
     assert artifact_key("***", "x") == "experiment-x"
-    report = RECORD["report"]
+    report = str(RECORD.report)
     assert report_link(report, reports_url="http://team:8080/") == "http://team:8080/0123456789ab-c0ffee/report.html"
     assert report_link(report) == Path(report).resolve().as_uri()
     assert report_link("/elsewhere/report.html", reports_url="http://team:8080") == "file:///elsewhere/report.html"
 
 
+LM_ME = "|me(lm_loss)| < 0.001"
 CHECKS = [
-    {"experiment": "demo", "run_id": "aaaa00000001", "baseline_run_id": "aaaa00000000", "status": "completed",
-     "verdict": "pass", "regressed": False, "reasons": [], "config_changed": False,
-     "changes": [{"key": "me(lm_loss)", "label": "|me(lm_loss)| < 0.001", "baseline": 1e-7, "value": 1e-7,
-                  "change": 0.0, "allowed": 1e-4, "regression": None}]},
-    {"experiment": "drifting", "run_id": "bbbb00000002", "baseline_run_id": "bbbb00000001", "status": "completed",
-     "verdict": "fail", "regressed": True, "config_changed": True,
-     "reasons": ["verdict fail (last passing run bbbb00000001)",
-                 "|me(lm_loss)| < 0.001: grew by 0.02 (allowed 0.0001)"],
-     "changes": [{"key": "me(lm_loss)", "label": "|me(lm_loss)| < 0.001", "baseline": 1e-7, "value": 0.02,
-                  "change": 0.02, "allowed": 1e-4, "regression": "grew by 0.02 (allowed 0.0001)"}]},
-    {"experiment": "broken", "run_id": None, "baseline_run_id": None, "status": "not started", "verdict": None,
-     "regressed": True, "reasons": ["not started: broken.yaml:3: model: field required"], "changes": []},
+    RegressionCheck(experiment="demo", run_id="aaaa00000001", baseline_run_id="aaaa00000000", status="completed",
+                    verdict="pass", baseline_verdict="pass", changes=(CriterionChange(
+                        key="me(lm_loss)", label=LM_ME, threshold=1e-3, baseline=1e-7, value=1e-7, allowed=1e-4,
+                        passed_before=True, passed_now=True, regression=None),)),
+    RegressionCheck(experiment="drifting", run_id="bbbb00000002", baseline_run_id="bbbb00000001", status="completed",
+                    verdict="fail", baseline_verdict="pass", config_changed=True,
+                    reasons=("verdict fail (last passing run bbbb00000001)",
+                             "|me(lm_loss)| < 0.001: grew by 0.02 (allowed 0.0001)"),
+                    changes=(CriterionChange(key="me(lm_loss)", label=LM_ME, threshold=1e-3, baseline=1e-7, value=0.02,
+                                             allowed=1e-4, passed_before=True, passed_now=False,
+                                             regression="grew by 0.02 (allowed 0.0001)"),)),
+    not_started("broken", "broken.yaml:3: model: field required"),
 ]
 
 

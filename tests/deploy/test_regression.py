@@ -138,7 +138,7 @@ def test_criteria_pair_by_what_they_measure_not_by_threshold() -> None:
 def test_not_started_is_a_regression() -> None:
     check = not_started("exp", "experiments/exp.yaml:3: model: field required")
     assert check.regressed
-    assert check.to_dict()["reasons"] == ["not started: experiments/exp.yaml:3: model: field required"]
+    assert check.reasons == ("not started: experiments/exp.yaml:3: model: field required",)
 
 
 def record_run(store: Store, verdict: str, lm_me: float) -> str:

@@ -27,8 +27,7 @@ def view(**changes: Any) -> RunView:
 
 
 def test_pass_completes_and_its_result_is_the_record() -> None:
-    state = run_state(view(criteria=(CRITERION.__class__(**{**CRITERION.to_json(), "passed": True,
-                                                              "driving_steps": ()}),)))
+    state = run_state(view(criteria=(CRITERION.model_copy(update={"passed": True, "driving_steps": ()}),)))
     assert (state.type.value, state.name) == ("COMPLETED", "Completed")
     assert state.message == "run 0123456789ab: aligned, 1 criteria pass"
     assert state.result()["run_id"] == "0123456789ab"

@@ -11,6 +11,7 @@ import pytest
 from alignflow.logs import parse_log
 from alignflow.logs.schema import BOOKKEEPING_COLUMNS
 from alignflow.runner.reproduce import _log_note
+from alignflow.store import ArtifactRef
 from tests.logfixtures import make_run, megatron_lines
 from tests.store.sample import run_params
 
@@ -80,7 +81,7 @@ GRAPH = (("npu_base_train", ("data",), ("base_ckpt",)), ("convert_bf16", ("base_
          ("convert_megatron", ("bf16_ckpt",), ("megatron_ckpt",)),
          ("gpu_train", ("data", "megatron_ckpt"), ("gpu_log",)),
          ("npu_reload_train", ("data", "bf16_ckpt"), ("npu_log",)))
-DATA = {"name": "data", "host": "cpu", "path": "/w/data.bin", "sha256": "d" * 64, "size": 1, "kind": "file"}
+DATA = ArtifactRef(name="data", host="cpu", path="/w/data.bin", sha256="d" * 64, size=1, kind="file")
 
 
 def _record(store: Any, shas: dict[str, str], *, keys: dict[str, str] | None = None,
@@ -90,24 +91,23 @@ def _record(store: Any, shas: dict[str, str], *, keys: dict[str, str] | None = N
     `metrics`: what both trainings logged (recorded as the engine records a parsed log)."""
     run = store.create_run("demo", trigger="cli", code_version="v1", params=run_params())
     store.add_snapshot(run.id, "cuda", {"host": "cuda", "taken_at": "now", "packages": {"torch": torch}})
-    made: dict[str, dict[str, Any]] = {"data": DATA}
+    made: dict[str, ArtifactRef] = {"data": DATA}
     for step, needs, outputs in GRAPH:
         inputs = {n: made[n] for n in needs}
-        key = (keys or {}).get(step) or "k-" + step + "-" + "-".join(v["sha256"][:4] for v in inputs.values())
+        key = (keys or {}).get(step) or "k-" + step + "-" + "-".join(v.sha256[:4] for v in inputs.values())
         sr = store.start_step(run.id, step, host="cpu", command=(commands or {}).get(step, step), cache_key=key,
                               inputs=inputs)
         for name in outputs:
             kind = "log" if name.endswith("_log") else "dir"
             store.add_artifact(sr.id, name=name, host="cpu", path=f"/w/{name}", kind=kind, sha256=shas[name],
                                size_bytes=1)
-            made[name] = {"name": name, "host": "cpu", "path": f"/w/{name}", "sha256": shas[name], "size": 1,
-                          "kind": kind}
+            made[name] = ArtifactRef(name=name, host="cpu", path=f"/w/{name}", sha256=shas[name], size=1, kind=kind)
         if metrics is not None and step in ("gpu_train", "npu_reload_train"):
             store.add_metrics(run.id, source=step.split("_")[0], frame=metrics, step_run_id=sr.id)
         store.finish_step(sr.id, status="ran", exit_code=0, stdout_tail="", stderr_tail="")
     logs = {n: made[n] for n in ("npu_log", "gpu_log")}
     sr = store.start_step(run.id, "compare", host="controller", command="compare", inputs=logs,
-                          cache_key="k-compare-" + "-".join(v["sha256"][:4] for v in logs.values()))
+                          cache_key="k-compare-" + "-".join(v.sha256[:4] for v in logs.values()))
     store.finish_step(sr.id, status="ran", exit_code=0, stdout_tail="", stderr_tail="")
     store.finish_run(run.id, status="completed", verdict="pass")
     return str(run.id)

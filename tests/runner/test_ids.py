@@ -138,7 +138,7 @@ def test_the_nightly_baseline_is_a_passing_run_of_the_same_configuration_else_fl
     assert note.startswith(f"baseline run {copied.run_id} ran another configuration of tiny: config ")
     assert str(copy.experiment) in note
     assert str(lab.experiment) in note
-    assert f"note: tiny: {note}" in nightly_message([check.to_dict()])
+    assert f"note: tiny: {note}" in nightly_message([check])
     second = lab.run(trigger="nightly")  # now a passing run of its own configuration exists: that one
     check = check_against_last_pass(lab.store, second.run_id, DriftPolicy())
     assert (check.baseline_run_id, check.config_changed, check.notes) == (first.run_id, False, ())

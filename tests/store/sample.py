@@ -12,6 +12,7 @@ from alignflow.config.experiment import Experiment, load_experiment
 from alignflow.config.hosts import Inventory
 from alignflow.config.placement import place
 from alignflow.store.params import RunOptions, RunParams
+from alignflow.store.records import ArtifactRef
 
 
 class TickingClock:
@@ -29,6 +30,8 @@ CONFIG = {"name": "demo", "model": {"hidden_size": 64}}
 CONFIG_SHA = "a" * 64
 SHA_B = "b" * 64
 SHA_C = "c" * 64
+BASE = ArtifactRef(name="base_ckpt", host="ascend", path="/w/ascend/artifacts/base", sha256=SHA_B, size=2048,
+                   kind="checkpoint", manifest=[["model.safetensors", SHA_B, 2048]])
 
 
 @cache

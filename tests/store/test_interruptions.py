@@ -15,7 +15,7 @@ from alignflow.errors import ImmutableRecord
 from alignflow.store import RunStatus, StepStatus, Store
 from alignflow.store import database as db
 from alignflow.store.interruptions import INTERRUPTED_STEP, reconcile
-from tests.store.sample import CONFIG, CONFIG_SHA, SHA_B, TickingClock, run_params
+from tests.store.sample import BASE, CONFIG, CONFIG_SHA, TickingClock, run_params
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def _run_driven_by(db_url: str, ident: controller.ControllerIdentity) -> tuple[S
     done = store.start_step(run.id, "npu_base_train", host="ascend", command="train", cache_key="k1", inputs={})
     store.finish_step(done.id, status="ran", exit_code=0, stdout_tail="", stderr_tail="")
     open_step = store.start_step(run.id, "convert_bf16", host="cpu", command="convert", cache_key="k2",
-                                 inputs={"base_ckpt": SHA_B})
+                                 inputs={"base_ckpt": BASE})
     store.attach_job(open_step.id, job_dir="/w/cpu/jobs/j1", handle={"host": "cpu", "job_dir": "/w/cpu/jobs/j1"})
     return store, run.id, open_step.id
 

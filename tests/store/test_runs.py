@@ -10,7 +10,7 @@ import pytest
 from alignflow.errors import ImmutableRecord, RecordNotFound, StoreError
 from alignflow.store import PASS_VERDICT, RunStatus, StepStatus, Store
 from alignflow.store import base as store_base
-from tests.store.sample import CONFIG, CONFIG_SHA, SHA_B, SHA_C, run_params
+from tests.store.sample import BASE, CONFIG, CONFIG_SHA, SHA_B, SHA_C, run_params
 
 
 def _run(store: Store, **kw: object) -> str:
@@ -21,7 +21,7 @@ def _run(store: Store, **kw: object) -> str:
 
 def _step(store: Store, run_id: str, step: str = "convert_bf16", key: str = "k1") -> str:
     return store.start_step(run_id, step, host="cpu", command="python -m convert --in a --out b", cache_key=key,
-                            inputs={"base_ckpt": SHA_B}).id
+                            inputs={"base_ckpt": BASE}).id
 
 
 # --- experiments --------------------------------------------------------------------------------------------------
@@ -191,14 +191,15 @@ def test_params_that_are_not_json_are_refused_naming_the_key(store: Store) -> No
                                          "stored in JSON"):
         store.create_run("demo", trigger="cli", code_version="v", params=nan)
     run = store.create_run("demo", trigger="cli", code_version="v", params=params)
-    with pytest.raises(StoreError, match=r"inputs\['when'\]: a set is not JSON"):
-        store.start_step(run.id, "gpu_train", host="cuda", command="c", cache_key="k", inputs={"when": {1}})
+    step = store.start_step(run.id, "gpu_train", host="cuda", command="c", cache_key="k", inputs={})
+    with pytest.raises(StoreError, match=r"job handle\['when'\]: a set is not JSON"):
+        store.attach_job(step.id, job_dir="j", handle={"when": {1}})
     with pytest.raises(StoreError, match="key 1 is not a string"):
-        store.start_step(run.id, "gpu_train", host="cuda", command="c", cache_key="k", inputs={1: "x"})
-    with pytest.raises(StoreError, match=r"inputs\['n'\]: inf cannot be stored in JSON"):
-        store.start_step(run.id, "gpu_train", host="cuda", command="c", cache_key="k", inputs={"n": np.float64("inf")})
+        store.attach_job(step.id, job_dir="j", handle={1: "x"})
+    with pytest.raises(StoreError, match=r"job handle\['n'\]: inf cannot be stored in JSON"):
+        store.attach_job(step.id, job_dir="j", handle={"n": np.float64("inf")})
     assert [r.id for r in store.list_runs()] == [run.id]
-    assert store.steps(run.id) == []
+    assert store.get_step(step.id).job_handle is None
 
 
 # --- step runs ----------------------------------------------------------------------------------------------------
@@ -208,8 +209,11 @@ def test_a_step_run_records_its_job_and_its_end(store: Store) -> None:
     run_id = _run(store)
     step_id = _step(store, run_id)
     started = store.get_step(step_id)
-    assert (started.status, started.host, started.cache_key, started.inputs) == (
-        StepStatus.RUNNING, "cpu", "k1", {"base_ckpt": SHA_B})
+    assert (started.status, started.host, started.cache_key, started.input_ref("base_ckpt")) == (
+        StepStatus.RUNNING, "cpu", "k1", BASE)
+    assert started.inputs["base_ckpt"] == {"name": "base_ckpt", "host": "ascend", "path": "/w/ascend/artifacts/base",
+                                           "sha256": SHA_B, "size": 2048, "kind": "checkpoint",
+                                           "manifest": [["model.safetensors", SHA_B, 2048]]}
     handle = {"host": "cpu", "job_dir": "jobs/7f3a", "pid": 4242, "pgid": 4242}
     assert store.attach_job(step_id, job_dir="jobs/7f3a", handle=handle).job_handle == handle
     done = store.finish_step(step_id, status="ran", exit_code=0, stdout_tail="step 10 loss 2.1\n", stderr_tail="")
@@ -303,6 +307,7 @@ def test_a_cached_step_points_at_its_source_and_lists_its_artifacts(store: Store
     cached = store.record_cached_step(r2, "convert_bf16", host="cpu", command="python -m convert --in a --out b",
                                       cache_key="k1", reused_from=source[:6])
     assert (cached.status, cached.reused_from, cached.run_id) == (StepStatus.CACHED, source, r2)
+    assert cached.inputs == store.get_step(source).inputs  # what it read is what its source read
     [copy] = store.artifacts(cached.id)
     assert (copy.name, copy.host, copy.path, copy.sha256, copy.size_bytes, copy.manifest) == (
         art.name, art.host, art.path, art.sha256, art.size_bytes, art.manifest)

@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     for i in range(count):
         run = store.create_run("race", trigger=name, code_version="v", params=run_params("race"))
         step = store.start_step(run.id, "convert_bf16", host=name, command="convert", cache_key=f"{name}-{i}",
-                                inputs={"i": i})
+                                inputs={})
         store.attach_job(step.id, job_dir=f"jobs/{name}/{i}", handle={"pid": i})
         store.add_artifact(step.id, name="bf16_ckpt", host=name, path=f"out/{name}/{i}", kind="dir",
                            sha256=hashlib.sha256(f"{name}{i}".encode()).hexdigest(), size_bytes=i)
