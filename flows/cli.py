@@ -336,7 +336,9 @@ def _register_run(app: typer.Typer) -> None:
         finally:
             store.close()
         if as_json:
-            doc = {**judged.to_json(), "reproduction_run": view.model_dump(mode="json")}
+            # the verdict first, as the document has always opened
+            doc = {"verdict": judged.verdict, **judged.model_dump(mode="json"),
+                   "reproduction_run": view.model_dump(mode="json")}
             typer.echo(json.dumps(doc, indent=2))
             raise typer.Exit(0 if judged.verdict == "reproduced" else 1)
         console = Console(highlight=False)

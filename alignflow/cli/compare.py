@@ -96,112 +96,124 @@ def _print_sentinels(parsed: ParsedLog, label: str, require: tuple[str, ...] = (
         typer.echo(f"{tag}: {label}: {s.describe(parsed.source)}", err=True)
 
 
+def compare_cmd(
+    logs: list[Path] = typer.Argument(..., help="The reference log (e.g. the GPU / Megatron run), then one or "
+                                      "more test logs (e.g. NPU / MindFormers runs): error = test - reference. "
+                                      "A recorded run's log: RUN:STEP (a run id or unique prefix and a training "
+                                      "step), RUN alone for its npu_reload_train; one RUN alone: its gpu_train "
+                                      "(reference) and npu_reload_train logs."),
+    criteria: Path | None = typer.Option(None, "--criteria", help="Criteria file (`criteria: [...]`); "
+                                         "default: the reference run's recorded criteria when it is a RUN, "
+                                         "else the seeds' criteria."),
+    out: Path | None = typer.Option(None, "--out", help="Write the report (HTML, markdown, CSV, PNG, JSON) here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout."),
+    test_format: LogFormatOption = typer.Option(LogFormatOption.auto, "--test-format", help="Test log format."),
+    ref_format: LogFormatOption = typer.Option(LogFormatOption.auto, "--ref-format", help="Reference log format."),
+    test_rank: int | None = typer.Option(None, "--test-rank", help="Rank of multi-rank test logs "
+                                         "(default: the last pipeline stage)."),
+    ref_rank: int | None = typer.Option(None, "--ref-rank", help="Rank of a multi-rank reference log."),
+    first_interval: FirstIntervalOption = typer.Option(FirstIntervalOption.auto, "--first-interval",
+                                                       help=_FIRST_INTERVAL_HELP),
+    title: str = typer.Option("alignflow comparison", "--title", help="Report title."),
+    labels: str | None = typer.Option(None, "--labels", help="Names of the logs in argument order (reference "
+                                      "first), comma-separated; default reference,test (or the file names)."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Draw the curves (HTML) and PNG plots."),
+    lr_tolerance: int = typer.Option(1, "--lr-tolerance", min=0, help="Steps the lr may lead or lag."),
+    warmup_steps: int = typer.Option(10, "--warmup-steps", min=0, help="Steps left out of the speed figures."),
+    require: list[str] | None = typer.Option(None, "--require", help=_REQUIRE_HELP),
+    min_overlap: int | None = typer.Option(None, "--min-overlap", min=1, help="Fewest steps both logs must "
+                                           "share (default: 10, or all of the shorter log's)."),
+) -> None:
+    """Compare test logs with a reference log by the acceptance criteria: `compare REF TEST [TEST...]`;
+    exit 0 every test passes, 1 one fails, 2 bad input."""
+    from alignflow.compare.comparison import compare
+
+    logs, run_labels, run_criteria = _logs_of_runs(logs)
+    if len(logs) < 2:
+        raise _bad_input("compare needs the reference log and at least one test log: compare REF TEST [TEST...] "
+                         "(a log file, RUN or RUN:STEP)")
+    names = _labels(labels, logs) if labels is not None or run_labels is None else run_labels
+    required = _requirements(require)
+    rules = _criteria(criteria, run_criteria)
+    if out is not None:
+        _check_out_dir(out)
+    reference = _parse(logs[0], ref_format, ref_rank, first_interval)
+    tests = [_parse(path, test_format, test_rank, first_interval) for path in logs[1:]]
+    results = [compare(t, reference, rules, lr_step_tolerance=lr_tolerance, perf_warmup_steps=warmup_steps,
+                       require=required, min_overlap=min_overlap) for t in tests]
+    ordered = (*names[1:], names[0])  # the report's order: tests, then the reference
+    _report(results, ordered, out=out, title=title, plots=plots, as_json=as_json)
+    raise typer.Exit(EXIT_PASS if all(r.passed for r in results) else EXIT_FAIL)
+
+
+def _criteria(path: Path | None, recorded: list[Criterion] | None) -> list[Criterion]:
+    """The criteria of `--criteria`, else the reference run's recorded ones, else the seeds'."""
+    from alignflow.config import load_criteria
+    from alignflow.config.criteria import Criterion, default_criteria
+    from alignflow.errors import ConfigError
+
+    try:
+        return ([c for c in load_criteria(path) if isinstance(c, Criterion)] if path
+                else recorded if recorded is not None else default_criteria())
+    except ConfigError as exc:
+        raise _bad_input(str(exc)) from None
+
+
+def _report(results: list[Comparison], labels: tuple[str, ...], *, out: Path | None, title: str, plots: bool,
+            as_json: bool) -> None:
+    """Write the report under `out` (when given); print the comparisons, or their JSON."""
+    report_path: Path | None = None
+    if out is not None:
+        from alignflow.compare.report import write_report
+
+        report_path = write_report(results, out, title=title, labels=labels, plots=plots).html
+    if as_json:
+        from alignflow.compare.report import report_json
+
+        sys.stdout.write(json.dumps(report_json(results, labels), indent=2) + "\n")
+    else:
+        _print_comparisons(results, labels, report_path)
+
+def parse_cmd(
+    log: Path = typer.Argument(..., help="A MindFormers or Megatron training log."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per step (a list)."),
+    as_csv: bool = typer.Option(False, "--csv", help="Print the table as CSV."),
+    fmt: LogFormatOption = typer.Option(LogFormatOption.auto, "--format", help="Log format."),
+    rank: int | None = typer.Option(None, "--rank", help="Rank of a multi-rank log (default: the last "
+                                    "pipeline stage)."),
+    check: bool = typer.Option(False, "--check", help="Exit 1 when a fatal sentinel line is found."),
+    first_interval: FirstIntervalOption = typer.Option(FirstIntervalOption.auto, "--first-interval",
+                                                       help=_FIRST_INTERVAL_HELP),
+    require: list[str] | None = typer.Option(None, "--require", help=_REQUIRE_HELP + " Used by --check."),
+) -> None:
+    """Print the parsed per-step table of a log; sentinel lines and the first-interval note go to stderr."""
+    if as_json and as_csv:
+        raise _bad_input("--json and --csv exclude each other")
+    required = _requirements(require)
+    parsed = _parse(log, fmt, rank, first_interval)
+    frame = parsed.frame
+    if as_json:
+        sys.stdout.write(json.dumps(_records(frame)) + "\n")
+    elif as_csv:
+        # 15 significant digits: every printed decimal round-trips, the binary tails of computed cells
+        # (de-averaged first-interval values: 1.0242419999999999) do not show.
+        sys.stdout.write(frame.to_csv(float_format=CSV_FLOAT_FORMAT))
+    else:
+        typer.echo(parsed.summary())
+        typer.echo(frame.to_string())
+    _print_sentinels(parsed, str(log), required)
+    if parsed.first_interval is not None and parsed.first_interval.intervals:
+        typer.echo(f"note: {log}: {parsed.first_interval.describe()}", err=True)
+    for name in parsed.missing(required):
+        typer.echo(f"FATAL: {log}: required line not found: {name}", err=True)
+    invalid = bool(parsed.fatal_under(required) or parsed.missing(required))
+    raise typer.Exit(EXIT_FAIL if check and invalid else EXIT_PASS)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("compare")
-    def compare_cmd(
-        logs: list[Path] = typer.Argument(..., help="The reference log (e.g. the GPU / Megatron run), then one or "
-                                          "more test logs (e.g. NPU / MindFormers runs): error = test - reference. "
-                                          "A recorded run's log: RUN:STEP (a run id or unique prefix and a training "
-                                          "step), RUN alone for its npu_reload_train; one RUN alone: its gpu_train "
-                                          "(reference) and npu_reload_train logs."),
-        criteria: Path | None = typer.Option(None, "--criteria", help="Criteria file (`criteria: [...]`); "
-                                             "default: the reference run's recorded criteria when it is a RUN, "
-                                             "else the seeds' criteria."),
-        out: Path | None = typer.Option(None, "--out", help="Write the report (HTML, markdown, CSV, PNG, JSON) here."),
-        as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout."),
-        test_format: LogFormatOption = typer.Option(LogFormatOption.auto, "--test-format", help="Test log format."),
-        ref_format: LogFormatOption = typer.Option(LogFormatOption.auto, "--ref-format", help="Reference log format."),
-        test_rank: int | None = typer.Option(None, "--test-rank", help="Rank of multi-rank test logs "
-                                             "(default: the last pipeline stage)."),
-        ref_rank: int | None = typer.Option(None, "--ref-rank", help="Rank of a multi-rank reference log."),
-        first_interval: FirstIntervalOption = typer.Option(FirstIntervalOption.auto, "--first-interval",
-                                                           help=_FIRST_INTERVAL_HELP),
-        title: str = typer.Option("alignflow comparison", "--title", help="Report title."),
-        labels: str | None = typer.Option(None, "--labels", help="Names of the logs in argument order (reference "
-                                          "first), comma-separated; default reference,test (or the file names)."),
-        plots: bool = typer.Option(True, "--plots/--no-plots", help="Draw the curves (HTML) and PNG plots."),
-        lr_tolerance: int = typer.Option(1, "--lr-tolerance", min=0, help="Steps the lr may lead or lag."),
-        warmup_steps: int = typer.Option(10, "--warmup-steps", min=0, help="Steps left out of the speed figures."),
-        require: list[str] | None = typer.Option(None, "--require", help=_REQUIRE_HELP),
-        min_overlap: int | None = typer.Option(None, "--min-overlap", min=1, help="Fewest steps both logs must "
-                                               "share (default: 10, or all of the shorter log's)."),
-    ) -> None:
-        """Compare test logs with a reference log by the acceptance criteria: `compare REF TEST [TEST...]`;
-        exit 0 every test passes, 1 one fails, 2 bad input."""
-        from alignflow.compare.comparison import compare
-        from alignflow.config import load_criteria
-        from alignflow.config.criteria import Criterion, default_criteria
-        from alignflow.errors import ConfigError
-
-        logs, run_labels, run_criteria = _logs_of_runs(logs)
-        if len(logs) < 2:
-            raise _bad_input("compare needs the reference log and at least one test log: compare REF TEST [TEST...] "
-                             "(a log file, RUN or RUN:STEP)")
-        names = _labels(labels, logs) if labels is not None or run_labels is None else run_labels
-        required = _requirements(require)
-        try:
-            rules = ([c for c in load_criteria(criteria) if isinstance(c, Criterion)] if criteria
-                     else run_criteria if run_criteria is not None else default_criteria())
-        except ConfigError as exc:
-            raise _bad_input(str(exc)) from None
-        if out is not None:
-            _check_out_dir(out)
-        reference = _parse(logs[0], ref_format, ref_rank, first_interval)
-        tests = [_parse(path, test_format, test_rank, first_interval) for path in logs[1:]]
-        results = [compare(t, reference, rules, lr_step_tolerance=lr_tolerance, perf_warmup_steps=warmup_steps,
-                           require=required, min_overlap=min_overlap) for t in tests]
-        ordered = (*names[1:], names[0])  # the report's order: tests, then the reference
-        report_path: Path | None = None
-        if out is not None:
-            from alignflow.compare.report import write_report
-
-            report_path = write_report(results, out, title=title, labels=ordered, plots=plots).html
-        if as_json:
-            from alignflow.compare.report import report_json
-
-            sys.stdout.write(json.dumps(report_json(results, ordered), indent=2) + "\n")
-        else:
-            _print_comparisons(results, ordered, report_path)
-        raise typer.Exit(EXIT_PASS if all(r.passed for r in results) else EXIT_FAIL)
-
+    app.command("compare")(compare_cmd)
     logs_app = typer.Typer(help="Training logs: parse MindFormers and Megatron step lines.", no_args_is_help=True)
-
-    @logs_app.command("parse")
-    def parse_cmd(
-        log: Path = typer.Argument(..., help="A MindFormers or Megatron training log."),
-        as_json: bool = typer.Option(False, "--json", help="Print one JSON object per step (a list)."),
-        as_csv: bool = typer.Option(False, "--csv", help="Print the table as CSV."),
-        fmt: LogFormatOption = typer.Option(LogFormatOption.auto, "--format", help="Log format."),
-        rank: int | None = typer.Option(None, "--rank", help="Rank of a multi-rank log (default: the last "
-                                        "pipeline stage)."),
-        check: bool = typer.Option(False, "--check", help="Exit 1 when a fatal sentinel line is found."),
-        first_interval: FirstIntervalOption = typer.Option(FirstIntervalOption.auto, "--first-interval",
-                                                           help=_FIRST_INTERVAL_HELP),
-        require: list[str] | None = typer.Option(None, "--require", help=_REQUIRE_HELP + " Used by --check."),
-    ) -> None:
-        """Print the parsed per-step table of a log; sentinel lines and the first-interval note go to stderr."""
-        if as_json and as_csv:
-            raise _bad_input("--json and --csv exclude each other")
-        required = _requirements(require)
-        parsed = _parse(log, fmt, rank, first_interval)
-        frame = parsed.frame
-        if as_json:
-            sys.stdout.write(json.dumps(_records(frame)) + "\n")
-        elif as_csv:
-            # 15 significant digits: every printed decimal round-trips, the binary tails of computed cells
-            # (de-averaged first-interval values: 1.0242419999999999) do not show.
-            sys.stdout.write(frame.to_csv(float_format=CSV_FLOAT_FORMAT))
-        else:
-            typer.echo(parsed.summary())
-            typer.echo(frame.to_string())
-        _print_sentinels(parsed, str(log), required)
-        if parsed.first_interval is not None and parsed.first_interval.intervals:
-            typer.echo(f"note: {log}: {parsed.first_interval.describe()}", err=True)
-        for name in parsed.missing(required):
-            typer.echo(f"FATAL: {log}: required line not found: {name}", err=True)
-        invalid = bool(parsed.fatal_under(required) or parsed.missing(required))
-        raise typer.Exit(EXIT_FAIL if check and invalid else EXIT_PASS)
-
+    logs_app.command("parse")(parse_cmd)
     app.add_typer(logs_app, name="logs")
 
 

@@ -72,133 +72,135 @@ def _fail(exc: AlignflowError) -> NoReturn:
     raise typer.Exit(EXIT_BAD_INPUT)  # 1 means "diverged" here; every error is bad input
 
 
+def diagnose_cmd(
+    run_id: str = typer.Argument(..., help="Run id (a unique prefix is enough)."),
+    step: int = typer.Option(1, "--step", min=1, help="Training step to re-run with dumps (its batch and lr)."),
+    budget: str = typer.Option("2GB", "--dump-budget", help="Largest dump per side; larger is refused."),
+    as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
+) -> None:
+    """Re-run one step of a run on both sides with dumps; name the first divergent module and the cause.
+
+    A new run, child of RUN, that executes only the `diagnose` step from RUN's converted checkpoints (its
+    recorded experiment and inventory); the diagnosis is that run's recorded `diagnosis` artifact."""
+    from alignflow.runner.run import execute_pipeline, start_run
+    from alignflow.runner.session import RunOptions, default_state_dir, open_run
+    from alignflow.store import Store
+    from alignflow.transport import open_transport
+
+    started = time.perf_counter()
+    state = default_state_dir()
+    store = Store.open(state_dir=state, upgrade=True)
+    try:
+        parent = open_run(store, run_id)
+        options = RunOptions(parent=parent.run_id, reuse_parent=True, only=("diagnose",), force=("diagnose",),
+                             trigger="diagnose", recorded_from=parent.run_id)
+        child = start_run(parent.params.experiment_path, parent.params.hosts_path, store=store,
+                          state_dir=state, options=options,
+                          experiment_update={"diagnose": {"step": step, "dump_budget_bytes": _budget(budget)}})
+        view = execute_pipeline(child, store=store, state_dir=state, transport_factory=open_transport,
+                                events=lambda m: typer.echo(m, err=True))
+    except AlignflowError as exc:
+        _fail(exc)
+    finally:
+        store.close()
+    done = view.step("diagnose")
+    if view.status != "completed" or done is None or not done.artifacts:
+        _fail(AlignflowError(f"run {view.run_id}: {view.error or 'the diagnose step did not run'}"))
+    out_dir = Path(done.artifacts[0].path)
+    _print_recorded(out_dir, as_json, time.perf_counter() - started)
+
+def dumps_cmd(
+    npu: Path = typer.Argument(..., help="NPU-side dump: a twin dump directory or an msprobe step/rank directory."),
+    gpu: Path = typer.Argument(..., help="GPU-side dump (the reference), same kinds."),
+    experiment: Path = typer.Option(..., "--experiment", help="Experiment file (its conversion spec maps names)."),
+    npu_after: Path | None = typer.Option(None, "--npu-after", help="msprobe: the NPU dump of the next step."),
+    gpu_after: Path | None = typer.Option(None, "--gpu-after", help="msprobe: the GPU dump of the next step."),
+    npu_strip: str = typer.Option("", "--npu-strip", help="msprobe: wrapper prefix of NPU module names."),
+    gpu_strip: str = typer.Option("module.module.", "--gpu-strip", help="msprobe: wrapper prefix (Megatron)."),
+    out: Path = typer.Option(Path("diagnosis"), "--out", help="Output directory (diagnosis.json/.html)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
+) -> None:
+    """Diagnose two existing dumps (twin or msprobe) through the experiment's conversion spec."""
+    from alignflow.config.experiment import load_experiment
+    from alignflow.diagnose.compare import diagnose_dumps
+    from alignflow.diagnose.core import write_outputs
+    from alignflow.diagnose.mapping import mapping_for
+    from alignflow.diagnose.msprobe import read_msprobe_dump
+    from alignflow.frameworks.dumpfile import DUMP_JSON, read_dump
+
+    started = time.perf_counter()
+    try:
+        exp = load_experiment(experiment)
+
+        def read(path: Path, side: str, after: Path | None, strip: str) -> Any:
+            native = (path / DUMP_JSON).is_file() and '"alignflow-twin-dump"' in (path / DUMP_JSON).read_text()
+            return read_dump(path) if native else read_msprobe_dump(path, side=side, after=after, strip=strip)
+
+        d = diagnose_dumps(read(npu, "npu", npu_after, npu_strip), read(gpu, "gpu", gpu_after, gpu_strip),
+                           mapping_for(exp))
+        out.mkdir(parents=True, exist_ok=True)
+        result = write_outputs(d, out, {"npu": npu, "gpu": gpu})
+    except AlignflowError as exc:
+        _fail(exc)
+    _print(result, as_json, time.perf_counter() - started)
+
+def setup_cmd(
+    experiment: Path = typer.Argument(..., help="Experiment file."),
+    dump_path: str = typer.Option(..., "--dump-path", help="Where msprobe writes, on the training host."),
+    step: int = typer.Option(1, "--step", min=1, help="Training step to dump (and the next one, for updates)."),
+    task: str = typer.Option("tensor", "--task", help="tensor (real data) or statistics (small)."),
+    out: Path = typer.Option(Path("msprobe-setup"), "--out", help="Directory for config.json and the mappings."),
+) -> None:
+    """Write msprobe's config.json, layer_mapping.yaml and the lines that switch msprobe on in each framework."""
+    from alignflow.config.experiment import load_experiment
+    from alignflow.diagnose.mapping import mapping_for
+    from alignflow.diagnose.msprobe import msprobe_config, setup_text, write_mapping_files
+
+    try:
+        exp = load_experiment(experiment)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(msprobe_config(dump_path, step=step, task=task), indent=2))
+        files = write_mapping_files(out, mapping_for(exp))
+        for name, text in setup_text(str(out / "config.json")).items():
+            (out / f"{name}.txt").write_text(text)
+    except AlignflowError as exc:
+        _fail(exc)
+    typer.echo(f"wrote {out / 'config.json'}, {files['layer_mapping']}, {out / 'gpu_megatron.txt'}, "
+               f"{out / 'npu_mindformers.txt'}")
+
+def noise_cmd(
+    experiment: Path = typer.Argument(..., help="Experiment file."),
+    run_id: str = typer.Option(..., "--run", help="A run whose megatron_ckpt the reference side trains from."),
+    runs: int | None = typer.Option(None, "--runs", min=2, help="Trainings (default: criteria.noise_runs or 3)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the noise floor as JSON."),
+) -> None:
+    """Train the reference (GPU) side N times with determinism off; record each statistic's self-noise."""
+    from alignflow.config.experiment import load_experiment
+    from alignflow.diagnose.noise import noise_for_run
+    from alignflow.runner.session import default_state_dir
+    from alignflow.store import Store
+
+    started = time.perf_counter()
+    store = Store.open(state_dir=default_state_dir(), upgrade=True)
+    try:
+        exp = load_experiment(experiment)
+        floor = noise_for_run(store, exp, run_id, runs=runs or exp.noise_runs or 3,
+                              work_dir=default_state_dir() / "noise")
+    except AlignflowError as exc:
+        _fail(exc)
+    finally:
+        store.close()
+    if as_json:
+        typer.echo(json.dumps(floor.to_json(), indent=1))
+    else:
+        typer.echo(f"noise floor of {exp.name}: {floor.runs} runs (store run {floor.run_id})")
+        for metric, stats in floor.statistics.items():
+            typer.echo(f"  {metric}: " + ", ".join(f"{k} {v:.3g}" for k, v in stats.items()))
+        typer.echo(f"time: {time.perf_counter() - started:.1f} s")
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("diagnose")
-    def diagnose_cmd(
-        run_id: str = typer.Argument(..., help="Run id (a unique prefix is enough)."),
-        step: int = typer.Option(1, "--step", min=1, help="Training step to re-run with dumps (its batch and lr)."),
-        budget: str = typer.Option("2GB", "--dump-budget", help="Largest dump per side; larger is refused."),
-        as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
-    ) -> None:
-        """Re-run one step of a run on both sides with dumps; name the first divergent module and the cause.
-
-        A new run, child of RUN, that executes only the `diagnose` step from RUN's converted checkpoints (its
-        recorded experiment and inventory); the diagnosis is that run's recorded `diagnosis` artifact."""
-        from alignflow.runner.run import execute_pipeline, start_run
-        from alignflow.runner.session import RunOptions, default_state_dir, open_run
-        from alignflow.store import Store
-        from alignflow.transport import open_transport
-
-        started = time.perf_counter()
-        state = default_state_dir()
-        store = Store.open(state_dir=state, upgrade=True)
-        try:
-            parent = open_run(store, run_id)
-            options = RunOptions(parent=parent.run_id, reuse_parent=True, only=("diagnose",), force=("diagnose",),
-                                 trigger="diagnose", recorded_from=parent.run_id)
-            child = start_run(parent.params.experiment_path, parent.params.hosts_path, store=store,
-                              state_dir=state, options=options,
-                              experiment_update={"diagnose": {"step": step, "dump_budget_bytes": _budget(budget)}})
-            view = execute_pipeline(child, store=store, state_dir=state, transport_factory=open_transport,
-                                    events=lambda m: typer.echo(m, err=True))
-        except AlignflowError as exc:
-            _fail(exc)
-        finally:
-            store.close()
-        done = view.step("diagnose")
-        if view.status != "completed" or done is None or not done.artifacts:
-            _fail(AlignflowError(f"run {view.run_id}: {view.error or 'the diagnose step did not run'}"))
-        out_dir = Path(done.artifacts[0].path)
-        _print_recorded(out_dir, as_json, time.perf_counter() - started)
-
-    @app.command("diagnose-dumps")
-    def dumps_cmd(
-        npu: Path = typer.Argument(..., help="NPU-side dump: a twin dump directory or an msprobe step/rank directory."),
-        gpu: Path = typer.Argument(..., help="GPU-side dump (the reference), same kinds."),
-        experiment: Path = typer.Option(..., "--experiment", help="Experiment file (its conversion spec maps names)."),
-        npu_after: Path | None = typer.Option(None, "--npu-after", help="msprobe: the NPU dump of the next step."),
-        gpu_after: Path | None = typer.Option(None, "--gpu-after", help="msprobe: the GPU dump of the next step."),
-        npu_strip: str = typer.Option("", "--npu-strip", help="msprobe: wrapper prefix of NPU module names."),
-        gpu_strip: str = typer.Option("module.module.", "--gpu-strip", help="msprobe: wrapper prefix (Megatron)."),
-        out: Path = typer.Option(Path("diagnosis"), "--out", help="Output directory (diagnosis.json/.html)."),
-        as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
-    ) -> None:
-        """Diagnose two existing dumps (twin or msprobe) through the experiment's conversion spec."""
-        from alignflow.config.experiment import load_experiment
-        from alignflow.diagnose.compare import diagnose_dumps
-        from alignflow.diagnose.core import write_outputs
-        from alignflow.diagnose.mapping import mapping_for
-        from alignflow.diagnose.msprobe import read_msprobe_dump
-        from alignflow.frameworks.dumpfile import DUMP_JSON, read_dump
-
-        started = time.perf_counter()
-        try:
-            exp = load_experiment(experiment)
-
-            def read(path: Path, side: str, after: Path | None, strip: str) -> Any:
-                native = (path / DUMP_JSON).is_file() and '"alignflow-twin-dump"' in (path / DUMP_JSON).read_text()
-                return read_dump(path) if native else read_msprobe_dump(path, side=side, after=after, strip=strip)
-
-            d = diagnose_dumps(read(npu, "npu", npu_after, npu_strip), read(gpu, "gpu", gpu_after, gpu_strip),
-                               mapping_for(exp))
-            out.mkdir(parents=True, exist_ok=True)
-            result = write_outputs(d, out, {"npu": npu, "gpu": gpu})
-        except AlignflowError as exc:
-            _fail(exc)
-        _print(result, as_json, time.perf_counter() - started)
-
-    @app.command("diagnose-setup")
-    def setup_cmd(
-        experiment: Path = typer.Argument(..., help="Experiment file."),
-        dump_path: str = typer.Option(..., "--dump-path", help="Where msprobe writes, on the training host."),
-        step: int = typer.Option(1, "--step", min=1, help="Training step to dump (and the next one, for updates)."),
-        task: str = typer.Option("tensor", "--task", help="tensor (real data) or statistics (small)."),
-        out: Path = typer.Option(Path("msprobe-setup"), "--out", help="Directory for config.json and the mappings."),
-    ) -> None:
-        """Write msprobe's config.json, layer_mapping.yaml and the lines that switch msprobe on in each framework."""
-        from alignflow.config.experiment import load_experiment
-        from alignflow.diagnose.mapping import mapping_for
-        from alignflow.diagnose.msprobe import msprobe_config, setup_text, write_mapping_files
-
-        try:
-            exp = load_experiment(experiment)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "config.json").write_text(json.dumps(msprobe_config(dump_path, step=step, task=task), indent=2))
-            files = write_mapping_files(out, mapping_for(exp))
-            for name, text in setup_text(str(out / "config.json")).items():
-                (out / f"{name}.txt").write_text(text)
-        except AlignflowError as exc:
-            _fail(exc)
-        typer.echo(f"wrote {out / 'config.json'}, {files['layer_mapping']}, {out / 'gpu_megatron.txt'}, "
-                   f"{out / 'npu_mindformers.txt'}")
-
-    @app.command("noise")
-    def noise_cmd(
-        experiment: Path = typer.Argument(..., help="Experiment file."),
-        run_id: str = typer.Option(..., "--run", help="A run whose megatron_ckpt the reference side trains from."),
-        runs: int | None = typer.Option(None, "--runs", min=2, help="Trainings (default: criteria.noise_runs or 3)."),
-        as_json: bool = typer.Option(False, "--json", help="Print the noise floor as JSON."),
-    ) -> None:
-        """Train the reference (GPU) side N times with determinism off; record each statistic's self-noise."""
-        from alignflow.config.experiment import load_experiment
-        from alignflow.diagnose.noise import noise_for_run
-        from alignflow.runner.session import default_state_dir
-        from alignflow.store import Store
-
-        started = time.perf_counter()
-        store = Store.open(state_dir=default_state_dir(), upgrade=True)
-        try:
-            exp = load_experiment(experiment)
-            floor = noise_for_run(store, exp, run_id, runs=runs or exp.noise_runs or 3,
-                                  work_dir=default_state_dir() / "noise")
-        except AlignflowError as exc:
-            _fail(exc)
-        finally:
-            store.close()
-        if as_json:
-            typer.echo(json.dumps(floor.to_json(), indent=1))
-        else:
-            typer.echo(f"noise floor of {exp.name}: {floor.runs} runs (store run {floor.run_id})")
-            for metric, stats in floor.statistics.items():
-                typer.echo(f"  {metric}: " + ", ".join(f"{k} {v:.3g}" for k, v in stats.items()))
-            typer.echo(f"time: {time.perf_counter() - started:.1f} s")
+    app.command("diagnose")(diagnose_cmd)
+    app.command("diagnose-dumps")(dumps_cmd)
+    app.command("diagnose-setup")(setup_cmd)
+    app.command("noise")(noise_cmd)

@@ -9,34 +9,37 @@ divergence.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from alignflow.compare.context import VOLATILE_SNAPSHOT_KEYS
 from alignflow.logs.schema import BOOKKEEPING_COLUMNS
+from alignflow.store import Store
+from alignflow.store.records import StepRunRecord, input_refs
 
 Verdict = Literal["reproduced", "diverged"]
 
 
-@dataclass(frozen=True, slots=True)
-class FingerprintDiff:
+class FingerprintDiff(BaseModel):
     """One recorded value that differs between the original and the reproduction, and why."""
 
+    model_config = ConfigDict(extra="forbid", frozen=True, serialize_by_alias=True)
+
     what: str
+    step: str | None = None
     original: str | None
     reproduction: str | None
-    note: str = ""  # the cause: what changed that explains the difference
+    note: str = Field("", serialization_alias="cause")  # what changed that explains the difference
     substantive: bool = True  # False when the bytes differ but nothing about the model does
-    step: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"what": self.what, "step": self.step, "original": self.original, "reproduction": self.reproduction,
-                "cause": self.note, "substantive": self.substantive}
 
 
-@dataclass(frozen=True, slots=True)
-class Reproduction:
-    """The judgement of a reproduction: reproduced when nothing substantive differs."""
+class Reproduction(BaseModel):
+    """The judgement of a reproduction: reproduced when nothing substantive differs; `model_dump(mode="json")` is
+    `alignflow reproduce --json`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     original: str
     reproduction: str
@@ -46,10 +49,17 @@ class Reproduction:
     def substantive(self) -> tuple[FingerprintDiff, ...]:
         return tuple(d for d in self.differences if d.substantive)
 
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def verdict(self) -> Verdict:
         return "diverged" if self.substantive else "reproduced"
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def reproduced(self) -> bool:
+        return self.verdict == "reproduced"
+
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def headline(self) -> str:
         """`REPRODUCED ...` or `DIVERGED ...: first at step X (cause)`: the line `alignflow reproduce` opens with."""
@@ -64,18 +74,22 @@ class Reproduction:
         return (f"DIVERGED: {len(real)} substantive difference(s) from run {self.original}; the first {where}: "
                 f"{first.what}" + (f" ({first.note})" if first.note else ""))
 
-    def to_json(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "reproduced": self.verdict == "reproduced", "original": self.original,
-                "reproduction": self.reproduction, "headline": self.headline,
-                "differences": [d.to_json() for d in self.differences]}
 
-
-def judge_reproduction(store: Any, original_id: str, reproduction_id: str) -> Reproduction:
+def judge_reproduction(store: Store, original_id: str, reproduction_id: str) -> Reproduction:
     """The verdict of a reproduction with every difference and its cause (see `diff_runs`)."""
-    return Reproduction(original_id, reproduction_id, tuple(diff_runs(store, original_id, reproduction_id)))
+    return Reproduction(original=original_id, reproduction=reproduction_id,
+                        differences=tuple(diff_runs(store, original_id, reproduction_id)))
 
 
-def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[FingerprintDiff]:
+@dataclass
+class _Walk:
+    """What the steps compared so far pass on to the steps after them."""
+
+    benign: set[str] = field(default_factory=set)  # sha256 pairs of artifacts whose bytes differ without meaning
+    changed_outputs: dict[str, str] = field(default_factory=dict)  # artifact name -> the step whose output it is
+
+
+def diff_runs(store: Store, original_id: str, reproduction_id: str) -> list[FingerprintDiff]:
     """Every artifact sha256, input fingerprint, cache key and host snapshot field that differs, in pipeline order,
     each with its cause: a step whose inputs differ passes the difference on (the cause is upstream); a step with
     the same inputs and cache key whose outputs differ is not deterministic; a cache key that differs with the
@@ -87,101 +101,127 @@ def diff_runs(store: Any, original_id: str, reproduction_id: str) -> list[Finger
     two executions of a training never log the same timestamps), else the recorded command, else "a config file,
     the environment or the code version" — never a list of what might have changed when the inputs explain it.
     """
-    from alignflow.pipeline import producer
-
     diffs: list[FingerprintDiff] = []
     a_steps = {s.step: s for s in store.steps(original_id)}
     b_steps = {s.step: s for s in store.steps(reproduction_id)}
-    benign: set[str] = set()  # sha256 pairs of artifacts whose bytes differ without meaning (timing-only logs)
-    changed_outputs: dict[str, str] = {}  # artifact name -> the step whose output it is
+    walk = _Walk()
     for step in _pipeline_order(set(a_steps) | set(b_steps)):
         sa, sb = a_steps.get(step), b_steps.get(step)
         if sa is None or sb is None:
-            diffs.append(FingerprintDiff(f"{step}: step", sa.status if sa else None, sb.status if sb else None,
-                                         "the step ran in one of the runs only", step=step))
-            continue
-        ins_a = {k: v.get("sha256") for k, v in (sa.inputs or {}).items()}
-        ins_b = {k: v.get("sha256") for k, v in (sb.inputs or {}).items()}
-        real_inputs: list[str] = []
-        timing_inputs: list[str] = []  # inputs whose bytes differ, not what they measured (timing-only logs)
-        input_diffs: list[FingerprintDiff] = []
-        for name in sorted(set(ins_a) | set(ins_b)):
-            if ins_a.get(name) == ins_b.get(name):
-                continue
-            same = f"{ins_a.get(name)}:{ins_b.get(name)}" in benign
-            made_by = producer(name)
-            if same:
-                cause = "the upstream log differs in timings only"
-            elif name in changed_outputs:
-                cause = f"output of step {changed_outputs[name]}, which differs (above)"
-            elif made_by is not None:
-                cause = f"output of step {made_by.name}"
-            else:
-                cause = "a run input changed (not produced by a step)"
-            (timing_inputs if same else real_inputs).append(name)
-            input_diffs.append(FingerprintDiff(f"{step}: input {name} sha256", ins_a.get(name), ins_b.get(name),
-                                               cause, not same, step))
-        recipe = _recipe_change(sa, sb) if sa.cache_key != sb.cache_key and not (real_inputs or timing_inputs) \
-            else None
-        arts_a = {x.name: x for x in store.artifacts(sa.id)}
-        arts_b = {x.name: x for x in store.artifacts(sb.id)}
-        output_diffs: list[FingerprintDiff] = []
-        outputs_differ = False
-        for name in sorted(set(arts_a) | set(arts_b)):
-            xa, xb = arts_a.get(name), arts_b.get(name)
-            if xa is not None and xb is not None and xa.sha256 == xb.sha256:
-                continue
-            note, substantive = "", True
-            if xa is not None and xb is not None and xa.kind == "log":
-                note, substantive = _log_note(store, sa, sb)
-            elif xa is not None and xb is not None and xa.kind == "report":
-                note, substantive = "the report names its run; the verdicts are compared below", False
-            if not substantive and xa is not None and xb is not None:
-                benign.add(f"{xa.sha256}:{xb.sha256}")
-            if substantive:
-                changed_outputs[name] = step
-                outputs_differ = True
-                why = (f"its inputs differ ({', '.join(real_inputs)})" if real_inputs
-                       else f"its inputs differ in timings only ({', '.join(timing_inputs)})" if timing_inputs
-                       else recipe if recipe
-                       else "same inputs and recipe: the step is not deterministic")
-                note = f"{note}; {why}" if note else why
-            output_diffs.append(FingerprintDiff(f"{step}: {name} sha256", xa.sha256 if xa else None,
-                                                xb.sha256 if xb else None, note, substantive, step))
-        diffs += input_diffs + output_diffs
-        if sa.cache_key != sb.cache_key:
-            if real_inputs:
-                cause, real = f"its inputs changed ({', '.join(real_inputs)})", False  # counted with the inputs
-            elif timing_inputs:
-                cause, real = (f"its inputs differ in timings only ({', '.join(timing_inputs)}): the logs' bytes, "
-                               "not what they measured; its command, config and code are not known to differ"), False
-            elif outputs_differ:
-                cause, real = str(recipe), True
-            else:
-                cause, real = f"{recipe}; the outputs did not", False
-            diffs.append(FingerprintDiff(f"{step}: cache key (command, config, code, inputs)", sa.cache_key,
-                                         sb.cache_key, cause, real, step))
+            diffs.append(FingerprintDiff(what=f"{step}: step", original=sa.status if sa else None,
+                                         reproduction=sb.status if sb else None,
+                                         note="the step ran in one of the runs only", step=step))
+        else:
+            diffs += _step_diffs(store, step, sa, sb, walk)
     ca, cb = store.comparison(original_id), store.comparison(reproduction_id)
     if ca is not None and cb is not None and ca.verdict != cb.verdict:
-        diffs.append(FingerprintDiff("compare: verdict", ca.verdict, cb.verdict,
-                                     "the compared logs differ (above)" if changed_outputs else "", True, "compare"))
-    snaps_a = {s.host: s.data for s in store.snapshots(original_id)}
-    snaps_b = {s.host: s.data for s in store.snapshots(reproduction_id)}
-    diverged = any(d.substantive for d in diffs)
-    for host in sorted(set(snaps_a) | set(snaps_b)):
-        flat_a, flat_b = _flatten(snaps_a.get(host, {})), _flatten(snaps_b.get(host, {}))
-        for key in sorted(set(flat_a) | set(flat_b)):
-            if key.endswith(VOLATILE_SNAPSHOT_KEYS):
-                continue
-            if flat_a.get(key) != flat_b.get(key):
-                diffs.append(FingerprintDiff(
-                    f"{host}: snapshot {key}", flat_a.get(key), flat_b.get(key),
-                    "host environment changed: a candidate cause of the divergence" if diverged
-                    else "host environment changed; every output is the same", False))
+        diffs.append(FingerprintDiff(what="compare: verdict", original=ca.verdict, reproduction=cb.verdict,
+                                     note="the compared logs differ (above)" if walk.changed_outputs else "",
+                                     step="compare"))
+    return diffs + _snapshot_diffs(store, original_id, reproduction_id, diverged=any(d.substantive for d in diffs))
+
+
+def _step_diffs(store: Store, step: str, sa: StepRunRecord, sb: StepRunRecord, walk: _Walk) -> list[FingerprintDiff]:
+    """What differs of one step run in both runs: its inputs, its outputs, its cache key."""
+    inputs, real_inputs, timing_inputs = _input_diffs(step, sa, sb, walk)
+    recipe = _recipe_change(sa, sb) if sa.cache_key != sb.cache_key and not (real_inputs or timing_inputs) else None
+    why = (f"its inputs differ ({', '.join(real_inputs)})" if real_inputs
+           else f"its inputs differ in timings only ({', '.join(timing_inputs)})" if timing_inputs
+           else recipe if recipe
+           else "same inputs and recipe: the step is not deterministic")
+    outputs = _output_diffs(store, step, sa, sb, walk, why)
+    diffs = inputs + outputs
+    if sa.cache_key != sb.cache_key:
+        if real_inputs:
+            cause, real = f"its inputs changed ({', '.join(real_inputs)})", False  # counted with the inputs
+        elif timing_inputs:
+            cause, real = (f"its inputs differ in timings only ({', '.join(timing_inputs)}): the logs' bytes, "
+                           "not what they measured; its command, config and code are not known to differ"), False
+        elif any(d.substantive for d in outputs):
+            cause, real = str(recipe), True
+        else:
+            cause, real = f"{recipe}; the outputs did not", False
+        diffs.append(FingerprintDiff(what=f"{step}: cache key (command, config, code, inputs)", original=sa.cache_key,
+                                     reproduction=sb.cache_key, note=cause, substantive=real, step=step))
     return diffs
 
 
-def _recipe_change(sa: Any, sb: Any) -> str:
+def _input_diffs(step: str, sa: StepRunRecord, sb: StepRunRecord, walk: _Walk
+                 ) -> tuple[list[FingerprintDiff], list[str], list[str]]:
+    """The inputs of `step` whose sha256 differs, each with its cause; and the names of those that differ in what
+    they hold, and of those that differ in timings only (upstream logs)."""
+    from alignflow.pipeline import producer
+
+    ins_a = {k: ref.sha256 for k, ref in input_refs(sa.inputs).items()}
+    ins_b = {k: ref.sha256 for k, ref in input_refs(sb.inputs).items()}
+    real_inputs: list[str] = []
+    timing_inputs: list[str] = []
+    diffs: list[FingerprintDiff] = []
+    for name in sorted(set(ins_a) | set(ins_b)):
+        if ins_a.get(name) == ins_b.get(name):
+            continue
+        same = f"{ins_a.get(name)}:{ins_b.get(name)}" in walk.benign
+        made_by = producer(name)
+        if same:
+            cause = "the upstream log differs in timings only"
+        elif name in walk.changed_outputs:
+            cause = f"output of step {walk.changed_outputs[name]}, which differs (above)"
+        elif made_by is not None:
+            cause = f"output of step {made_by.name}"
+        else:
+            cause = "a run input changed (not produced by a step)"
+        (timing_inputs if same else real_inputs).append(name)
+        diffs.append(FingerprintDiff(what=f"{step}: input {name} sha256", original=ins_a.get(name),
+                                     reproduction=ins_b.get(name), note=cause, substantive=not same, step=step))
+    return diffs, real_inputs, timing_inputs
+
+
+def _output_diffs(store: Store, step: str, sa: StepRunRecord, sb: StepRunRecord, walk: _Walk,
+                  why: str) -> list[FingerprintDiff]:
+    """The outputs of `step` whose sha256 differs; `why` a substantive difference happened (its inputs, its recipe
+    or chance). A log whose metrics are the same, and the report (it names its run), differ without meaning."""
+    arts_a = {x.name: x for x in store.artifacts(sa.id)}
+    arts_b = {x.name: x for x in store.artifacts(sb.id)}
+    diffs: list[FingerprintDiff] = []
+    for name in sorted(set(arts_a) | set(arts_b)):
+        xa, xb = arts_a.get(name), arts_b.get(name)
+        if xa is not None and xb is not None and xa.sha256 == xb.sha256:
+            continue
+        note, substantive = "", True
+        if xa is not None and xb is not None and xa.kind == "log":
+            note, substantive = _log_note(store, sa, sb)
+        elif xa is not None and xb is not None and xa.kind == "report":
+            note, substantive = "the report names its run; the verdicts are compared below", False
+        if not substantive and xa is not None and xb is not None:
+            walk.benign.add(f"{xa.sha256}:{xb.sha256}")
+        if substantive:
+            walk.changed_outputs[name] = step
+            note = f"{note}; {why}" if note else why
+        diffs.append(FingerprintDiff(what=f"{step}: {name} sha256", original=xa.sha256 if xa else None,
+                                     reproduction=xb.sha256 if xb else None, note=note, substantive=substantive,
+                                     step=step))
+    return diffs
+
+
+def _snapshot_diffs(store: Store, original_id: str, reproduction_id: str, *, diverged: bool
+                    ) -> list[FingerprintDiff]:
+    """Host snapshot fields that differ: context for a divergence, never one by themselves."""
+    snaps_a = {s.host: s.data for s in store.snapshots(original_id)}
+    snaps_b = {s.host: s.data for s in store.snapshots(reproduction_id)}
+    diffs: list[FingerprintDiff] = []
+    for host in sorted(set(snaps_a) | set(snaps_b)):
+        flat_a, flat_b = _flatten(snaps_a.get(host, {})), _flatten(snaps_b.get(host, {}))
+        for key in sorted(set(flat_a) | set(flat_b)):
+            if key.endswith(VOLATILE_SNAPSHOT_KEYS) or flat_a.get(key) == flat_b.get(key):
+                continue
+            diffs.append(FingerprintDiff(
+                what=f"{host}: snapshot {key}", original=flat_a.get(key), reproduction=flat_b.get(key),
+                note="host environment changed: a candidate cause of the divergence" if diverged
+                else "host environment changed; every output is the same", substantive=False))
+    return diffs
+
+
+def _recipe_change(sa: StepRunRecord, sb: StepRunRecord) -> str:
     """What differs of a step whose key changed with the same inputs: the recorded command when it differs (its
     first differing word), else what the key covers and the record does not keep."""
     if (sa.command or "") != (sb.command or ""):
@@ -204,12 +244,12 @@ def _pipeline_order(steps: set[str]) -> list[str]:
     return [s for s in STEP_NAMES if s in steps] + sorted(steps - set(STEP_NAMES))
 
 
-def _origin(store: Any, step_run: Any) -> Any:
+def _origin(store: Store, step_run: StepRunRecord) -> StepRunRecord:
     """The step run that actually executed (a cached step points at it)."""
     return store.get_step(step_run.reused_from) if step_run.reused_from else step_run
 
 
-def _log_note(store: Any, sa: Any, sb: Any) -> tuple[str, bool]:
+def _log_note(store: Store, sa: StepRunRecord, sb: StepRunRecord) -> tuple[str, bool]:
     ma, mb = _metrics_of(store, _origin(store, sa)), _metrics_of(store, _origin(store, sb))
     if ma is None or mb is None:
         return "log bytes differ; no recorded metrics to compare", True
@@ -219,7 +259,7 @@ def _log_note(store: Any, sa: Any, sb: Any) -> tuple[str, bool]:
     return f"logged metrics differ: {', '.join(changed)}", True
 
 
-def _metrics_of(store: Any, step_run: Any) -> dict[tuple[str, int], float] | None:
+def _metrics_of(store: Store, step_run: StepRunRecord) -> dict[tuple[str, int], float] | None:
     frame = store.metrics(step_run.run_id)
     rows = frame[frame["step_run_id"] == step_run.id]
     if rows.empty:
@@ -228,7 +268,7 @@ def _metrics_of(store: Any, step_run: Any) -> dict[tuple[str, int], float] | Non
             if str(r.metric) not in BOOKKEEPING_COLUMNS and r.value == r.value}
 
 
-def _flatten(data: Any, prefix: str = "") -> dict[str, str]:
+def _flatten(data: object, prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     if isinstance(data, dict):
         for k, v in data.items():
