@@ -15,7 +15,8 @@ from typing import Any
 import mindspore as ms
 from mindspore import Tensor, nn
 
-from alignflow.frameworks.dumpfile import Call, DumpRequest, DumpWriter
+from alignflow.frameworks.dumpfile import DumpRequest
+from alignflow.twin.dump_hooks import HookRecorder
 
 
 def _tensors(value: Any) -> list[Tensor]:
@@ -30,16 +31,13 @@ def _numpy(t: Any) -> Any:
     return (t.astype(ms.float32) if t.dtype == ms.bfloat16 else t).asnumpy().copy()  # never a view of a parameter
 
 
-class MindSporeRecorder:
+class MindSporeRecorder(HookRecorder):
     """Attach to a network before the step; call `loaded`, `grads`, `updated`, then `write`."""
 
     def __init__(self, request: DumpRequest, net: nn.Cell) -> None:
         from alignflow.twin.ms_model import MoELayer
 
-        self.writer = DumpWriter(request, framework="mindspore")
-        self.recording = True
-        self._stack: list[Call] = []
-        self._handles = []
+        super().__init__(request, framework="mindspore", tensors=_tensors, numpy=_numpy)
         for name, cell in net.cells_and_names():
             if not name:
                 continue
@@ -49,22 +47,6 @@ class MindSporeRecorder:
                 route = cell._route
                 object.__setattr__(cell, "_route", partial(self._route, f"{name}.router", route))
 
-    def _pre(self, name: str, cell: nn.Cell, inputs: Any) -> None:
-        if not self.recording:
-            return
-        call = self.writer.begin_call(name, type(cell).__name__, self._stack[-1].id if self._stack else None)
-        call.inputs = [self.writer.tensor(f"call/{call.id}/input/{i}", _numpy(t))
-                       for i, t in enumerate(_tensors(inputs))]
-        self._stack.append(call)
-
-    def _post(self, name: str, cell: nn.Cell, inputs: Any, outputs: Any) -> None:
-        if not self.recording:
-            return
-        call = self._stack.pop()
-        assert call.module == name, (call.module, name)
-        call.outputs = [self.writer.tensor(f"call/{call.id}/output/{i}", _numpy(t))
-                        for i, t in enumerate(_tensors(outputs))]
-
     def _route(self, router: str, route: Any, logits: Tensor) -> Any:
         result = route(logits)
         if self.recording:
@@ -72,13 +54,8 @@ class MindSporeRecorder:
             for key in call.outputs:
                 if key is not None:
                     self.writer.discard(key)
-            probs, counts = result[0], result[1]
-            call.outputs = [self.writer.tensor(f"call/{call.id}/output/{i}", _numpy(t))
-                            for i, t in enumerate((probs, counts))]
+            call.outputs = self._keep(call, "output", (result[0], result[1]))  # probabilities, routed counts
         return result
-
-    def stop_forward(self) -> None:
-        self.recording = False
 
     def loaded(self, net: nn.Cell) -> None:
         for p in net.get_parameters():
@@ -91,10 +68,3 @@ class MindSporeRecorder:
     def updated(self, params: list[Any]) -> None:
         for p in params:
             self.writer.param(p.name, "updated", _numpy(p.value()), trainable=True)
-
-    def write(self, *, scalars: dict[str, float], optimizer: dict[str, Any]) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self.writer.scalars.update(scalars)
-        self.writer.optimizer.update(optimizer)
-        self.writer.write()

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from alignflow.frameworks.dumpfile import Call, DumpRequest, DumpWriter
+from alignflow.frameworks.dumpfile import DumpRequest
+from alignflow.twin.dump_hooks import HookRecorder
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -33,38 +34,15 @@ def _numpy(t: torch.Tensor) -> Any:
     return (t.float() if t.dtype == torch.bfloat16 else t).numpy().copy()
 
 
-class TorchRecorder:
+class TorchRecorder(HookRecorder):
     """Attach to a model before the step; call `loaded`, `grads`, `updated`, then `write`."""
 
     def __init__(self, request: DumpRequest, model: nn.Module) -> None:
-        self.writer = DumpWriter(request, framework="pytorch")
-        self.recording = True
-        self._stack: list[Call] = []
-        self._handles = []
+        super().__init__(request, framework="pytorch", tensors=_tensors, numpy=_numpy)
         for name, module in model.named_modules():
             if name:
                 self._handles.append(module.register_forward_pre_hook(partial(self._pre, name)))
                 self._handles.append(module.register_forward_hook(partial(self._post, name)))
-
-    def _pre(self, name: str, module: nn.Module, args: Any) -> None:
-        if not self.recording:
-            return
-        call = self.writer.begin_call(name, type(module).__name__, self._stack[-1].id if self._stack else None)
-        call.inputs = [self.writer.tensor(f"call/{call.id}/input/{i}", _numpy(t))
-                       for i, t in enumerate(_tensors(args))]
-        self._stack.append(call)
-
-    def _post(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
-        if not self.recording:
-            return
-        call = self._stack.pop()
-        assert call.module == name, (call.module, name)
-        call.outputs = [self.writer.tensor(f"call/{call.id}/output/{i}", _numpy(t))
-                        for i, t in enumerate(_tensors(output))]
-
-    def stop_forward(self) -> None:
-        """Later micro-batches of the step are not recorded (their calls repeat the first one's)."""
-        self.recording = False
 
     def loaded(self, model: nn.Module) -> None:
         for name, p in model.named_parameters():
@@ -81,10 +59,3 @@ class TorchRecorder:
         for name, p in model.named_parameters():
             if p.requires_grad:
                 self.writer.param(name, "updated", _numpy(p), trainable=True)
-
-    def write(self, *, scalars: dict[str, float], optimizer: dict[str, Any]) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self.writer.scalars.update(scalars)
-        self.writer.optimizer.update(optimizer)
-        self.writer.write()
