@@ -95,7 +95,7 @@ class RunView(_View):
     steps: tuple[StepView, ...]
     criteria: tuple[CriterionView, ...]
     reasons: tuple[str, ...] = ()  # why the verdict is fail: each failed criterion with its driving steps, ...
-    # host -> its snapshot as recorded (`HostSnapshot.to_dict()`); `show --json` lists the hosts only
+    # host -> its snapshot as recorded (a `HostSnapshot` as JSON); `show --json` lists the hosts only
     snapshots: dict[str, dict[str, JsonValue]] = Field(exclude=True)
     config_sha256: str | None = None  # the experiment's configuration this run ran (its fingerprint)
     experiment_file: str | None = None  # the file that configuration was read from

@@ -24,16 +24,17 @@ STOP_WAIT_S = 20.0
 
 def kill_interrupted_jobs(store: Any, run_id: str, *, transport_factory: Any) -> list[str]:
     """Cancel the jobs that the open steps of an interrupted run had launched; returns `host: job dir -> state`."""
-    from alignflow.runner.control import recorded_jobs
+    from alignflow.runner.recording import recorded_jobs
     from alignflow.runner.session import open_run
 
     inventory = open_run(store, run_id).inventory
     done = []
     interrupted = {j.step_run_id for j in store.run_jobs(run_id) if j.interrupted}
     for sr in store.steps(run_id):
-        if sr.id not in interrupted or not sr.job_handle:
+        jobs = recorded_jobs(sr)
+        if sr.id not in interrupted or jobs is None:
             continue
-        for handle in recorded_jobs(sr.job_handle):
+        for handle in jobs.handles:
             transport = transport_factory(inventory.get(handle.host))
             try:
                 state = transport.cancel(handle)

@@ -40,7 +40,7 @@ def check_host(host: Host) -> dict[str, Any]:
             result["latency_ms"] = round(statistics.median(warm) * 1e3, 1)
             result["reachable"] = True
             snap = t.snapshot()
-            result["snapshot"] = snap.to_dict()
+            result["snapshot"] = snap.model_dump(mode="json")
             result["summary"] = snap.summary()
     except AlignflowError as exc:
         result["reason"] = f"{type(exc).__name__}: {exc}"

@@ -99,7 +99,7 @@ class ReportContext:
     generated_at: datetime | None = None
     steps: tuple[StepRow, ...] = ()
     fingerprints: tuple[FingerprintRow, ...] = ()
-    snapshots: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # side label -> HostSnapshot.to_dict()
+    snapshots: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # side label -> a HostSnapshot as JSON
     timing: Mapping[str, TimingConditions] = field(default_factory=dict)  # side label -> how its step times were taken
 
 

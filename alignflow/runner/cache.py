@@ -11,14 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 
 def cache_key(
     *, step: str, argv: Iterable[str], files: Mapping[str, str], env: Mapping[str, str], code_version: str,
-    inputs: Mapping[str, str], extra: Mapping[str, Any] | None = None,
+    inputs: Mapping[str, str], extra: Mapping[str, object] | None = None,
 ) -> str:
-    """The sha256 (hex) that identifies one execution of a step."""
+    """The sha256 (hex) that identifies one execution of a step; `extra`: anything else the execution depends on
+    (JSON, with anything else written as its `str`)."""
     payload = {
         "step": step,
         "argv": list(argv),

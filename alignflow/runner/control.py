@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
 
 from alignflow.errors import ImmutableRecord
 from alignflow.runner.engine import TransportFactory
+from alignflow.runner.recording import recorded_jobs
 from alignflow.runner.session import open_run
 from alignflow.store import Store
 from alignflow.store.records import RunStatus, StepStatus
-from alignflow.transport import JobHandle
 
 log = logging.getLogger(__name__)
-
-
-def recorded_jobs(doc: Mapping[str, Any]) -> list[JobHandle]:
-    """The job handles of a step run's recorded job document (one job, or several as the early gate has)."""
-    return [JobHandle.from_dict(d) for d in doc["jobs"]] if "jobs" in doc else [JobHandle.from_dict(doc)]
 
 
 def cancel_run_jobs(store: Store, run_id: str, *, transport_factory: TransportFactory,
@@ -31,9 +24,10 @@ def cancel_run_jobs(store: Store, run_id: str, *, transport_factory: TransportFa
     inventory = open_run(store, run_id).inventory
     killed = []
     for sr in store.steps(run_id):
-        if sr.status != StepStatus.RUNNING or not sr.job_handle:
+        jobs = recorded_jobs(sr)
+        if sr.status != StepStatus.RUNNING or jobs is None:
             continue
-        for handle in recorded_jobs(sr.job_handle):
+        for handle in jobs.handles:
             transport = transport_factory(inventory.get(handle.host))
             try:
                 transport.cancel(handle)

@@ -56,7 +56,7 @@ def run_diagnose(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping
                                transport={side: runner.transport(h) for side, h in hosts.items()}, out_dir=out_dir,
                                step=settings.step, budget_bytes=settings.dump_budget_bytes, poll_s=runner.poll_s,
                                timeout_s=timeout_for(exp, spec.name),
-                               on_launch=lambda handles: rec.attach(handles, resumable=False))
+                               on_launch=lambda handles: rec.attach(handles))
         fp = runner.transport(controller).sha256([str(out_dir)])[str(out_dir)]
         ref = ArtifactRef.from_fingerprint("diagnosis", controller.name, str(out_dir), fp, "report")
         rec.add(ref)

@@ -35,6 +35,7 @@ from alignflow.logs.sentinels import CHECKPOINT_LOADED, check_sentinels
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.placeholders import fill
 from alignflow.runner.progress import ProgressFn, ProgressTracker
+from alignflow.runner.recording import recorded_jobs
 from alignflow.runner.session import Events, RunContext, StepOutcome
 from alignflow.store import Store
 from alignflow.store.records import StepRunRecord, StepStatus
@@ -146,7 +147,7 @@ class StepRunner:
         existing = {s.host: s.data for s in self.store.snapshots(self.run_id)}
         if host.name in existing:
             return dict(existing[host.name])
-        data = self.transport(host).snapshot().to_dict()
+        data = self.transport(host).snapshot().model_dump(mode="json")
         self.store.add_snapshot(self.run_id, host.name, data)
         return dict(data)
 
@@ -258,8 +259,8 @@ class StepRunner:
     def resumable(self, step: str, key: str) -> StepRunRecord | None:
         """This run's open step run of `step` with the same key and one recorded job, if an attempt left one."""
         for sr in reversed(self.store.steps(self.run_id)):
-            if sr.step == step and sr.status == StepStatus.RUNNING and sr.cache_key == key and sr.job_handle \
-                    and "out" in sr.job_handle and "jobs" not in sr.job_handle:
+            if sr.step == step and sr.status == StepStatus.RUNNING and sr.cache_key == key \
+                    and (jobs := recorded_jobs(sr)) is not None and jobs.resumable:
                 return sr
         return None
 

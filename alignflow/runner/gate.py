@@ -105,7 +105,7 @@ def _gate(runner: StepRunner, spec: pipeline.StepSpec, sides: list[_Side], input
         try:
             for side in sides:
                 jobs.append(_launch(runner, spec, side, inputs))
-            rec.attach([job.handle for job in jobs], resumable=False)  # a cancelled run kills both
+            rec.attach([job.handle for job in jobs])  # a cancelled run kills both
             results = {job.side.name: _step1(runner, spec, job) for job in jobs}
         except BaseException:
             _cancel_running(jobs)  # a failed side (or an interrupted gate) must not leave the other side training

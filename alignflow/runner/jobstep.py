@@ -19,7 +19,7 @@ from alignflow.runner.artifacts import ArtifactRef, declared_inputs
 from alignflow.runner.cache import cache_key
 from alignflow.runner.engine import StepRunner
 from alignflow.runner.placeholders import fill_all
-from alignflow.runner.recording import StepRecord, recording
+from alignflow.runner.recording import StepRecord, recorded_jobs, recording
 from alignflow.runner.session import StepOutcome
 from alignflow.store.records import StepStatus
 from alignflow.transport import JobHandle, JobState, Transport
@@ -46,8 +46,10 @@ def run_job_step(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping
     resume = runner.resumable(spec.name, key)
     if resume is not None:
         # An earlier attempt of this task launched the job and lost its connection: re-attach, never relaunch.
-        assert resume.job_handle is not None
-        handle, out = JobHandle.from_dict(resume.job_handle), str(resume.job_handle["out"])
+        jobs = recorded_jobs(resume)
+        assert jobs is not None  # what made the step run resumable: one job, its output dir
+        assert jobs.out is not None
+        handle, out = jobs.handles[0], jobs.out
         runner.emit(f"{spec.name}: re-attaching to job {handle.job_dir} launched by an earlier attempt")
         with recording(runner.store, runner.run_id, spec.name, host=host.name, command=resume.command or "",
                        cache_key=key, inputs=inputs, resume=resume) as rec:
@@ -60,7 +62,7 @@ def run_job_step(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping
                    cache_key=key, inputs=inputs) as rec:
         handle = runner.launch(transport, template, values, argv, out=out, name=f"{runner.run_id}-{spec.name}",
                                time_limit_s=timeout_for(runner.experiment, spec.name))
-        rec.attach([handle], resumable=True, extra={"out": out})
+        rec.attach([handle], out=out)
         runner.emit(f"{spec.name}: launched on {host.name} (job {handle.job_dir})")
         return _finish_job(runner, spec, host, transport, command, rec, handle, out)
 

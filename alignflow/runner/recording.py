@@ -13,7 +13,8 @@ decides how a step run ends:
 - another exception (a bug): `failed`, with its type and message;
 - an interruption (KeyboardInterrupt, cancellation): `cancelled`.
 
-The original exception always propagates: the record never hides it.
+The original exception always propagates: the record never hides it. A step run's jobs are recorded as a
+`StepJobs` (`jobs_document` / `recorded_jobs`, the one reader and writer of that document).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass
+
+from pydantic import JsonValue
 
 from alignflow.errors import AlignflowError, ImmutableRecord, PipelineError
 from alignflow.runner.artifacts import ArtifactRef
@@ -30,6 +33,39 @@ from alignflow.store.records import StepRunRecord, StepStatus
 from alignflow.transport import JobHandle
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class StepJobs:
+    """The detached job(s) a step run launched, recorded before anyone polls them (`Store.attach_job`): one job
+    (a training, a conversion) or several (the early gate's two sides, the diagnosis)."""
+
+    handles: tuple[JobHandle, ...]
+    out: str | None = None  # the output dir of a single job: a later attempt re-attaches instead of relaunching
+
+    @property
+    def resumable(self) -> bool:
+        return len(self.handles) == 1 and self.out is not None
+
+
+def jobs_document(jobs: StepJobs) -> dict[str, JsonValue]:
+    """The step run's job document: one job's handle (with `out`), or `{"jobs": [handle, ...]}`."""
+    extra: dict[str, JsonValue] = {"out": jobs.out} if jobs.out is not None else {}
+    if len(jobs.handles) == 1:
+        return {**jobs.handles[0].model_dump(mode="json"), **extra}
+    return {"jobs": [h.model_dump(mode="json") for h in jobs.handles], **extra}
+
+
+def recorded_jobs(step: StepRunRecord) -> StepJobs | None:
+    """The job(s) a step run recorded (`jobs_document`); None when it recorded none."""
+    doc = step.job_handle
+    if not doc:
+        return None
+    listed = doc.get("jobs")
+    handles = [JobHandle.model_validate(d) for d in listed] if isinstance(listed, list) else [
+        JobHandle.model_validate(doc)]
+    out = doc.get("out")
+    return StepJobs(tuple(handles), out if isinstance(out, str) else None)
 
 
 class StepRecord:
@@ -48,16 +84,14 @@ class StepRecord:
     def id(self) -> str:
         return self.record.id
 
-    def attach(self, handles: Sequence[JobHandle], *, resumable: bool, extra: Mapping[str, Any] | None = None
-               ) -> None:
+    def attach(self, handles: Sequence[JobHandle], *, out: str | None = None) -> None:
         """Record the step's detached job(s) before anyone polls them, so that cancelling the run finds and kills
-        every one; `resumable`: a retried attempt may re-attach to the (single) job instead of relaunching."""
-        if len(handles) == 1:
-            doc: dict[str, Any] = {**handles[0].to_dict(), **(extra or {})}
-        else:
-            doc = {"jobs": [h.to_dict() for h in handles], **(extra or {})}
-        self.record = self.store.attach_job(self.id, job_dir=" | ".join(h.job_dir for h in handles), handle=doc)
-        self.resumable = resumable and len(handles) == 1
+        every one; `out`: the output dir of a single job a retried attempt may re-attach to instead of relaunching
+        it (`StepJobs.resumable`)."""
+        jobs = StepJobs(tuple(handles), out)
+        self.record = self.store.attach_job(self.id, job_dir=" | ".join(h.job_dir for h in handles),
+                                            handle=jobs_document(jobs))
+        self.resumable = jobs.resumable
 
     def add(self, ref: ArtifactRef) -> None:
         self.store.add_artifact(self.id, name=ref.name, host=ref.host, path=ref.path, kind=ref.kind,

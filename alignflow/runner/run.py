@@ -12,9 +12,8 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
 
 from alignflow import pipeline
 from alignflow.codeversion import alignflow_version
@@ -66,7 +65,7 @@ def start_run(
     store: Store,
     state_dir: Path,
     options: RunOptions | None = None,
-    experiment_update: Mapping[str, Mapping[str, Any]] | None = None,
+    experiment_update: Mapping[str, Mapping[str, JsonValue]] | None = None,
 ) -> str:
     """Validate the inputs, record the experiment and a new run, return the run id.
 
@@ -105,7 +104,7 @@ def start_run(
     return run.id
 
 
-def updated(experiment: Experiment, update: Mapping[str, Mapping[str, Any]]) -> Experiment:
+def updated(experiment: Experiment, update: Mapping[str, Mapping[str, JsonValue]]) -> Experiment:
     """`experiment` with some of its sections' fields replaced, validated again."""
     doc = experiment.model_dump(mode="json")
     for section, fields in update.items():

@@ -268,8 +268,9 @@ def require_current(engine: Engine, *, upgrade_if_behind: bool) -> SchemaState:
     )
 
 
-def model_drift(engine: Engine) -> list[Any]:
-    """Differences between the models and the migrated database (empty when the migrations match the models)."""
+def model_drift(engine: Engine) -> list[object]:
+    """Differences between the models and the migrated database (empty when the migrations match the models), as
+    Alembic's autogenerate lists them (tuples that print what differs)."""
     from alignflow.store.models import Base
 
     with engine.connect() as conn:

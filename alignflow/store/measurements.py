@@ -9,8 +9,10 @@ A source's metrics are recorded once per run (recording them again is `Immutable
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
+from pydantic import JsonValue
 from sqlalchemy import insert, select
 
 from alignflow.errors import ImmutableRecord, StoreError
@@ -30,7 +32,7 @@ class Measurements(StoreBase):
 
     # --- host snapshots -----------------------------------------------------------------------------------------
 
-    def add_snapshot(self, run_id: str, host: str, data: dict[str, Any]) -> SnapshotRecord:
+    def add_snapshot(self, run_id: str, host: str, data: Mapping[str, JsonValue]) -> SnapshotRecord:
         """What `host` looked like for this run (versions, commits, drivers, env); several per host allowed."""
         check_name(host, "snapshot host", max_length=200)
         doc = json_document(data, f"snapshot of {host}")
@@ -99,7 +101,8 @@ class Measurements(StoreBase):
     # --- comparisons --------------------------------------------------------------------------------------------
 
     def add_comparison(
-        self, run_id: str, *, verdict: str, criteria: list[dict[str, Any]], summary: dict[str, Any]
+        self, run_id: str, *, verdict: str, criteria: Sequence[Mapping[str, JsonValue]],
+        summary: Mapping[str, JsonValue],
     ) -> ComparisonRecord:
         """The comparison of a run (once per run): verdict, each criterion's result, summary statistics."""
         check_name(verdict, "add_comparison: verdict", max_length=40)

@@ -7,9 +7,9 @@ see the `alignflow.store` package docstring.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
+from pydantic import JsonValue
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
@@ -43,7 +43,7 @@ class Store(Measurements, References, Interruptions):
 
     # --- experiments --------------------------------------------------------------------------------------------
 
-    def ensure_experiment(self, name: str, *, config: dict[str, Any], config_sha256: str) -> ExperimentRecord:
+    def ensure_experiment(self, name: str, *, config: Mapping[str, JsonValue], config_sha256: str) -> ExperimentRecord:
         """Record the experiment (once) and this configuration version of it (once per sha256)."""
         check_name(name, "experiment name", max_length=200)
         check_sha256(config_sha256, f"experiment {name!r}: config_sha256")
@@ -81,7 +81,7 @@ class Store(Measurements, References, Interruptions):
             assert cfg is not None
             return experiment_record(exp, cfg)
 
-    def experiment_config(self, name: str, config_sha256: str) -> dict[str, Any]:
+    def experiment_config(self, name: str, config_sha256: str) -> dict[str, JsonValue]:
         """The configuration an experiment had under `config_sha256` (what a reproduction needs)."""
         with self._read(f"read experiment {name!r}") as s:
             exp = self._experiment_row(s, name)
@@ -264,7 +264,7 @@ class Store(Measurements, References, Interruptions):
             s.refresh(row)
             return row.to_record()
 
-    def attach_job(self, step_run_id: str, *, job_dir: str, handle: dict[str, Any]) -> StepRunRecord:
+    def attach_job(self, step_run_id: str, *, job_dir: str, handle: Mapping[str, JsonValue]) -> StepRunRecord:
         """Record the detached job of a step run, before anyone polls it, so a restarted controller can reattach
         or cancel it. Once only: a second job needs a new step run."""
         doc = json_document(handle, f"step run {step_run_id}: job handle")
@@ -387,7 +387,7 @@ class Store(Measurements, References, Interruptions):
         kind: str,
         sha256: str,
         size_bytes: int,
-        manifest: list[Any] | dict[str, Any] | None = None,
+        manifest: Sequence[Sequence[str | int]] | None = None,
     ) -> ArtifactRecord:
         """Record an output of an open step run (before `finish_step`); one artifact per name per step run."""
         check_name(name, "artifact name", max_length=200)

@@ -11,7 +11,8 @@ import math
 import re
 import secrets
 from collections.abc import Mapping
-from typing import Any
+
+from pydantic import JsonValue
 
 from alignflow.errors import RecordNotFound, StoreError
 
@@ -56,7 +57,7 @@ def log_tail(value: str | None) -> str | None:
     return value[-TAIL_MAX_CHARS:].replace("\x00", "\ufffd")
 
 
-def json_document(value: Any, where: str) -> Any:
+def json_document(value: object, where: str) -> JsonValue:
     """`value` as plain JSON (dict/list/str/int/float/bool/None); numpy scalars become Python numbers.
 
     Raises StoreError naming the offending key path for anything else, for NaN/Infinity (JSONB rejects them;
@@ -73,14 +74,16 @@ def json_document(value: Any, where: str) -> Any:
             raise StoreError(f"{where}: {value} cannot be stored in JSON; record it as null or as a string")
         return value
     if isinstance(value, Mapping):
-        out: dict[str, Any] = {}
+        out: dict[str, JsonValue] = {}
         for key, item in value.items():
             if not isinstance(key, str):
                 raise StoreError(f"{where}: key {key!r} is not a string; JSON objects take string keys only")
-            out[json_document(key, f"{where} key")] = json_document(item, f"{where}[{key!r}]")
+            json_document(key, f"{where} key")
+            out[key] = json_document(item, f"{where}[{key!r}]")
         return out
     if isinstance(value, list | tuple):
         return [json_document(item, f"{where}[{i}]") for i, item in enumerate(value)]
-    if type(value).__module__ == "numpy" and hasattr(value, "item"):
-        return json_document(value.item(), where)
+    item = getattr(value, "item", None)
+    if type(value).__module__ == "numpy" and callable(item):
+        return json_document(item(), where)
     raise StoreError(f"{where}: a {type(value).__name__} is not JSON (use dict, list, str, int, float, bool, None)")

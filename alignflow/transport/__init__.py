@@ -6,7 +6,7 @@ from alignflow.transport import open_transport, copy_between, JobSpec
 with open_transport(inventory.get("ascend")) as npu, open_transport(inventory.get("cpu")) as cpu:
     npu.run(["nvidia-smi"], check=False)                      # argv, never a shell string
     job = npu.launch(JobSpec(["python", "train.py"], name="npu_base_train"))
-    store.save_handle(job.to_dict())                          # before polling: re-attach after a restart
+    store.save_handle(job.model_dump(mode="json"))            # before polling: re-attach after a restart
     state = npu.wait(job, poll_s=10, timeout_s=6 * 3600)      # survives connection drops
     fp = copy_between(npu, "ckpt/base", cpu, "in/base")       # sha256 on npu, verified on cpu
 ```

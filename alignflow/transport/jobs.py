@@ -9,7 +9,9 @@ import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, PlainSerializer
 
 JobKind = Literal["pending", "running", "exited", "lost", "cancelled", "timeout", "preempted", "failed"]
 # pending: queued by a scheduler (Slurm PENDING), not started; timeout / preempted / failed: ended by the scheduler
@@ -66,51 +68,26 @@ class JobSpec:
         object.__setattr__(self, "time_limit_s", time_limit_s)
 
 
-@dataclass(frozen=True, slots=True)
-class JobHandle:
-    """Everything needed to find a job again: persist `to_dict()` before polling
-    (docs/orchestration.md#detached-jobs-over-ssh)."""
+def _aware(started: datetime) -> datetime:
+    """A start time recorded without a zone is UTC (every job's clock is)."""
+    return started if started.tzinfo else started.replace(tzinfo=UTC)
+
+
+class JobHandle(BaseModel):
+    """Everything needed to find a job again: record `model_dump(mode="json")` before polling, read it back with
+    `model_validate` (docs/orchestration.md#detached-jobs-over-ssh)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")  # a job's spec.json holds more than its handle
 
     host: str
-    job_id: str
+    job_id: Annotated[str, AfterValidator(check_job_id)]
     job_dir: str
     pid: int
     pgid: int
-    started_at: datetime
+    started_at: Annotated[datetime, AfterValidator(_aware), PlainSerializer(datetime.isoformat, when_used="json")]
     name: str = "job"
     argv: tuple[str, ...] = ()
     scheduler_id: str | None = None  # the scheduler's id of the job (Slurm job id); None for a direct job
-
-    def to_dict(self) -> dict[str, Any]:
-        extra = {"scheduler_id": self.scheduler_id} if self.scheduler_id is not None else {}
-        return {
-            "host": self.host,
-            "job_id": self.job_id,
-            "job_dir": self.job_dir,
-            "pid": self.pid,
-            "pgid": self.pgid,
-            "started_at": self.started_at.isoformat(),
-            "name": self.name,
-            "argv": list(self.argv),
-            **extra,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> JobHandle:
-        started = datetime.fromisoformat(str(data["started_at"]))
-        if started.tzinfo is None:
-            started = started.replace(tzinfo=UTC)
-        return cls(
-            host=str(data["host"]),
-            job_id=check_job_id(str(data["job_id"])),
-            job_dir=str(data["job_dir"]),
-            pid=int(data["pid"]),
-            pgid=int(data["pgid"]),
-            started_at=started,
-            name=str(data.get("name", "job")),
-            argv=tuple(str(a) for a in data.get("argv", ())),
-            scheduler_id=str(data["scheduler_id"]) if data.get("scheduler_id") is not None else None,
-        )
 
 
 @dataclass(frozen=True, slots=True)

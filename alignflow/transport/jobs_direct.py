@@ -197,7 +197,8 @@ class DirectJobs:
             raise f.failed("launch", path, raw)
         pid = int(raw.text().split()[-1])
         log.info("%s: launched job %s (pid %d) in %s", self.host.name, job_id, pid, path)
-        return JobHandle(self.host.name, job_id, path, pid, pid, now, spec.name, spec.argv)
+        return JobHandle(host=self.host.name, job_id=job_id, job_dir=path, pid=pid, pgid=pid, started_at=now,
+                         name=spec.name, argv=spec.argv)
 
     def slot_dir(self) -> str:
         """Where the host's job slots live (`<workdir>/slots/<i>.lock`), shared by every controller."""
@@ -220,7 +221,7 @@ class DirectJobs:
             raise self.files.failed("attach", path, raw)
         pid_line, _, spec_text = raw.text().partition("\n")
         record = json.loads(spec_text)
-        return JobHandle.from_dict({**record, "job_dir": path, "pid": int(pid_line), "pgid": int(pid_line)})
+        return JobHandle.model_validate({**record, "job_dir": path, "pid": int(pid_line), "pgid": int(pid_line)})
 
     def status(self, handle: JobHandle) -> JobState:
         raw = self._exec("status", STATUS_SH, checked_job_dir(self.files, handle))

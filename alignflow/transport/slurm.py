@@ -166,7 +166,8 @@ class SlurmJobs:
             raise f.failed("sbatch", path, raw)
         slurm_id = raw.text().split()[-1]
         log.info("%s: submitted job %s as Slurm job %s in %s", host.name, job_id, slurm_id, path)
-        return JobHandle(host.name, job_id, path, 0, 0, now, spec.name, spec.argv, scheduler_id=slurm_id)
+        return JobHandle(host=host.name, job_id=job_id, job_dir=path, pid=0, pgid=0, started_at=now, name=spec.name,
+                         argv=spec.argv, scheduler_id=slurm_id)
 
     def attach(self, job_id: str) -> JobHandle:
         path = job_dir(self.files, job_id)
@@ -183,8 +184,8 @@ class SlurmJobs:
             raise RemoteJobError(f"{self.host.name}: job {job_id} has no Slurm job id in {path} (was it "
                                  "submitted? see its submit_error)")
         record = json.loads(spec_text)
-        return JobHandle.from_dict({**record, "job_dir": path, "pid": 0, "pgid": 0,
-                                    "scheduler_id": id_line.strip()})
+        return JobHandle.model_validate({**record, "job_dir": path, "pid": 0, "pgid": 0,
+                                         "scheduler_id": id_line.strip()})
 
     def _slurm_id(self, handle: JobHandle) -> str:
         if not handle.scheduler_id:

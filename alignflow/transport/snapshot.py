@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, PlainSerializer
 
 from alignflow.transport.files import Files, module_source
 
@@ -47,66 +48,35 @@ ENV_PREFIXES: tuple[str, ...] = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class HostSnapshot:
-    """One host's software state at one moment. `to_dict()` is JSON-able; `from_dict` reads it back."""
+def _aware(taken: datetime) -> datetime:
+    """A time recorded without a zone was taken in UTC (every snapshot's clock is)."""
+    return taken if taken.tzinfo else taken.replace(tzinfo=UTC)
+
+
+class HostSnapshot(BaseModel):
+    """One host's software state at one moment: `model_dump(mode="json")` is what a run records of it (the store's
+    snapshot data), `model_validate` reads that back; `from_probe` reads the host's probe."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")  # a newer probe's keys are not an error
 
     host: str
-    taken_at: datetime
+    taken_at: Annotated[datetime, AfterValidator(_aware), PlainSerializer(datetime.isoformat, when_used="json")]
     hostname: str | None = None
     os: str | None = None
-    python: Mapping[str, Any] = field(default_factory=dict)
-    packages: Mapping[str, str | None] = field(default_factory=dict)
-    repos: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    accelerators: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    tools: Mapping[str, str | None] = field(default_factory=dict)
-    env: Mapping[str, str] = field(default_factory=dict)
+    python: dict[str, JsonValue] = Field(default_factory=dict)
+    packages: dict[str, str | None] = Field(default_factory=dict)
+    repos: dict[str, dict[str, JsonValue]] = Field(default_factory=dict)
+    accelerators: dict[str, dict[str, JsonValue]] = Field(default_factory=dict)
+    tools: dict[str, str | None] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
     declared_env_missing: tuple[str, ...] = ()
     error: str | None = None  # set when the probe itself could not run (e.g. the host's python is missing)
     load: tuple[float, ...] | None = None  # 1/5/15-minute load averages when taken (the report's timing conditions)
     cpus: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "host": self.host,
-            "taken_at": self.taken_at.isoformat(),
-            "hostname": self.hostname,
-            "os": self.os,
-            "python": dict(self.python),
-            "packages": dict(self.packages),
-            "repos": {k: dict(v) for k, v in self.repos.items()},
-            "accelerators": {k: dict(v) for k, v in self.accelerators.items()},
-            "tools": dict(self.tools),
-            "env": dict(self.env),
-            "declared_env_missing": list(self.declared_env_missing),
-            "error": self.error,
-            "load": list(self.load) if self.load is not None else None,
-            "cpus": self.cpus,
-        }
-
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> HostSnapshot:
-        taken = datetime.fromisoformat(str(data["taken_at"]))
-        return cls(
-            host=str(data["host"]),
-            taken_at=taken if taken.tzinfo else taken.replace(tzinfo=UTC),
-            hostname=data.get("hostname"),
-            os=data.get("os"),
-            python=dict(data.get("python") or {}),
-            packages=dict(data.get("packages") or {}),
-            repos={k: dict(v) for k, v in (data.get("repos") or {}).items()},
-            accelerators={k: dict(v) for k, v in (data.get("accelerators") or {}).items()},
-            tools=dict(data.get("tools") or {}),
-            env=dict(data.get("env") or {}),
-            declared_env_missing=tuple(data.get("declared_env_missing") or ()),
-            error=data.get("error"),
-            load=tuple(float(x) for x in data["load"]) if data.get("load") else None,
-            cpus=int(data["cpus"]) if data.get("cpus") else None,
-        )
-
-    @classmethod
-    def from_probe(cls, host: str, taken_at: datetime, probe: Mapping[str, Any]) -> HostSnapshot:
-        return cls.from_dict({**probe, "host": host, "taken_at": taken_at.isoformat()})
+    def from_probe(cls, host: str, taken_at: datetime, probe: Mapping[str, JsonValue]) -> HostSnapshot:
+        return cls.model_validate({**probe, "host": host, "taken_at": taken_at})
 
     def summary(self) -> str:
         """One line for `alignflow hosts check`: python, installed frameworks, accelerators, dirty repos."""
@@ -116,7 +86,7 @@ class HostSnapshot:
         parts += [f"{k} {v}" for k, v in self.packages.items() if v and k != "alignflow"]
         for name, acc in self.accelerators.items():
             if acc.get("present"):
-                out = (acc.get("output") or acc.get("error") or "").strip().splitlines()
+                out = str(acc.get("output") or acc.get("error") or "").strip().splitlines()
                 parts.append(f"{name}: {out[0][:60] if out else 'present'}")
         for name, repo in self.repos.items():
             if repo.get("commit"):
@@ -142,8 +112,9 @@ def take_snapshot(files: Files) -> HostSnapshot:
                      input=module_source(snapshot_probe.__file__), timeout_s=120)
     if done.exit_code != 0:
         tail = done.stderr.strip().splitlines()[-3:]
-        return HostSnapshot(host.name, taken_at, error=f"{files.python()} exited {done.exit_code}: " + " | ".join(tail))
+        return HostSnapshot(host=host.name, taken_at=taken_at,
+                            error=f"{files.python()} exited {done.exit_code}: " + " | ".join(tail))
     try:
         return HostSnapshot.from_probe(host.name, taken_at, json.loads(done.stdout))
-    except (ValueError, KeyError, TypeError) as exc:
-        return HostSnapshot(host.name, taken_at, error=f"unreadable probe output: {exc}")
+    except (ValueError, KeyError, TypeError) as exc:  # a ValidationError is a ValueError
+        return HostSnapshot(host=host.name, taken_at=taken_at, error=f"unreadable probe output: {exc}")

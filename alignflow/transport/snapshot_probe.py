@@ -14,7 +14,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from typing import Any
+from typing import Any, TypedDict
 
 _TIMEOUT_S = 20
 _MAX_TEXT = 4000
@@ -85,7 +85,16 @@ def _load() -> list[float] | None:
         return None
 
 
-def probe(request: dict[str, Any]) -> dict[str, object]:
+class ProbeRequest(TypedDict, total=False):
+    """What to look for: the argument, as JSON."""
+
+    packages: list[str]
+    repos: dict[str, str]
+    env_names: list[str]
+    env_prefixes: list[str]
+
+
+def probe(request: ProbeRequest) -> dict[str, object]:
     uname = platform.uname()
     env_names = set(request.get("env_names", []))
     prefixes = tuple(request.get("env_prefixes", []))

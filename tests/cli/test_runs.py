@@ -63,7 +63,7 @@ def _record(tmp_path: Path, repo_root: Path, subprocess_env: dict[str, str], ide
         step = store.start_step(run_id, "npu_base_train", host="ascend", command="train", cache_key="k", inputs={})
         with open_transport(_ascend(env, run_id, store)) as t:
             handle = t.launch(JobSpec(["sleep", "300"], name="npu_base_train"))
-        store.attach_job(step.id, job_dir=handle.job_dir, handle=handle.to_dict())
+        store.attach_job(step.id, job_dir=handle.job_dir, handle=handle.model_dump(mode="json"))
     cli_env = {**subprocess_env, "ALIGNFLOW_STATE_DIR": str(env.state)}
     return Recorded(env, run_id, handle, cli_env)
 

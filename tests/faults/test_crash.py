@@ -126,7 +126,7 @@ def test_a_run_killed_at_random_points_leaves_a_consistent_store_and_nothing_beh
                 tried[-1] += " (before it recorded its run)"
             else:
                 assert killed.status in (RunStatus.INTERRUPTED, RunStatus.COMPLETED, RunStatus.FAILED), tried[-1]
-            jobs = [JobHandle.from_dict(s.job_handle) for s in store.steps(killed.id)
+            jobs = [JobHandle.model_validate(s.job_handle) for s in store.steps(killed.id)
                     if s.job_handle and "pgid" in s.job_handle] if killed is not None else []
             recorded = len(runs)
         job_groups = {job.pgid for job in jobs}  # the detached jobs it left: ended by `alignflow cancel` below

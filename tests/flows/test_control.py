@@ -52,7 +52,7 @@ def test_cancelling_a_run_kills_the_remote_process_group(tmp_path: Path, repo_ro
             # a training that would run for minutes, with a child process (as torchrun would have)
             handle = t.launch(JobSpec(argv=["bash", "-c", "sleep 300 & sleep 300; wait"], name="gpu_train"))
             step = store.start_step(run_id, "gpu_train", host="cuda", command="sleep", cache_key="k", inputs={})
-            store.attach_job(step.id, job_dir=handle.job_dir, handle=handle.to_dict())
+            store.attach_job(step.id, job_dir=handle.job_dir, handle=handle.model_dump(mode="json"))
             deadline = time.monotonic() + 10
             while t.status(handle).kind != "running" and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -70,7 +70,7 @@ def test_cancelling_a_run_kills_the_remote_process_group(tmp_path: Path, repo_ro
             remember_run(SimpleNamespace(flow_run=flow_run), run_id)
             kill_remote_jobs(flow=None, flow_run=flow_run, state=None)
         with open_transport(host) as t:
-            assert t.status(JobHandle.from_dict(handle.to_dict())).kind == "cancelled"
+            assert t.status(JobHandle.model_validate(handle.model_dump(mode="json"))).kind == "cancelled"
         deadline = time.monotonic() + 15
         while _group(handle.pgid) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -97,7 +97,7 @@ def test_cancelling_a_run_in_its_early_gate_kills_both_sides(tmp_path: Path, rep
             with open_transport(inventory.get(role)) as t:
                 handles.append(t.launch(JobSpec(argv=["bash", "-c", "sleep 300 & sleep 300; wait"],
                                                 name=f"gate-{role}")))
-        StepRecord(store, step).attach(handles, resumable=False)
+        StepRecord(store, step).attach(handles)
         deadline = time.monotonic() + 10
         while any(len(_group(h.pgid)) < 3 for h in handles) and time.monotonic() < deadline:
             time.sleep(0.05)

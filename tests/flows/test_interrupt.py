@@ -87,7 +87,7 @@ def test_a_killed_controller_leaves_an_interrupted_run_that_rerun_completes(env:
         killed = store.get_run(run_id)
         assert killed.status == RunStatus.INTERRUPTED
         before = {s.step: s for s in store.steps(run_id)}
-        handles = [JobHandle.from_dict(before[s].job_handle or {}) for s in TRAININGS]
+        handles = [JobHandle.model_validate(before[s].job_handle or {}) for s in TRAININGS]
         inventory = killed.alignment_params().inventory
     finished = {name for name, s in before.items() if s.status in (StepStatus.RAN, StepStatus.CACHED)}
     assert {"npu_base_train", "convert_bf16", "convert_megatron"} <= finished

@@ -105,7 +105,7 @@ def test_cancelling_a_run_scancels_its_slurm_job(env: FlowEnv, slurm_lab: SlurmL
         with open_transport(host) as t:
             handle = t.launch(JobSpec(["sleep", "302"], name="gpu_train"))
             step = store.start_step(run_id, "gpu_train", host="cuda", command="sleep", cache_key="k", inputs={})
-            store.attach_job(step.id, job_dir=handle.job_dir, handle=handle.to_dict())
+            store.attach_job(step.id, job_dir=handle.job_dir, handle=handle.model_dump(mode="json"))
             deadline = time.monotonic() + 60
             while t.status(handle).kind != "running":
                 assert time.monotonic() < deadline
@@ -121,7 +121,7 @@ def test_cancelling_a_run_scancels_its_slurm_job(env: FlowEnv, slurm_lab: SlurmL
         shown = slurm_lab.client(["scontrol", "show", "job", "-o", str(handle.scheduler_id)]).stdout
         assert "JobState=CANCELLED" in shown
         with open_transport(host) as t:
-            assert t.status(JobHandle.from_dict(store.get_step(step.id).job_handle or {})).kind == "cancelled"
+            assert t.status(JobHandle.model_validate(store.get_step(step.id).job_handle or {})).kind == "cancelled"
         assert store.get_run(run_id).status == "cancelled"
         assert store.get_step(step.id).status == "cancelled"
 

@@ -29,7 +29,7 @@ def _step_whose_job_the_run_cancel_killed(lab: FakeLab, run_id: str) -> list[str
     def step() -> None:
         with recording(lab.store, run_id, "npu_base_train", host="ascend", command="train", cache_key="k",
                        inputs={}) as rec:
-            rec.attach([transport.launch(JobSpec(["train"], name="npu_base_train"))], resumable=False)
+            rec.attach([transport.launch(JobSpec(["train"], name="npu_base_train"))])
             killed.extend(cancel_run_jobs(lab.store, run_id, transport_factory=lab.transport,
                                           why="the flow run was stopped (X)"))
             raise RemoteJobError("ascend: step npu_base_train cancelled; job dir /fake/ascend/jobs/j")

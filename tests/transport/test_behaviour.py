@@ -208,7 +208,7 @@ def test_snapshot_records_versions_repos_env_and_missing_tools(make_transport: M
     t = make_transport(env={"HCCL_DETERMINISTIC": "true", "CUBLAS_WORKSPACE_CONFIG": ":4096:8"},
                        repos={"alignflow": str(repo_root), "gone": str(tmp_path / "nope")})
     snap = t.snapshot()
-    data = snap.to_dict()
+    data = snap.model_dump(mode="json")
     assert json.loads(json.dumps(data)) == data  # JSON-able
     assert snap.error is None
     assert snap.python["version"].count(".") == 2
@@ -224,7 +224,7 @@ def test_snapshot_records_versions_repos_env_and_missing_tools(make_transport: M
     assert snap.cpus >= 1
     assert snap.load is not None  # the report's timing conditions: a loaded host times its trainings slower
     assert len(snap.load) == 3
-    assert type(snap).from_dict(data) == snap
+    assert type(snap).model_validate(data) == snap
     assert "python 3." in snap.summary()
 
 
@@ -306,11 +306,11 @@ def test_a_recycled_pid_is_not_mistaken_for_the_job(transport: Transport, area: 
 def test_a_restarted_controller_reattaches_by_id(make_transport: MakeTransport) -> None:
     first = make_transport()
     handle = first.launch(JobSpec(["bash", "-c", "sleep 0.5; echo done"], name="reattach", env={"K": "v"}))
-    saved = handle.to_dict()
+    saved = handle.model_dump(mode="json")
     first.close()
     second = make_transport()
     again = second.attach(saved["job_id"])
-    assert again.to_dict() == saved
+    assert again.model_dump(mode="json") == saved
     assert second.wait(again, poll_s=0.1, timeout_s=60).ok
     assert second.tail(again) == "done\n"
     with pytest.raises(RemoteJobError, match="no job"):

@@ -102,7 +102,8 @@ def test_the_slurm_login_shell_runs_the_hosts_setup_lines_before_slurms_tools_in
         return Result(0, f"@@ SCONTROL 0\n{scontrol}\n".encode())
 
     t = Transport(FakeShell(login, host))
-    handle = JobHandle("cluster", "j1", "/w/jobs/j1", 0, 0, datetime.now(UTC), "train", ("x",), scheduler_id="42")
+    handle = JobHandle(host="cluster", job_id="j1", job_dir="/w/jobs/j1", pid=0, pgid=0, started_at=datetime.now(UTC),
+                       name="train", argv=("x",), scheduler_id="42")
     assert t.status(handle) == JobState("running")
     (status,) = asked
     assert status.name == "slurm-status"

@@ -83,9 +83,10 @@ def test_job_script_is_runnable_and_literal() -> None:
 
 def test_job_values_round_trip_and_validate() -> None:
     now = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
-    handle = JobHandle("ascend", new_job_id("npu base/train", now), "/w/jobs/x", 12, 12, now, "n", ("a", "b"))
+    handle = JobHandle(host="ascend", job_id=new_job_id("npu base/train", now), job_dir="/w/jobs/x", pid=12, pgid=12,
+                       started_at=now, name="n", argv=("a", "b"))
     assert handle.job_id.startswith("npu-base-train-20260102T030405-")
-    assert JobHandle.from_dict(handle.to_dict()) == handle
+    assert JobHandle.model_validate(handle.model_dump(mode="json")) == handle
     with pytest.raises(ValueError, match="argv"):
         JobSpec("python train.py")
     with pytest.raises(ValueError, match="job id"):

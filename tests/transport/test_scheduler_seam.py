@@ -27,7 +27,8 @@ class QueueThenRun:
     def launch(self, spec: JobSpec) -> JobHandle:
         self.launched.append(spec)
         self.start = time.monotonic()
-        return JobHandle("h", "j1", "/w/jobs/j1", 0, 0, datetime.now(UTC), spec.name, spec.argv, scheduler_id="7")
+        return JobHandle(host="h", job_id="j1", job_dir="/w/jobs/j1", pid=0, pgid=0, started_at=datetime.now(UTC),
+                         name=spec.name, argv=spec.argv, scheduler_id="7")
 
     def attach(self, job_id: str) -> JobHandle:
         raise NotImplementedError

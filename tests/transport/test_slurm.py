@@ -181,7 +181,7 @@ from alignflow.config.hosts import Host
 from alignflow.transport import JobSpec, open_transport
 t = open_transport(Host.model_validate(json.loads(sys.argv[1])))
 h = t.launch(JobSpec(["bash", "-c", "sleep 4; echo finished by slurm"], name="survivor"))
-open(sys.argv[2], "w").write(json.dumps(h.to_dict()))
+open(sys.argv[2], "w").write(json.dumps(h.model_dump(mode="json")))
 t.wait(h, poll_s=0.5)
 """
 
@@ -198,7 +198,7 @@ def test_a_new_controller_reattaches_by_the_recorded_job_id(slurm_lab: SlurmLab,
         time.sleep(0.1)
     os.kill(controller.pid, signal.SIGKILL)  # the controller crashes while polling
     controller.wait()
-    handle = JobHandle.from_dict(json.loads(record.read_text()))
+    handle = JobHandle.model_validate(json.loads(record.read_text()))
     with open_transport(host) as t:
         assert t.attach(handle.job_id) == handle  # what a controller without the store finds in the job dir
         state = t.wait(handle, poll_s=0.3, timeout_s=120)
