@@ -13,10 +13,14 @@ the trigger matches every flow-run event and filters on the state *type* label, 
 """
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, cast
 from uuid import UUID
 
 from alignflow.config.catalog import NightlyAlert
+
+if TYPE_CHECKING:
+    from prefect.blocks.abstract import NotificationBlock
+    from prefect.events.schemas.automations import EventTrigger
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +31,7 @@ SUBJECT = "alignflow {{ flow_run.name }}: {{ flow_run.state.name }}"
 BODY = "{{ flow_run.state.message }}\n{{ flow_run|ui_url }}"
 
 
-def notification_block(alert: NightlyAlert) -> Any:
+def notification_block(alert: NightlyAlert) -> "NotificationBlock":
     """Prefect's notification block for the alert's format (Slack and Teams send those services' own payloads,
     through apprise; `json` posts `{"subject", "text"}` to any URL)."""
     from prefect.blocks.notifications import (
@@ -46,7 +50,7 @@ def notification_block(alert: NightlyAlert) -> Any:
                                           json_data={"subject": "{{subject}}", "text": "{{body}}"})
 
 
-def nightly_trigger() -> Any:
+def nightly_trigger() -> "EventTrigger":
     """Any flow run of the nightly flow entering a Failed- or Crashed-type state (named ones included)."""
     from prefect.events.schemas.automations import EventTrigger, Posture
 
@@ -67,12 +71,12 @@ def install_alert(alert: NightlyAlert | None) -> UUID | None:
         _remove_block()
         return None
     block_id = notification_block(alert).save(BLOCK_NAME, overwrite=True)
-    automation: Any = Automation(
+    automation = cast(Automation, Automation(
         name=AUTOMATION_NAME, description="Created by `alignflow serve` from nightly.yaml's `alert`; replaced on "
                                           "every start.",
         trigger=nightly_trigger(),
         actions=[SendNotification(block_document_id=block_id, subject=SUBJECT, body=BODY)],
-    ).create()  # the sync twin (outside an event loop), not a coroutine
+    ).create())  # the sync twin (outside an event loop), not a coroutine
     log.info("nightly alert: %s webhook, automation %s", alert.format, automation.id)
     return UUID(str(automation.id))
 

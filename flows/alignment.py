@@ -15,7 +15,7 @@ No `from __future__ import annotations` here: Prefect builds the UI form from th
 import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import State
@@ -84,7 +84,7 @@ def alignment(
     reproduce_of: str | None = None,
     trigger: str = "prefect",
     run_id: str | None = None,
-) -> State[Any]:
+) -> State[object]:
     """Run one alignment experiment end to end; its final state carries the verdict (`flows.states`), its result
     is the run record (`alignflow show --json`, a `RunView` as JSON).
 

@@ -6,17 +6,23 @@ Hooks are called with the keyword arguments `flow, flow_run, state`
 job handles recorded in the store even when the flow process is gone.
 """
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from alignflow.runner.control import cancel_run_jobs
 from tasks.context import open_store, state_dir, transport_factory
 
+if TYPE_CHECKING:
+    from prefect import Flow
+    from prefect.client.schemas.objects import FlowRun, State
 
-def _marker(flow_run_id: str) -> Any:
+
+def _marker(flow_run_id: object) -> Path:
     return state_dir() / "flow-runs" / str(flow_run_id)
 
 
-def remember_run(ctx: Any, run_id: str) -> None:
+def remember_run(ctx: object, run_id: str) -> None:
+    """Note which alignflow run the flow run `ctx` (a Prefect run context; None outside a flow) drives."""
     flow_run = getattr(ctx, "flow_run", None)
     if flow_run is None:
         return
@@ -25,7 +31,7 @@ def remember_run(ctx: Any, run_id: str) -> None:
     path.write_text(run_id)
 
 
-def kill_remote_jobs(flow: Any, flow_run: Any, state: Any) -> None:
+def kill_remote_jobs(flow: "Flow[..., object]", flow_run: "FlowRun", state: "State[object]") -> None:
     """Cancel every job of the run that is still recorded as running (none if the flow did so as it stopped)."""
     marker = _marker(flow_run.id)
     if not marker.exists():

@@ -142,12 +142,12 @@ def launch_run_name() -> str:
 
 
 def run_alignment(experiment_file: Path, hosts: Path, steps: FormModel, parent: ParentRun | None,
-                  trigger: str = "deployment") -> State[Any]:
+                  trigger: str = "deployment") -> State[object]:
     """The body of every launch: the alignment flow's own body, in this flow run (no nested subflow run, so the
     run's artifacts, logs and final state are on the page the UI opens)."""
     run_id = (parent.run_id if parent else None) or None
     chosen: Any = steps
-    state: State[Any] = alignment_flow.fn(
+    state: State[object] = alignment_flow.fn(
         experiment=str(experiment_file), hosts=str(hosts),
         from_step=_plain(chosen.from_step) or None,
         only=[_plain(s) for s in chosen.only] or None, force=[_plain(s) for s in chosen.force] or None,
@@ -166,7 +166,7 @@ def experiment_enum(catalog: ExperimentCatalog) -> type[enum.StrEnum]:
     return made
 
 
-def build_alignment_flow(catalog: ExperimentCatalog, hosts: Path) -> Flow[..., State[Any]]:
+def build_alignment_flow(catalog: ExperimentCatalog, hosts: Path) -> Flow[..., State[object]]:
     """The UI-facing alignment flow for this catalog and inventory."""
     ExperimentName = experiment_enum(catalog)
     files = {name: path for name, path in catalog.files}
@@ -189,7 +189,7 @@ def build_alignment_flow(catalog: ExperimentCatalog, hosts: Path) -> Flow[..., S
         experiment: ExperimentName = experiment_field,  # type: ignore[valid-type]  # a class made at run time
         steps: Steps = steps_field,  # type: ignore[valid-type]
         parent: ParentRun = parent_field,
-    ) -> State[Any]:
+    ) -> State[object]:
         """Run one alignment experiment end to end: NPU base training, bf16 and Megatron conversion, both
         trainings from the same weights, comparison. Ends Completed (aligned), Not aligned (verdict fail, the
         failed criteria in its message) or Failed (with the cause); the result is the run record."""

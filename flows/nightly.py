@@ -12,10 +12,10 @@ No `from __future__ import annotations` in this module (docs/orchestration.md#g4
 """
 
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from prefect import Flow, flow, get_run_logger
-from prefect.client.schemas.objects import State
+from prefect.client.schemas.objects import FlowRun, State
 from prefect.states import Completed, Failed
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
@@ -48,11 +48,11 @@ class NightlyBase(BaseModel):
                                          "its check.")
 
 
-def _current_marker(flow_run_id: Any) -> Path:
+def _current_marker(flow_run_id: object) -> Path:
     return state_dir() / "nightly-runs" / str(flow_run_id)
 
 
-def stop_current_experiment(flow: Any, flow_run: Any, state: Any) -> None:
+def stop_current_experiment(flow: Flow[..., object], flow_run: FlowRun, state: State[object]) -> None:
     """On cancellation or crash of a nightly: kill the jobs of the experiment run in progress, record it cancelled.
 
     A served flow run's hooks run in the serving process for the top-level flow only (not for its subflows), so
@@ -71,7 +71,7 @@ def stop_current_experiment(flow: Any, flow_run: Any, state: Any) -> None:
 
 
 def run_nightly(entries: list[tuple[str, Path]], hosts: Path, drift: DriftPolicy,
-                export: NightlyExport | None = None) -> State[Any]:
+                export: NightlyExport | None = None) -> State[object]:
     """Run every experiment, check each against its last passing run (and export it); Completed or Failed with the
     reasons. A failed export fails the nightly too, after every experiment ran: nobody would see the gap."""
     from prefect.runtime import flow_run
@@ -129,7 +129,8 @@ def nightly_run_name() -> str:
     return f"nightly-{scheduled:%Y-%m-%d}" if scheduled is not None else "nightly"
 
 
-def build_nightly_flow(catalog: ExperimentCatalog, hosts: Path, settings: NightlySettings) -> Flow[..., Any]:
+def build_nightly_flow(catalog: ExperimentCatalog, hosts: Path, settings: NightlySettings
+                       ) -> Flow[..., State[object]]:
     """The nightly regression flow for this catalog; its defaults come from `nightly.yaml` (all experiments when
     the file lists none)."""
     ExperimentName = experiment_enum(catalog)
@@ -144,7 +145,7 @@ def build_nightly_flow(catalog: ExperimentCatalog, hosts: Path, settings: Nightl
     )
     defaults = NightlyConfig(drift=settings.drift, export=settings.export)
 
-    def nightly_regression(config: NightlyConfig = defaults) -> Any:
+    def nightly_regression(config: NightlyConfig = defaults) -> State[object]:
         """Run the nightly experiments and fail when any of them regressed against its last passing run."""
         seen = dict.fromkeys(e.value for e in config.experiments)  # type: ignore[attr-defined]
         # a launch that passes part of `config` (`{"experiments": [...]}`) keeps nightly.yaml's other settings

@@ -27,7 +27,7 @@ import os
 from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from alignflow.errors import ConfigError
 from flows.server import (
@@ -43,6 +43,9 @@ from flows.server import (
     sweep,
     ui_base,
 )
+
+if TYPE_CHECKING:
+    from prefect.client.schemas.objects import FlowRun
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +187,7 @@ def _client(api_url: str) -> Iterator[Any]:
         yield client
 
 
-def find_flow_run(api_url: str, run_id: str) -> Any | None:
+def find_flow_run(api_url: str, run_id: str) -> FlowRun | None:
     """The newest flow run (Prefect's `FlowRun`) of alignflow run `run_id` on the server at `api_url` (runs are
     named `align-<experiment>-<run id>[-rerun-<step> | -reproduce]`, flows/states.py); None if it has none there."""
     import httpx

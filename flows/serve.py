@@ -28,12 +28,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from alignflow.config.catalog import ExperimentCatalog, NightlySettings, check_serving
 from alignflow.errors import ConfigError
+
+if TYPE_CHECKING:
+    from prefect import Flow
+    from prefect.client.schemas.objects import State
+    from prefect.schedules import Schedule
 
 log = logging.getLogger(__name__)
 ALIGNMENT_DEPLOYMENT = "launch"
@@ -75,7 +80,7 @@ def _message(msg: str) -> str:
     return msg.removeprefix("Value error, ")
 
 
-def nightly_schedule(settings: NightlySettings, *, source: str = "nightly settings") -> Any:
+def nightly_schedule(settings: NightlySettings, *, source: str = "nightly settings") -> "Schedule":
     """The nightly's `Cron` schedule, its time zone explicit (serve's `cron=` keyword would store none)."""
     from prefect.client.schemas.schedules import CronSchedule
     from prefect.schedules import Cron
@@ -115,19 +120,44 @@ def served_flows(spec: ServeSpec) -> list[ServedFlow]:
     ]
 
 
-def describe(spec: ServeSpec) -> list[dict[str, Any]]:
+class ScheduleView(BaseModel):
+    cron: str
+    timezone: str
+
+
+class UnservedView(BaseModel):
+    experiment: str
+    path: str
+    reasons: list[str]
+
+
+class DeploymentView(BaseModel):
+    """One deployment `serve` registers, as `serve --dry-run --json` prints it."""
+
+    model_config = ConfigDict(frozen=True, serialize_by_alias=True)
+
+    name: str
+    description: str
+    schedules: list[ScheduleView]
+    parameters: list[str]
+    form_schema: dict[str, JsonValue] = Field(serialization_alias="schema")  # what the UI renders its form from
+    not_served: list[UnservedView]
+
+
+def describe(spec: ServeSpec) -> list[DeploymentView]:
     """What `serve` registers: name, schedules, description and the parameter schema the UI renders its form from
     (`alignflow serve --dry-run`)."""
     from prefect.utilities.callables import parameter_schema
 
     out = []
+    unserved = [UnservedView(experiment=u.name, path=str(u.path), reasons=list(u.reasons))
+                for u in spec.catalog.unserved]
     for served in served_flows(spec):
         schema = parameter_schema(served.flow).model_dump()
-        schedules = [{"cron": s.cron, "timezone": s.timezone} for s in served.options.get("schedules", [])]
-        out.append({"name": f"{served.flow.name}/{served.name}", "description": served.options["description"],
-                    "schedules": schedules, "parameters": list(schema.get("properties", {})), "schema": schema,
-                    "not_served": [{"experiment": u.name, "path": str(u.path), "reasons": list(u.reasons)}
-                                   for u in spec.catalog.unserved]})
+        out.append(DeploymentView(
+            name=f"{served.flow.name}/{served.name}", description=served.options["description"],
+            schedules=[ScheduleView(cron=s.cron, timezone=s.timezone) for s in served.options.get("schedules", [])],
+            parameters=list(schema.get("properties", {})), form_schema=schema, not_served=unserved))
     return out
 
 
@@ -190,7 +220,7 @@ def serving_reports(state: Path, *, bind: str, port: int | None, public_url: str
         server.close()
 
 
-_POOL_FLOWS: dict[str, Any] = {}
+_POOL_FLOWS: "dict[str, Flow[..., State[object]]]" = {}
 
 
 def _pool_spec() -> ServeSpec:
@@ -199,7 +229,7 @@ def _pool_spec() -> ServeSpec:
                            os.environ.get("ALIGNFLOW_HOSTS", "hosts.yaml"), nightly)
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> "Flow[..., State[object]]":
     """Entry points of `prefect.yaml` (`flows/serve.py:alignment`, `flows/serve.py:nightly_regression`), built on
     first access in the deployment's working directory."""
     if name not in ("alignment", "nightly_regression"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -16,6 +17,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from alignflow.errors import ConfigError
+
+if TYPE_CHECKING:
+    from flows.serve import DeploymentView, ServeSpec
 
 
 def _api_url() -> tuple[str, str]:
@@ -50,77 +54,85 @@ def _check_server(api_url: str) -> None:
         raise ConfigError(f"{api_url}/health answered {ok!r}, not true")
 
 
+def serve_cmd(
+    experiments: Path = typer.Option(Path("experiments"), "--experiments",
+                                     help="Directory whose *.yaml experiments the UI offers."),
+    hosts: Path = typer.Option(Path("hosts.yaml"), "--hosts", help="Host inventory every run uses."),
+    nightly: Path | None = typer.Option(None, "--nightly",
+                                        help="Nightly settings (experiments, cron, timezone, drift); "
+                                             "default: nightly.yaml when present."),
+    cron: str | None = typer.Option(None, "--cron", help="Nightly schedule (default '0 2 * * *')."),
+    timezone: str | None = typer.Option(None, "--timezone", help="Time zone of the schedule (default UTC)."),
+    nightly_experiment: list[str] = typer.Option([], "--nightly-experiment",
+                                                 help="Experiment of the nightly (repeatable; default: all)."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Most flow runs executing at once."),
+    reports_bind: str = typer.Option("127.0.0.1", "--reports-bind",
+                                     help="Address the read-only reports server listens on (0.0.0.0: all)."),
+    reports_port: int | None = typer.Option(None, "--reports-port", min=0, max=65535,
+                                            help="Port of the reports server (0: any free port; default 4201, "
+                                                 "or a free port when 4201 is taken)."),
+    reports_url: str | None = typer.Option(None, "--reports-url",
+                                           help="Address people open the reports at (default: "
+                                                "http://BIND:PORT); ignored when ALIGNFLOW_REPORTS_URL is set."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Build and print the deployments, then exit."),
+    as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the deployments as JSON."),
+) -> None:
+    """Serve the `alignment/launch` (UI form) and `nightly-regression/nightly` (cron) deployments until SIGTERM,
+    and the state dir's HTML reports read-only over http."""
+    from flows.prefect_client import use_state_dir_for_prefect
+
+    use_state_dir_for_prefect()
+    from flows.serve import describe, load_serve_spec, serve_deployments, serving_reports
+
+    if nightly is None and Path("nightly.yaml").is_file():
+        nightly = Path("nightly.yaml")
+    spec = load_serve_spec(experiments, hosts, nightly, cron=cron, timezone=timezone,
+                           nightly_experiments=list(nightly_experiment) or None)
+    described = describe(spec)
+    if dry_run and as_json:
+        typer.echo(json.dumps([d.model_dump(mode="json") for d in described], indent=2))
+        raise typer.Exit(0)
+    console = Console()
+    _print_spec(console, spec, described)
+    if dry_run:
+        raise typer.Exit(0)
+    api, ui = _api_url()
+    _check_server(api)
+    from alignflow.cli.runs import open_store
+    from alignflow.state import state_dir
+
+    store = open_store()  # fails now, with the database named, if the store is unreachable or too new
+    try:
+        console.print(f"store:       {store.url}", highlight=False, soft_wrap=True)
+    finally:
+        store.close()
+    console.print(f"prefect:     {api} — UI {ui}/deployments", highlight=False, soft_wrap=True)
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+
+    with temporary_settings(updates={PREFECT_API_URL: api, PREFECT_UI_URL: ui}), \
+            serving_reports(state_dir(), bind=reports_bind, port=reports_port, public_url=reports_url) as url:
+        console.print(f"reports:     {url}/", highlight=False, soft_wrap=True)
+        serve_deployments(spec, limit=limit)
+    console.print("stopped (schedules left active)")
+
+
+def _print_spec(console: Console, spec: ServeSpec, described: list[DeploymentView]) -> None:
+    """What `serve` registers: each deployment with its schedule and parameters; the experiments offered (and
+    those that are not, with why), the nightly's and its alert."""
+    table = Table(show_header=True, header_style="bold")
+    for col in ("deployment", "schedule", "parameters"):
+        table.add_column(col)
+    for d in described:
+        when = ", ".join(f"{s.cron} ({s.timezone})" for s in d.schedules) or "on demand"
+        table.add_row(d.name, when, ", ".join(d.parameters))
+    console.print(table)
+    console.print(f"experiments: {', '.join(spec.catalog.names)} ({spec.catalog.directory})", highlight=False)
+    for u in spec.catalog.unserved:
+        console.print(f"not served:  {escape(u.name)}: {escape('; '.join(u.reasons))}", highlight=False)
+    console.print(f"nightly:     {', '.join(spec.nightly.experiments or spec.catalog.names)}", highlight=False)
+    if spec.nightly.alert is not None:
+        console.print(f"alert:       {spec.nightly.alert.format} webhook on a failed nightly", highlight=False)
+
+
 def register_serve(app: typer.Typer) -> None:
-    @app.command("serve")
-    def serve_cmd(
-        experiments: Path = typer.Option(Path("experiments"), "--experiments",
-                                         help="Directory whose *.yaml experiments the UI offers."),
-        hosts: Path = typer.Option(Path("hosts.yaml"), "--hosts", help="Host inventory every run uses."),
-        nightly: Path | None = typer.Option(None, "--nightly",
-                                            help="Nightly settings (experiments, cron, timezone, drift); "
-                                                 "default: nightly.yaml when present."),
-        cron: str | None = typer.Option(None, "--cron", help="Nightly schedule (default '0 2 * * *')."),
-        timezone: str | None = typer.Option(None, "--timezone", help="Time zone of the schedule (default UTC)."),
-        nightly_experiment: list[str] = typer.Option([], "--nightly-experiment",
-                                                     help="Experiment of the nightly (repeatable; default: all)."),
-        limit: int | None = typer.Option(None, "--limit", min=1, help="Most flow runs executing at once."),
-        reports_bind: str = typer.Option("127.0.0.1", "--reports-bind",
-                                         help="Address the read-only reports server listens on (0.0.0.0: all)."),
-        reports_port: int | None = typer.Option(None, "--reports-port", min=0, max=65535,
-                                                help="Port of the reports server (0: any free port; default 4201, "
-                                                     "or a free port when 4201 is taken)."),
-        reports_url: str | None = typer.Option(None, "--reports-url",
-                                               help="Address people open the reports at (default: "
-                                                    "http://BIND:PORT); ignored when ALIGNFLOW_REPORTS_URL is set."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Build and print the deployments, then exit."),
-        as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the deployments as JSON."),
-    ) -> None:
-        """Serve the `alignment/launch` (UI form) and `nightly-regression/nightly` (cron) deployments until SIGTERM,
-        and the state dir's HTML reports read-only over http."""
-        from flows.prefect_client import use_state_dir_for_prefect
-
-        use_state_dir_for_prefect()
-        from flows.serve import describe, load_serve_spec, serve_deployments, serving_reports
-
-        if nightly is None and Path("nightly.yaml").is_file():
-            nightly = Path("nightly.yaml")
-        spec = load_serve_spec(experiments, hosts, nightly, cron=cron, timezone=timezone,
-                               nightly_experiments=list(nightly_experiment) or None)
-        described = describe(spec)
-        if dry_run and as_json:
-            typer.echo(json.dumps(described, indent=2))
-            raise typer.Exit(0)
-        console = Console()
-        table = Table(show_header=True, header_style="bold")
-        for col in ("deployment", "schedule", "parameters"):
-            table.add_column(col)
-        for d in described:
-            when = ", ".join(f"{s['cron']} ({s['timezone']})" for s in d["schedules"]) or "on demand"
-            table.add_row(d["name"], when, ", ".join(d["parameters"]))
-        console.print(table)
-        console.print(f"experiments: {', '.join(spec.catalog.names)} ({spec.catalog.directory})", highlight=False)
-        for u in spec.catalog.unserved:
-            console.print(f"not served:  {escape(u.name)}: {escape('; '.join(u.reasons))}", highlight=False)
-        console.print(f"nightly:     {', '.join(spec.nightly.experiments or spec.catalog.names)}", highlight=False)
-        if spec.nightly.alert is not None:
-            console.print(f"alert:       {spec.nightly.alert.format} webhook on a failed nightly", highlight=False)
-        if dry_run:
-            raise typer.Exit(0)
-        api, ui = _api_url()
-        _check_server(api)
-        from alignflow.cli.runs import open_store
-        from alignflow.state import state_dir
-
-        store = open_store()  # fails now, with the database named, if the store is unreachable or too new
-        try:
-            console.print(f"store:       {store.url}", highlight=False, soft_wrap=True)
-        finally:
-            store.close()
-        console.print(f"prefect:     {api} — UI {ui}/deployments", highlight=False, soft_wrap=True)
-        from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
-
-        with temporary_settings(updates={PREFECT_API_URL: api, PREFECT_UI_URL: ui}), \
-                serving_reports(state_dir(), bind=reports_bind, port=reports_port, public_url=reports_url) as url:
-            console.print(f"reports:     {url}/", highlight=False, soft_wrap=True)
-            serve_deployments(spec, limit=limit)
-        console.print("stopped (schedules left active)")
+    app.command("serve")(serve_cmd)

@@ -16,10 +16,10 @@ https://docs.prefect.io/v3/concepts/states). No `from __future__ import annotati
 """
 
 import logging
-from typing import Any
 
 from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Completed, Failed
+from pydantic import JsonValue
 
 from alignflow.errors import AlignflowError
 from alignflow.runner.session import RunOptions
@@ -36,7 +36,7 @@ class NotAligned(Exception):
     """Raised to an in-process caller of the flow when the run finished with verdict fail; `record` is the run
     (`RunView.model_dump(mode="json")`). A verdict is not an error of alignflow: the run itself completed."""
 
-    def __init__(self, message: str, record: dict[str, Any]) -> None:
+    def __init__(self, message: str, record: dict[str, JsonValue]) -> None:
         super().__init__(message)
         self.record = record
 
@@ -53,7 +53,7 @@ def verdict_message(view: RunView) -> str:
     return "; ".join(failed) or "verdict fail"
 
 
-def run_state(view: RunView) -> State[Any]:
+def run_state(view: RunView) -> State[object]:
     """The flow run's final state for the finished alignflow run `view`."""
     record = view.model_dump(mode="json")
     if view.status == "cancelled":
@@ -71,7 +71,7 @@ def run_state(view: RunView) -> State[Any]:
     return Completed(message=f"run {view.run_id}: {view.status}; no comparison in its plan", data=record)
 
 
-def not_started_state(exc: AlignflowError) -> State[Any]:
+def not_started_state(exc: AlignflowError) -> State[object]:
     """The state of a flow run whose alignflow run could not even be recorded (bad parameters, parent...)."""
     return Failed(name=NOT_STARTED, message=_clip(str(exc)), data=exc)
 

@@ -31,7 +31,7 @@ _COMMON: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
 CACHED = "Cached"  # the name Prefect's own cache gives a reused task result (its type stays COMPLETED)
 
 
-def retry_on_transient(task: object, task_run: TaskRun, state: State[Any]) -> bool:
+def retry_on_transient(task: object, task_run: TaskRun, state: State[object]) -> bool:
     """Retry only transport errors (connection, timeout); never a failed command, sentinel or comparison."""
     try:
         state.result()
@@ -40,7 +40,7 @@ def retry_on_transient(task: object, task_run: TaskRun, state: State[Any]) -> bo
     return False
 
 
-def step_state(outcome: StepOutcome) -> StepOutcome | State[Any]:
+def step_state(outcome: StepOutcome) -> StepOutcome | State[object]:
     """A reused step ends in Prefect's `Cached` state (Completed type) whose message names the run it was reused
     from, so the UI tells reused steps from executed ones; a step that ran returns its outcome (`Completed`)."""
     if outcome.status != StepStatus.CACHED:
@@ -52,7 +52,7 @@ def step_state(outcome: StepOutcome) -> StepOutcome | State[Any]:
 
 
 @task(name="start-run", task_run_name="start-run", **_COMMON)
-def start_run_task(experiment: str, hosts: str, options: RunOptions) -> str | State[Any]:
+def start_run_task(experiment: str, hosts: str, options: RunOptions) -> str | State[object]:
     """Validate the experiment and inventory, record a new run; returns its id. Bad parameters (a step the
     experiment does not have, an unknown parent run) end the task `Failed` with the reason - a user's input, not a
     crash: no traceback in the log - and calling it raises that error."""
@@ -89,7 +89,7 @@ def data_task(run_id: str) -> ArtifactRef:
 
 @task(retries=3, retry_delay_seconds=[10, 60, 300], retry_jitter_factor=0.5, retry_condition_fn=retry_on_transient,
       **_COMMON)
-def step_task(run_id: str, step: str, available: Mapping[str, ArtifactRef]) -> StepOutcome | State[Any]:
+def step_task(run_id: str, step: str, available: Mapping[str, ArtifactRef]) -> StepOutcome | State[object]:
     """Run (or reuse) one pipeline step on its host; messages and progress go to the task log, a progress
     artifact and the process's observers (`tasks.progress`). A reused step ends in Prefect's `Cached` state
     naming the run it came from (`flows.states.step_state`); the task's result is the `StepOutcome` either way."""
