@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -30,6 +30,11 @@ from rich.table import Table
 from alignflow.cli.show import experiment_names, not_run_line, print_view, resolve_experiment
 from alignflow.errors import ConfigError
 from flows.console import Verbosity, terminal, verbosity_of
+
+if TYPE_CHECKING:
+    from alignflow.runner.reproduce import Reproduction
+    from alignflow.runview import RunView
+    from alignflow.store import RunRecord
 
 
 def register(app: typer.Typer) -> None:
@@ -230,133 +235,148 @@ _QUIET = typer.Option(False, "--quiet", "-q", help="Only the result (and warning
 _VERBOSE = typer.Option(False, "--verbose", "-v", help="Also Prefect's own logs and alignflow's debug lines.")
 
 
-def _register_run(app: typer.Typer) -> None:
-    @app.command("run")
-    def run_cmd(
-        experiment: str = typer.Argument(..., help="Experiment file or name under experiments/.",
-                                         autocompletion=experiment_names),
-        hosts: Path = typer.Option(Path("hosts.yaml"), "--hosts", help="Host inventory."),
-        from_step: str | None = typer.Option(None, "--from", help="Re-execute this step and everything after it.",
-                                             autocompletion=_complete_step),
-        only: list[str] = typer.Option([], "--only", help="Run only these steps (repeatable).",
-                                       autocompletion=_complete_step),
-        force: list[str] = typer.Option([], "--force", help="Re-execute these steps and what depends on them.",
-                                        autocompletion=_complete_step),
-        parent: str | None = typer.Option(None, "--parent", help="Parent run whose artifacts may be reused."),
-        as_json: bool = typer.Option(False, "--json", help="Print the run record as JSON."),
-        quiet: bool = _QUIET,
-        verbose: bool = _VERBOSE,
-    ) -> None:
-        """Run an alignment experiment end to end; exit 0 when the verdict is pass, 1 when not, 2 on a usage or
-        configuration error."""
-        started = time.monotonic()
-        verbosity = verbosity_of(quiet, verbose)
-        path = resolve_experiment(experiment)
-        check_steps(from_step, *only, *force)
-        check_run_inputs(path, hosts)
-        if parent is not None:
-            from alignflow.cli.runs import open_store
-
-            with open_store(existing=True) as store:
-                parent = store.get_run(parent).id
-        record = _flow_run(verbosity=verbosity, experiment=str(path), hosts=str(hosts), from_step=from_step,
-                           only=list(only) or None, force=list(force) or None, parent_run=parent,
-                           reuse_parent=parent is not None, trigger="cli")
-        _finish(record, as_json, started, verbosity)
-
-    @app.command("rerun")
-    def rerun_cmd(
-        run_id: str = typer.Argument(..., help="The run to re-run (it becomes the parent)."),
-        step: str | None = typer.Option(None, "--step", help="Re-execute this step and what depends on it; without "
-                                        "it, every step the run did not finish (an interrupted or failed run "
-                                        "continues).", autocompletion=_complete_step),
-        as_json: bool = typer.Option(False, "--json", help="Print the new run record as JSON."),
-        quiet: bool = _QUIET,
-        verbose: bool = _VERBOSE,
-    ) -> None:
-        """A new run whose parent is RUN: reuses every step RUN finished, executes the rest (or STEP and its
-        dependents)."""
+def run_cmd(
+    experiment: str = typer.Argument(..., help="Experiment file or name under experiments/.",
+                                     autocompletion=experiment_names),
+    hosts: Path = typer.Option(Path("hosts.yaml"), "--hosts", help="Host inventory."),
+    from_step: str | None = typer.Option(None, "--from", help="Re-execute this step and everything after it.",
+                                         autocompletion=_complete_step),
+    only: list[str] = typer.Option([], "--only", help="Run only these steps (repeatable).",
+                                   autocompletion=_complete_step),
+    force: list[str] = typer.Option([], "--force", help="Re-execute these steps and what depends on them.",
+                                    autocompletion=_complete_step),
+    parent: str | None = typer.Option(None, "--parent", help="Parent run whose artifacts may be reused."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run record as JSON."),
+    quiet: bool = _QUIET,
+    verbose: bool = _VERBOSE,
+) -> None:
+    """Run an alignment experiment end to end; exit 0 when the verdict is pass, 1 when not, 2 on a usage or
+    configuration error."""
+    started = time.monotonic()
+    verbosity = verbosity_of(quiet, verbose)
+    path = resolve_experiment(experiment)
+    check_steps(from_step, *only, *force)
+    check_run_inputs(path, hosts)
+    if parent is not None:
         from alignflow.cli.runs import open_store
-        from alignflow.store import RunStatus
 
-        check_steps(step)
-        started = time.monotonic()
-        verbosity = verbosity_of(quiet, verbose)
-        store = open_store(existing=True)
-        try:
-            parent = store.get_run(run_id)
-            if parent.status == RunStatus.RUNNING:
-                raise ConfigError(f"run {parent.id} is still running (driven by pid "
-                                  f"{(parent.controller or {}).get('pid', '?')}); wait for it, or `alignflow cancel "
-                                  f"{parent.id}` first")
-            if parent.status == RunStatus.INTERRUPTED:
-                _end_left_jobs(store, parent.id)
-        finally:
-            store.close()
-        params = parent.alignment_params()
-        record = _flow_run(verbosity=verbosity, experiment=params.experiment_path, hosts=params.hosts_path,
-                           force=[step] if step else None, parent_run=parent.id, reuse_parent=True, trigger="rerun")
-        _finish(record, as_json, started, verbosity)
+        with open_store(existing=True) as store:
+            parent = store.get_run(parent).id
+    record = _flow_run(verbosity=verbosity, experiment=str(path), hosts=str(hosts), from_step=from_step,
+                       only=list(only) or None, force=list(force) or None, parent_run=parent,
+                       reuse_parent=parent is not None, trigger="cli")
+    _finish(record, as_json, started, verbosity)
 
-    @app.command("reproduce")
-    def reproduce_cmd(
-        run_id: str = typer.Argument(..., help="The run to reproduce from its recorded inputs."),
-        as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
-        quiet: bool = _QUIET,
-        verbose: bool = _VERBOSE,
-    ) -> None:
-        """Run again from the recorded experiment and inventory: reproduced or diverged, then every difference
-        with its cause; exit 0 reproduced, 1 diverged (or the reproduction did not complete)."""
-        from alignflow.cli.runs import open_store
-        from alignflow.runner.reproduce import judge_reproduction
 
-        store = open_store(existing=True)
-        try:
-            original = store.get_run(run_id)
-        finally:
-            store.close()
-        params = original.alignment_params()
-        record = _flow_run(verbosity=verbosity_of(quiet, verbose), experiment=params.experiment_path,
-                           hosts=params.hosts_path, parent_run=original.id, trigger="reproduce",
-                           reproduce_of=original.id)
-        view = _view(record)
-        if record.ctrl_c:
-            _finish(record, as_json, started=time.monotonic(), verbosity="quiet" if quiet else "normal")
-        if view.status != "completed":
-            if as_json:
-                doc = {"verdict": "incomplete", "reproduction": view.model_dump(mode="json")}
-                typer.echo(json.dumps(doc, indent=2))
-            else:
-                Console().print(f"[bold red]NOT REPRODUCED[/]: the reproduction {view.run_id} ended {view.status}")
-                print_view(view)
-            raise typer.Exit(1)
-        store = open_store()
-        try:
-            judged = judge_reproduction(store, original.id, view.run_id)
-        finally:
-            store.close()
+def rerun_cmd(
+    run_id: str = typer.Argument(..., help="The run to re-run (it becomes the parent)."),
+    step: str | None = typer.Option(None, "--step", help="Re-execute this step and what depends on it; without "
+                                    "it, every step the run did not finish (an interrupted or failed run "
+                                    "continues).", autocompletion=_complete_step),
+    as_json: bool = typer.Option(False, "--json", help="Print the new run record as JSON."),
+    quiet: bool = _QUIET,
+    verbose: bool = _VERBOSE,
+) -> None:
+    """A new run whose parent is RUN: reuses every step RUN finished, executes the rest (or STEP and its
+    dependents)."""
+    check_steps(step)
+    started = time.monotonic()
+    verbosity = verbosity_of(quiet, verbose)
+    parent = _rerunnable(run_id)
+    params = parent.alignment_params()
+    record = _flow_run(verbosity=verbosity, experiment=params.experiment_path, hosts=params.hosts_path,
+                       force=[step] if step else None, parent_run=parent.id, reuse_parent=True, trigger="rerun")
+    _finish(record, as_json, started, verbosity)
+
+
+def reproduce_cmd(
+    run_id: str = typer.Argument(..., help="The run to reproduce from its recorded inputs."),
+    as_json: bool = typer.Option(False, "--json", help="Print the differences as JSON."),
+    quiet: bool = _QUIET,
+    verbose: bool = _VERBOSE,
+) -> None:
+    """Run again from the recorded experiment and inventory: reproduced or diverged, then every difference
+    with its cause; exit 0 reproduced, 1 diverged (or the reproduction did not complete)."""
+    from alignflow.cli.runs import open_store
+    from alignflow.runner.reproduce import judge_reproduction
+
+    store = open_store(existing=True)
+    try:
+        original = store.get_run(run_id)
+    finally:
+        store.close()
+    params = original.alignment_params()
+    record = _flow_run(verbosity=verbosity_of(quiet, verbose), experiment=params.experiment_path,
+                       hosts=params.hosts_path, parent_run=original.id, trigger="reproduce",
+                       reproduce_of=original.id)
+    view = _view(record)
+    if record.ctrl_c:
+        _finish(record, as_json, started=time.monotonic(), verbosity="quiet" if quiet else "normal")
+    if view.status != "completed":
         if as_json:
-            # the verdict first, as the document has always opened
-            doc = {"verdict": judged.verdict, **judged.model_dump(mode="json"),
-                   "reproduction_run": view.model_dump(mode="json")}
+            doc = {"verdict": "incomplete", "reproduction": view.model_dump(mode="json")}
             typer.echo(json.dumps(doc, indent=2))
-            raise typer.Exit(0 if judged.verdict == "reproduced" else 1)
-        console = Console(highlight=False)
-        color = "green" if judged.verdict == "reproduced" else "red"
-        console.print(f"[bold {color}]{escape(judged.headline)}[/]")
-        for title, group in (("differences", judged.substantive),
-                             ("differences that change nothing",
-                              tuple(d for d in judged.differences if not d.substantive))):
-            if not group:
-                continue
-            table = Table(title=title, title_justify="left", header_style="bold")
-            for col in ("what", "original", "reproduction", "cause"):
-                table.add_column(col, overflow="fold", no_wrap=col == "what")
-            for d in group:
-                table.add_row(escape(d.what), _short(d.original), _short(d.reproduction), escape(d.note))
-            console.print(table)
-        print_view(view)
-        raise typer.Exit(0 if judged.verdict == "reproduced" else 1)
+        else:
+            Console().print(f"[bold red]NOT REPRODUCED[/]: the reproduction {view.run_id} ended {view.status}")
+            print_view(view)
+        raise typer.Exit(1)
+    store = open_store()
+    try:
+        judged = judge_reproduction(store, original.id, view.run_id)
+    finally:
+        store.close()
+    if as_json:
+        # the verdict first, as the document has always opened
+        doc = {"verdict": judged.verdict, **judged.model_dump(mode="json"),
+               "reproduction_run": view.model_dump(mode="json")}
+        typer.echo(json.dumps(doc, indent=2))
+    else:
+        _print_reproduction(judged, view)
+    raise typer.Exit(0 if judged.verdict == "reproduced" else 1)
+
+
+def _rerunnable(run_id: str) -> RunRecord:
+    """The run `rerun` continues: not one still running; the jobs an interrupted one left are ended first."""
+    from alignflow.cli.runs import open_store
+    from alignflow.store import RunStatus
+
+    store = open_store(existing=True)
+    try:
+        parent = store.get_run(run_id)
+        if parent.status == RunStatus.RUNNING:
+            raise ConfigError(f"run {parent.id} is still running (driven by pid "
+                              f"{(parent.controller or {}).get('pid', '?')}); wait for it, or `alignflow cancel "
+                              f"{parent.id}` first")
+        if parent.status == RunStatus.INTERRUPTED:
+            _end_left_jobs(store, parent.id)
+    finally:
+        store.close()
+    return parent
+
+
+def _print_reproduction(judged: Reproduction, view: RunView) -> None:
+    """The headline, the differences (those that change nothing apart), then the reproduction run."""
+    console = Console(highlight=False)
+    color = "green" if judged.verdict == "reproduced" else "red"
+    console.print(f"[bold {color}]{escape(judged.headline)}[/]")
+    for title, group in (("differences", judged.substantive),
+                         ("differences that change nothing",
+                          tuple(d for d in judged.differences if not d.substantive))):
+        if not group:
+            continue
+        table = Table(title=title, title_justify="left", header_style="bold")
+        for col in ("what", "original", "reproduction", "cause"):
+            table.add_column(col, overflow="fold", no_wrap=col == "what")
+        for d in group:
+            table.add_row(escape(d.what), _short(d.original), _short(d.reproduction), escape(d.note))
+        console.print(table)
+    print_view(view)
+
+
+def _register_run(app: typer.Typer) -> None:
+    app.command("run")(run_cmd)
+    app.command("rerun")(rerun_cmd)
+    app.command("reproduce")(reproduce_cmd)
 
 
 def _short(value: str | None) -> str:
