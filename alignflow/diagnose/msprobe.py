@@ -57,23 +57,44 @@ def read_msprobe_dump(path: str | Path, *, side: str = "", step: int = 1, strip:
     data = meta.get("data")
     if not isinstance(data, dict):
         raise ConfigError(f"{json_path}: no `data` mapping; not an msprobe dump.json")
-    tensor_dir = json_path.parent / "dump_tensor_data"
     construct = _load(json_path.parent / "construct.json") if (json_path.parent / "construct.json").is_file() else {}
-    files: dict[str, Path] = {}
-    stats: dict[str, dict[str, float]] = {}
-    calls: list[Call] = []
-    ids: dict[str, int] = {}
+    tensors = _Tensors(json_path.parent / "dump_tensor_data")
     params: dict[str, ParamEntry] = {}
+    calls = _calls(data, construct, strip, tensors, params)
+    _grads(data, strip, tensors, params)
+    if after is not None:
+        _updates(read_msprobe_dump(after, side=side, step=step + 1, strip=strip), tensors, params)
+    return Dump(json_path.parent, framework, side, step, tuple(calls), params, {}, {},
+                (f"msprobe {meta.get('task')} dump, level {meta.get('level')}",), 0, None, tensors.stats,
+                tensors.files)
 
-    def tensor(key: str, item: Any) -> str | None:
+
+class _Tensors:
+    """The tensors a dump names, by key: their statistics, and their data file where the dump holds it (`task:
+    tensor`)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.files: dict[str, Path] = {}
+        self.stats: dict[str, dict[str, float]] = {}
+
+    def keep(self, key: str, item: Any) -> str | None:
+        """Record `item` (one tensor of dump.json) under `key`; None when it is no tensor."""
         if not isinstance(item, dict) or "shape" not in item:
             return None
         name = item.get("data_name")
-        if isinstance(name, str) and (tensor_dir / name).is_file():
-            files[key] = tensor_dir / name
-        stats[key] = {k: float(item[k]) for k in _STATS if isinstance(item.get(k), int | float)}
+        if isinstance(name, str) and (self.directory / name).is_file():
+            self.files[key] = self.directory / name
+        self.stats[key] = {k: float(item[k]) for k in _STATS if isinstance(item.get(k), int | float)}
         return key
 
+
+def _calls(data: dict[str, Any], construct: Any, strip: str, tensors: _Tensors,
+           params: dict[str, ParamEntry]) -> list[Call]:
+    """The forward calls in the order they started, with their inputs and outputs; a module's first call also
+    gives its parameters as loaded."""
+    calls: list[Call] = []
+    ids: dict[str, int] = {}
     forward = [(op, entry, m) for op, entry in data.items()
                if isinstance(entry, dict) and (m := _CALL.match(op)) and m.group("dir") == "forward"]
     parents = {op: construct.get(op) if isinstance(construct, dict) else None for op, _, _ in forward}
@@ -82,14 +103,19 @@ def read_msprobe_dump(path: str | Path, *, side: str = "", step: int = 1, strip:
         parent_op = parents.get(op)
         call = Call(len(calls), module, int(m.group("n")), m.group("cls"),
                     ids.get(parent_op) if isinstance(parent_op, str) else None, origin=op)
-        call.inputs = [tensor(f"{op}.input.{i}", t) for i, t in enumerate(_flat(entry.get("input_args", [])))]
-        call.outputs = [tensor(f"{op}.output.{i}", t) for i, t in enumerate(_flat(entry.get("output", [])))]
+        call.inputs = [tensors.keep(f"{op}.input.{i}", t) for i, t in enumerate(_flat(entry.get("input_args", [])))]
+        call.outputs = [tensors.keep(f"{op}.output.{i}", t) for i, t in enumerate(_flat(entry.get("output", [])))]
         ids[op] = call.id
         calls.append(call)
         if call.index == 0:
             for pname, item in (entry.get("parameters") or {}).items():
                 full = f"{module}.{pname}"
-                params.setdefault(full, ParamEntry(full, True)).loaded = tensor(f"{op}.parameters.{pname}", item)
+                params.setdefault(full, ParamEntry(full, True)).loaded = tensors.keep(f"{op}.parameters.{pname}", item)
+    return calls
+
+
+def _grads(data: dict[str, Any], strip: str, tensors: _Tensors, params: dict[str, ParamEntry]) -> None:
+    """Each parameter's gradient (`<prefix>.<name>.<Class>.parameters_grad.<n>`)."""
     for op, entry in data.items():
         g = _GRAD.match(op)
         if g and isinstance(entry, dict):
@@ -98,19 +124,19 @@ def read_msprobe_dump(path: str | Path, *, side: str = "", step: int = 1, strip:
                 item = items[0] if isinstance(items, list) and items else items
                 full = f"{module}.{pname}"
                 e = params.setdefault(full, ParamEntry(full, True))
-                e.grad, e.origin = tensor(f"{op}.{pname}", item), op
-    if after is not None:
-        later = read_msprobe_dump(after, side=side, step=step + 1, strip=strip)
-        for name, entry in later.params.items():
-            if name in params and entry.loaded is not None:
-                key = f"after:{entry.loaded}"
-                if entry.loaded in later.files:
-                    files[key] = later.files[entry.loaded]
-                if entry.loaded in later.stats:
-                    stats[key] = later.stats[entry.loaded]
-                params[name].updated = key
-    return Dump(json_path.parent, framework, side, step, tuple(calls), params, {}, {},
-                (f"msprobe {meta.get('task')} dump, level {meta.get('level')}",), 0, None, stats, files)
+                e.grad, e.origin = tensors.keep(f"{op}.{pname}", item), op
+
+
+def _updates(later: Dump, tensors: _Tensors, params: dict[str, ParamEntry]) -> None:
+    """Each parameter after the update: its value as the next step's dump loaded it (`after:<key>`)."""
+    for name, entry in later.params.items():
+        if name in params and entry.loaded is not None:
+            key = f"after:{entry.loaded}"
+            if entry.loaded in later.files:
+                tensors.files[key] = later.files[entry.loaded]
+            if entry.loaded in later.stats:
+                tensors.stats[key] = later.stats[entry.loaded]
+            params[name].updated = key
 
 
 def _preorder(forward: list[Any], parents: dict[str, Any]) -> list[Any]:
