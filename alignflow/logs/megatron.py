@@ -181,16 +181,7 @@ def parse_step(text: str, with_resolution: bool = True) -> StepLine | str | None
     try:  # fast path: every field `key: number`
         values = {(cache.get(k) or _learn(k)): float(t) for k, t in pairs}
     except ValueError:  # text fields (ms-swift's remaining time, RL packing info) are not tracked
-        values = {}
-        pairs = [(k, t) for k, t in pairs if k.strip() and t.strip()]
-        for key, token in pairs:
-            column = cache.get(key) or _learn(key)
-            try:
-                values[column] = float(token)
-            except ValueError:
-                if is_numeric(column):
-                    damaged.append((column, token))
-                continue
+        pairs, values, damaged = _read_text_fields(pairs)
     step, max_steps = int(m.group(1)), int(m.group(2))
     if step > MAX_STEP or max_steps > MAX_STEP:
         return f"iteration number out of range (more than {MAX_STEP})"
@@ -211,11 +202,35 @@ def parse_step(text: str, with_resolution: bool = True) -> StepLine | str | None
                 rec.values[column] = rec.values.pop(printed) * factor
     rec.check_finite()
     if with_resolution:
-        for key, token in pairs:
-            column = cache.get(key) or _learn(key)
-            if column in rec.values and rec.values[column] - rec.values[column] == 0.0:
-                rec.set_resolution(column, token)
+        _note_resolution(rec, pairs)
     return rec
+
+
+def _read_text_fields(pairs: list[tuple[str, str]]
+                      ) -> tuple[list[tuple[str, str]], dict[str, float], list[tuple[str, str]]]:
+    """The fields of a step line some of whose values are no number (the slow path of `parse_step`): the pairs
+    kept (empty keys and values dropped), the numbers by canonical column, and the numeric columns whose value is
+    no number (damage); text columns are not tracked."""
+    pairs = [(k, t) for k, t in pairs if k.strip() and t.strip()]
+    values: dict[str, float] = {}
+    damaged: list[tuple[str, str]] = []
+    for key, token in pairs:
+        column = _COLUMN_CACHE.get(key) or _learn(key)
+        try:
+            values[column] = float(token)
+        except ValueError:
+            if is_numeric(column):
+                damaged.append((column, token))
+    return pairs, values, damaged
+
+
+def _note_resolution(rec: StepLine, pairs: list[tuple[str, str]]) -> None:
+    """The printed resolution of each finite value, from its token as printed."""
+    cache = _COLUMN_CACHE
+    for key, token in pairs:
+        column = cache.get(key) or _learn(key)
+        if column in rec.values and rec.values[column] - rec.values[column] == 0.0:
+            rec.set_resolution(column, token)
 
 
 def _read_tail(rec: StepLine, tail: str, pairs: list[tuple[str, str]]) -> None:
