@@ -15,19 +15,21 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from alignflow.config.model import ModelConfig
+from alignflow.config.parallel import ParallelConfig
 from alignflow.convert.bf16 import drop_reason
-from alignflow.convert.layout import COMMON_JSON, TRACKER, iteration_dir_name, model_file_name
-from alignflow.convert.megatron import MegatronCheckpoint, open_megatron, write_megatron
+from alignflow.convert.layout import COMMON_JSON, TRACKER, iteration_dir_name, model_file_name, mtp_inner_layer
+from alignflow.convert.megatron import open_megatron, write_megatron
 from alignflow.convert.mindformers import DEFAULT_PREFIX, common_json, open_mindformers
 from alignflow.convert.ops import DTYPES, Cast, Op, Shape, apply_chain, inverse_chain
 from alignflow.convert.plan import Plan, build_plan, natural_key
 from alignflow.convert.registry import load_spec
 from alignflow.convert.spec import Flavor, Spec
-from alignflow.convert.summary import ConversionSummary, ProgressFn, dtype_counts, staged_output
+from alignflow.convert.summary import CkptFormat, ConversionSummary, ProgressFn, dtype_counts, staged_output
 from alignflow.convert.tensor_io import StreamingSafetensorsWriter, TensorMeta, TensorSource
 from alignflow.errors import ConfigError, ConversionError
 
@@ -148,17 +150,53 @@ def _run(steps: list[Step], source: TensorSource, emit: Callable[[str, torch.Ten
             progress(done, total)
 
 
+class RuleProducer:
+    """The Megatron tensors of a plan, one rule's outputs at a time (a `TensorProducer` of `torch_dist` and
+    `megatron_shards`): read the rule's inputs from the source, run its op chain, cast to the planned dtype."""
+
+    def __init__(self, steps: list[Step], source: TensorSource, dtypes: Mapping[str, torch.dtype]) -> None:
+        self._steps, self._source, self._dtypes = steps, source, dtypes
+        self.groups: list[tuple[str, ...]] = [s.outputs for s in steps]
+
+    def produce(self, index: int) -> dict[str, torch.Tensor]:
+        step = self._steps[index]
+        ys = apply_chain(step.ops, [self._source.read(k) for k in step.inputs])
+        out = {}
+        for key, y, shape in zip(step.outputs, ys, step.output_shapes, strict=True):
+            assert tuple(y.shape) == shape, f"{key}: op chain produced {list(y.shape)}, planned {list(shape)}"
+            out[key] = _compact(y.to(self._dtypes[key]))
+        return out
+
+
+def _output_dtypes(steps: list[Step], tensors: Mapping[str, TensorMeta]) -> dict[str, torch.dtype]:
+    return {key: _chain_dtype(step.ops, tensors[step.inputs[0]].dtype) for step in steps for key in step.outputs}
+
+
 def convert_to_megatron(src: Path, dst: Path, *, spec: str | Spec, model: ModelConfig | None = None,
                         flavor: Flavor = "local", megatron_version: str = "0.16", iteration: int = 1,
-                        progress: ProgressFn | None = None, skeleton: Path | None = None) -> ConversionSummary:
-    """Convert the MindFormers checkpoint `src` (normally the bf16 one) into a Megatron legacy checkpoint `dst`.
+                        progress: ProgressFn | None = None, skeleton: Path | None = None,
+                        ckpt_format: CkptFormat = "torch", parallel: ParallelConfig | None = None,
+                        workers: int | None = None) -> ConversionSummary:
+    """Convert the MindFormers checkpoint `src` (normally the bf16 one) into a Megatron checkpoint `dst`.
 
     `model` gives the shapes to expect (default: the spec's model); `flavor` picks local or Transformer-Engine
     names; `megatron_version` names the MTP inner layer. `skeleton`, a legacy checkpoint that Megatron itself
     saved for the target model, makes its key set, shapes, dtypes and `_extra_state` entries the contract
     (docs/megatron.md#target-key-set-from-megatron-itself) instead of the spec's own list. Raises `ConversionError`
     listing every problem; then nothing is written.
+
+    `ckpt_format="torch_dist"` writes Megatron's distributed checkpoint (loads at any TP / PP / EP;
+    `alignflow.convert.torch_dist`), `"torch"` with a `parallel` layout beyond 1 x 1 x 1 one legacy file per
+    (tp, pp, ep) rank (`alignflow.convert.megatron_shards`); both take names, shapes and sharding from megatron-core's
+    own `GPTModel`, and `workers` processes write torch_dist's files (default: one per core).
     """
+    if ckpt_format == "torch_dist" or (parallel is not None and (parallel.tp, parallel.pp, parallel.ep) != (1, 1, 1)):
+        if skeleton is not None:
+            raise ConfigError("--skeleton applies to a single-file legacy checkpoint; a distributed layout takes its "
+                              "key set from megatron-core's own GPTModel")
+        return _convert_distributed(Path(src), Path(dst), spec=spec, model=model, flavor=flavor,
+                                    megatron_version=megatron_version, iteration=iteration, progress=progress,
+                                    ckpt_format=ckpt_format, parallel=parallel or ParallelConfig(), workers=workers)
     start = time.perf_counter()
     src, dst = Path(src), Path(dst)
     spec_obj, plan = _plan(spec, model, flavor, megatron_version)
@@ -197,6 +235,72 @@ def convert_to_megatron(src: Path, dst: Path, *, spec: str | Spec, model: ModelC
     )
 
 
+def _convert_distributed(src: Path, dst: Path, *, spec: str | Spec, model: ModelConfig | None, flavor: Flavor,
+                         megatron_version: str, iteration: int, progress: ProgressFn | None, ckpt_format: CkptFormat,
+                         parallel: ParallelConfig, workers: int | None) -> ConversionSummary:
+    """torch_dist, or legacy files of many ranks: planned with the installed megatron-core's names (local spec)."""
+    from alignflow.convert.mcore import megatron_core_version
+    from alignflow.convert.megatron_shards import write_shards
+    from alignflow.convert.sharding import plan_layouts
+    from alignflow.convert.torch_dist import write_torch_dist
+
+    start = time.perf_counter()
+    installed = ".".join(megatron_core_version().split(".")[:2])
+    notes: list[str] = []
+    if ckpt_format == "torch_dist":
+        if flavor != "local":
+            notes.append("torch_dist is flavour-independent: local norms are stored under their Transformer-Engine "
+                         "names, and a TE model loads it as it is")
+    elif flavor != "local":
+        raise ConfigError(f"legacy checkpoints of several ranks are written for the local spec only (flavor "
+                          f"{flavor!r}); use --ckpt-format torch_dist, which any spec loads")
+    spec_obj, plan = _plan(spec, model, "local", installed)
+    model_cfg = model if model is not None else spec_obj.model
+    steps = steps_to_megatron(plan)
+    layout_name = ("torch_dist" if ckpt_format == "torch_dist" else
+                   f"torch tp {parallel.tp} pp {parallel.pp} ep {parallel.ep}")
+    header = f"conversion of {src} to Megatron {layout_name} with spec {spec_obj.name} failed"
+    with open_mindformers(src) as ckpt:
+        problems, dropped = check_source(steps, ckpt.tensors, side="MindFormers", dropped_on_purpose=_ignored(plan),
+                                         default_dtype="bfloat16")
+        if plan.problems or problems:
+            raise ConversionError([*plan.problems, *problems], header=header)
+        dtypes = _output_dtypes(steps, ckpt.tensors)
+        producer = RuleProducer(steps, ckpt, dtypes)
+        with staged_output(dst) as tmp:
+            if ckpt_format == "torch_dist":
+                files, _ = write_torch_dist(tmp, model_cfg, producer, iteration=iteration, dtypes=dtypes,
+                                            workers=workers, progress=progress)
+            else:
+                tp1 = plan_layouts(model_cfg).ranks[0]
+                _check_layout_names(tp1.names(), plan, header)
+                layouts = plan_layouts(model_cfg, parallel)
+                files = write_shards(tmp, layouts, tp1, producer, iteration=iteration,
+                                     layout_inner=mtp_inner_layer(installed),
+                                     file_inner=mtp_inner_layer(megatron_version), progress=progress)
+        dropped = sorted([*dropped, *ckpt.optimizer_keys], key=natural_key)
+    metas = [TensorMeta(s, dtypes[k]) for m in plan.mappings for k, s in zip(m.targets, m.target_shapes, strict=True)]
+    log.info("megatron %s: %d tensors -> %s (mcore %s)", layout_name, len(metas), dst, installed)
+    return ConversionSummary(
+        kind="megatron", source=str(src), destination=str(dst), iteration=iteration, tensors=len(plan.targets),
+        bytes=sum(m.nbytes for m in metas), seconds=round(time.perf_counter() - start, 3),
+        output_files=tuple(files), dropped=tuple(dropped), dtypes=dtype_counts([_dtype(m.dtype) for m in metas]),
+        spec=spec_obj.name, flavor=flavor, megatron_version=megatron_version if ckpt_format == "torch" else installed,
+        extra_state_keys=len(plan.extra_state), notes=tuple(notes), ckpt_format=ckpt_format,
+        parallel=(("tp", parallel.tp), ("pp", parallel.pp), ("ep", parallel.ep)),
+    )
+
+
+def _check_layout_names(names: list[str], plan: Plan, header: str) -> None:
+    mine, made = set(names), set(plan.targets)
+    problems = [f"megatron-core's GPTModel has no tensor {n!r} (the spec writes it)" for n in plan.targets
+                if n not in mine]
+    problems += [f"megatron-core's GPTModel has {n!r}, which no rule of the spec writes" for n in names
+                 if n not in made]
+    if problems:
+        raise ConversionError(problems, header=header)
+
+
 def _skeleton_contract(path: Path, plan: Plan) -> tuple[dict[str, torch.Tensor | None], dict[str, torch.dtype],
                                                         list[str], list[str]]:
     """Compare the plan's targets with a Megatron-saved skeleton; take `_extra_state` entries and dtypes from it."""
@@ -229,17 +333,33 @@ def _skeleton_contract(path: Path, plan: Plan) -> tuple[dict[str, torch.Tensor |
 def convert_to_mindformers(src: Path, dst: Path, *, spec: str | Spec, model: ModelConfig | None = None,
                            flavor: Flavor = "local", megatron_version: str = "0.16", iteration: int | None = None,
                            prefix: str = DEFAULT_PREFIX, progress: ProgressFn | None = None) -> ConversionSummary:
-    """Convert a Megatron legacy checkpoint back into the MindFormers bf16 layout (the inverse op chains).
+    """Convert a Megatron checkpoint back into the MindFormers bf16 layout (the inverse op chains).
 
+    The source is a single legacy file, legacy files of many ranks (`mp_rank_TT[_PPP][_EEE]`, their TP / PP / EP read
+    from the names) or torch_dist, detected as Megatron-LM detects them; a distributed source is read through
+    megatron-core's own layout of `model` (its names, in the installed megatron-core's naming, and shapes).
     `_extra_state` entries are dropped (listed); every other Megatron key must be mapped. The iteration defaults
     to the Megatron checkpoint's. Same fail-closed contract as `convert_to_megatron`.
     """
+    from alignflow.convert.megatron_read import detect, open_distributed
+
     start = time.perf_counter()
     src, dst = Path(src), Path(dst)
+    fmt = detect(src)
+    notes_in: list[str] = []
+    if not fmt.single_file:
+        from alignflow.convert.mcore import megatron_core_version
+
+        megatron_version = ".".join(megatron_core_version().split(".")[:2])
+        if flavor != "local":
+            notes_in.append(f"{fmt.ckpt_format} read through the local spec's names (flavour {flavor} ignored)")
+        flavor = "local"
     spec_obj, plan = _plan(spec, model, flavor, megatron_version)
     steps = steps_to_mindformers(plan)
     header = f"conversion of {src} to MindFormers with spec {spec_obj.name} ({flavor}) failed"
-    with open_megatron(src) as mg:
+    opened = (open_megatron(src) if fmt.single_file else
+              open_distributed(src, fmt, model if model is not None else spec_obj.model))
+    with opened as mg:
         problems, dropped = check_source(steps, mg.tensors, side="Megatron",
                                          dropped_on_purpose=lambda k: k.endswith("._extra_state"))
         problems += _others_problems(mg)
@@ -259,15 +379,18 @@ def convert_to_mindformers(src: Path, dst: Path, *, spec: str | Spec, model: Mod
             common, notes = common_json(None, it)
             (out_dir / COMMON_JSON).write_text(json.dumps(common, indent=4), encoding="utf-8")
             (tmp / TRACKER).write_text(str(it), encoding="utf-8")
+    p = fmt.parallel
     return ConversionSummary(
         kind="mindformers", source=str(src), destination=str(dst), iteration=it, tensors=len(layout),
         bytes=writer.bytes_written, seconds=round(time.perf_counter() - start, 3),
         output_files=(TRACKER, f"{iteration_dir_name(it)}/{COMMON_JSON}", f"{iteration_dir_name(it)}/{file_name}"),
         dropped=tuple(dropped), dtypes=dtype_counts([_dtype(m.dtype) for _, m in layout]), spec=spec_obj.name,
-        flavor=flavor, megatron_version=megatron_version, notes=tuple(notes),
+        flavor=flavor, megatron_version=megatron_version, notes=(*notes_in, *notes),
+        ckpt_format=None if fmt.single_file else fmt.ckpt_format,
+        parallel=() if fmt.single_file else (("tp", p.tp), ("pp", p.pp), ("ep", p.ep)),
     )
 
 
-def _others_problems(mg: MegatronCheckpoint) -> list[str]:
+def _others_problems(mg: Any) -> list[str]:
     return [f"unused Megatron key {k!r}: a {type(v).__name__}, not a tensor" for k, v in mg.others.items()
             if not k.endswith("._extra_state")]

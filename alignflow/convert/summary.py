@@ -16,6 +16,8 @@ log = logging.getLogger(__name__)
 
 # progress(done_bytes, total_bytes): called after each tensor (or rule) with the input bytes processed so far.
 ProgressFn = Callable[[int, int], None]
+# Megatron's `--ckpt-format`: the legacy pickles (one per rank) or the distributed checkpoint.
+CkptFormat = Literal["torch", "torch_dist"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,10 +39,13 @@ class ConversionSummary:
     megatron_version: str | None = None
     extra_state_keys: int = 0
     notes: tuple[str, ...] = field(default=())
+    ckpt_format: CkptFormat | None = None  # Megatron side: which `--ckpt-format` was written or read
+    parallel: tuple[tuple[str, int], ...] = ()  # Megatron side: the tp / pp / ep the files are laid out for
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["dtypes"] = dict(self.dtypes)
+        out["parallel"] = dict(self.parallel)
         for key in ("output_files", "dropped", "notes"):
             out[key] = list(out[key])
         return out
