@@ -81,6 +81,16 @@ def _convert_bf16(experiment: Experiment, data_sha256: str, host: Host | None) -
     ))
 
 
+def megatron_layout_flags(experiment: Experiment) -> list[str]:
+    """`alignflow convert megatron`'s format and layout flags for the GPU side's layout (none for a single file)."""
+    from alignflow.convert.layout import megatron_checkpoint_layout
+
+    fmt, p = megatron_checkpoint_layout(experiment.conversion.format, experiment.parallel("gpu"))
+    if fmt == "torch_dist":
+        return ["--ckpt-format", "torch_dist"]
+    return [f for flag, n in (("--tp", p.tp), ("--pp", p.pp), ("--ep", p.ep)) if n != 1 for f in (flag, str(n))]
+
+
 def _convert_megatron(experiment: Experiment, data_sha256: str, host: Host | None) -> StepCommand:
     conv = experiment.conversion
     flavor = "te" if experiment.gpu.transformer_impl == "transformer_engine" else "local"
@@ -97,7 +107,8 @@ def _convert_megatron(experiment: Experiment, data_sha256: str, host: Host | Non
     return StepCommand(CommandTemplate(
         argv=("{python}", "-m", "alignflow", "convert", "megatron", "{in:bf16_ckpt}", "{out}/megatron",
               "--spec", spec_arg, "--flavor", flavor, "--megatron-version", experiment.gpu.megatron_version,
-              "--iteration", str(conv.iteration), "--model", "{out}/model.json", "--json"),
+              "--iteration", str(conv.iteration), "--model", "{out}/model.json",
+              *megatron_layout_flags(experiment), "--json"),
         log_format="megatron",
         code_version=code_version_for(("convert",)),
         files=files,

@@ -2,11 +2,11 @@
 
 The flags that decide alignment are not left to templates: the model shape comes from `ModelConfig`, the
 optimisation from `TrainingConfig`, and the load path is pinned with `--finetune --no-load-optim --no-load-rng
---ckpt-format torch` (weights only, schedule and data from step 0 — the equivalent of MindFormers'
-`no_load_optim: True`), `--log-interval 1` (per-step lines; Megatron prints its first iteration always and
-does not reset its loss accumulators after it) and `--dataloader-type single` (`cyclic` adds a second
-shuffle). `--exit-on-missing-checkpoint` does not make Megatron fail (it exits 0), which is why the log sentinels
-exist.
+--ckpt-format torch|torch_dist` (the converted checkpoint's format, `conversion.format`; weights only, schedule and
+data from step 0 — the equivalent of MindFormers' `no_load_optim: True`), `--log-interval 1` (per-step lines;
+Megatron prints its first iteration always and does not reset its loss accumulators after it) and
+`--dataloader-type single` (`cyclic` adds a second shuffle). `--exit-on-missing-checkpoint` does not make Megatron
+fail (it exits 0), which is why the log sentinels exist.
 
 What depends on the megatron-core version and on the GPU host is `alignflow.frameworks.megatron_versions`: the
 NullTokenizer's vocabulary and EOD flags (alignment data is pre-tokenized; the padded vocabulary must equal the
@@ -31,6 +31,7 @@ from alignflow.backends.launch import layout_for, parallel_flags, torchrun
 from alignflow.backends.template import CommandTemplate, TrainSpec
 from alignflow.config.experiment import Experiment
 from alignflow.config.model import ModelConfig, TrainingConfig
+from alignflow.convert.layout import megatron_checkpoint_layout
 from alignflow.errors import ConfigError
 from alignflow.frameworks.megatron_versions import (
     accepted_problem,
@@ -216,9 +217,11 @@ def pretrain_flags(
     save: str | None = None,
     save_interval: int | None = None,
     extra_args: Sequence[str] = (),
+    ckpt_format: str = "torch",
 ) -> list[str]:
     """The complete `pretrain_gpt.py` argument list of an alignment training on megatron-core `megatron_version`,
-    on a host with `extensions` (None: not known, no fused kernel that needs one)."""
+    on a host with `extensions` (None: not known, no fused kernel that needs one); `ckpt_format` is the format of
+    the checkpoint it loads (and saves)."""
     f = ["--transformer-impl", transformer_impl]
     f += model_flags(model, transformer_impl=transformer_impl, megatron_version=megatron_version)
     f += training_flags(training, steps=steps)
@@ -229,7 +232,7 @@ def pretrain_flags(
         f += ["--load", load, "--finetune", "--no-load-optim", "--no-load-rng", "--exit-on-missing-checkpoint"]
     if save is not None:
         f += ["--save", save, "--save-interval", str(save_interval or steps)]
-    f += ["--ckpt-format", "torch", "--log-interval", "1", "--eval-iters", "0",
+    f += ["--ckpt-format", ckpt_format, "--log-interval", "1", "--eval-iters", "0",
           "--eval-interval", str(max(steps, 1) * 10)]
     if training.deterministic:
         f.append("--deterministic-mode")
@@ -249,10 +252,11 @@ def gpu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
     if problem is not None:
         raise ConfigError(f"gpu.megatron_version: {problem}")
     layout = spec.layout or layout_for(experiment.parallel("gpu"), None, side="gpu")
+    ckpt_format, _ = megatron_checkpoint_layout(experiment.conversion.format, layout.parallel)
     flags = pretrain_flags(experiment.model, experiment.training, steps=spec.steps, data_path=spec.data,
                            load=spec.load, transformer_impl=gpu.transformer_impl,
                            megatron_version=gpu.megatron_version, extensions=gpu.extensions,
-                           extra_args=[*parallel_flags(layout.parallel), *gpu.extra_args])
+                           extra_args=[*parallel_flags(layout.parallel), *gpu.extra_args], ckpt_format=ckpt_format)
     argv, launch_env = torchrun(layout, [gpu.entry, *flags], gpu.torchrun)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", **launch_env}
     if experiment.training.deterministic:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from alignflow.backends.launch import layout_for, torchrun
+from alignflow.backends.launch import layout_for, parallel_flags, torchrun
 from alignflow.backends.megatron import pretrain_flags
 from alignflow.backends.quoting import yaml_text
 from alignflow.backends.template import CommandTemplate, TrainSpec
 from alignflow.codeversion import code_version_for
 from alignflow.config.experiment import Experiment
 from alignflow.config.model import ModelConfig, TrainingConfig
+from alignflow.convert.layout import megatron_checkpoint_layout
 from alignflow.errors import ConfigError
 from alignflow.twin.flavours import Flavour
 from alignflow.twin.render import mindformers_config, twin_env
@@ -58,6 +59,12 @@ def gpu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
     own settings (the data's sha256, the megatron-core version it mimics) in its environment."""
     assert spec.load is not None, "the GPU side always trains from the converted checkpoint"
     gpu = experiment.gpu
+    layout = spec.layout or layout_for(experiment.parallel("gpu"), None, side="gpu")
+    p = layout.parallel
+    if p.ep != 1:
+        raise ConfigError(f"gpu layout ep {p.ep}: the PyTorch twin has tensor, pipeline and data parallelism, not "
+                          "expert parallelism; use gpu.kind megatron for ep > 1")
+    ckpt_format, _ = megatron_checkpoint_layout(experiment.conversion.format, p)
     args = megatron_args(
         experiment.model,
         experiment.training,
@@ -69,13 +76,9 @@ def gpu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
         megatron_version=gpu.megatron_version,
         extensions=gpu.extensions,
         data_cache_path="{out}/data_cache",
-        extra_args=gpu.extra_args,
+        extra_args=[*parallel_flags(p), *gpu.extra_args],
+        ckpt_format=ckpt_format,
     )
-    layout = spec.layout or layout_for(experiment.parallel("gpu"), None, side="gpu")
-    p = layout.parallel
-    if (p.tp, p.pp, p.ep) != (1, 1, 1):
-        raise ConfigError(f"gpu layout tp {p.tp} x pp {p.pp} x ep {p.ep}: the PyTorch twin is data-parallel only "
-                          "(dp processes under torchrun); use gpu.kind megatron for model parallelism")
     env = twin_env(data_sha256=spec.data_sha256, megatron_version=gpu.megatron_version)
     argv, launch_env = torchrun(layout, ["-m", "alignflow.twin.torch_train", *args], gpu.torchrun)
     return CommandTemplate(
@@ -101,10 +104,11 @@ def megatron_args(
     save_interval: int | None = None,
     data_cache_path: str | None = None,
     extra_args: Sequence[str] = (),
+    ckpt_format: str = "torch",
 ) -> list[str]:
     """The twin's `pretrain_gpt.py` flags: exactly the real backend's (`backends.megatron.pretrain_flags`), which
     megatron-core `megatron_version`'s own parser accepts; the twin's own settings go in `twin_env`."""
     return pretrain_flags(model, training, steps=steps, data_path=data_path, load=load,
                           transformer_impl=transformer_impl, megatron_version=megatron_version, extensions=extensions,
                           data_cache_path=data_cache_path, save=save, save_interval=save_interval,
-                          extra_args=extra_args)
+                          extra_args=extra_args, ckpt_format=ckpt_format)

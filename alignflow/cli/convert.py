@@ -28,6 +28,11 @@ class FlavorChoice(StrEnum):
     te = "te"
 
 
+class CkptFormatChoice(StrEnum):
+    torch = "torch"
+    torch_dist = "torch_dist"
+
+
 def _version(value: str) -> str:
     from alignflow.convert.plan import parse_version
 
@@ -160,14 +165,31 @@ def register(app: typer.Typer) -> None:
                                              help="A Megatron-saved checkpoint of the target model: its key set, "
                                                   "shapes, dtypes and _extra_state entries become the contract."),
         model: Path | None = _MODEL,
+        ckpt_format: CkptFormatChoice = typer.Option(
+            CkptFormatChoice.torch, "--ckpt-format",
+            help="Megatron --ckpt-format: torch (legacy files, one per tp/pp/ep rank) or torch_dist (distributed "
+                 "checkpoint through megatron-core's dist_checkpointing; loads at any layout)."),
+        tp: int = typer.Option(1, "--tp", min=1, help="Legacy files for this tensor-parallel size."),
+        pp: int = typer.Option(1, "--pp", min=1, help="Legacy files for this pipeline-parallel size."),
+        ep: int = typer.Option(1, "--ep", min=1, help="Legacy files for this expert-parallel size."),
+        workers: int | None = typer.Option(None, "--workers", min=1,
+                                           help="torch_dist writer processes (default: one per core)."),
         as_json: bool = _JSON,
     ) -> None:
-        """bf16 MindFormers checkpoint -> Megatron legacy checkpoint (iter_N/mp_rank_00/model_optim_rng.pt)."""
+        """bf16 MindFormers checkpoint -> Megatron checkpoint: legacy (iter_N/mp_rank_TT[_PPP][_EEE]/
+        model_optim_rng.pt) or torch_dist (iter_N/ of dist_checkpointing)."""
+        from alignflow.config.parallel import ParallelConfig
         from alignflow.convert import convert_to_megatron
 
+        if ckpt_format is CkptFormatChoice.torch_dist and (tp, pp, ep) != (1, 1, 1):
+            typer.echo("error: --tp/--pp/--ep lay out legacy files; a torch_dist checkpoint loads at any layout",
+                       err=True)
+            raise typer.Exit(2)
+        layout = ParallelConfig(tp=tp, pp=pp, ep=ep, dp=ep)
         _run("megatron", dst, lambda progress: convert_to_megatron(
             src, dst, spec=spec, flavor=flavor.value, model=_model(model), megatron_version=megatron_version,
-            iteration=iteration, progress=progress, skeleton=skeleton), as_json)
+            iteration=iteration, progress=progress, skeleton=skeleton, ckpt_format=ckpt_format.value,
+            parallel=layout, workers=workers), as_json)
 
     @convert_app.command("mindformers")
     def mindformers_cmd(
@@ -179,7 +201,8 @@ def register(app: typer.Typer) -> None:
         model: Path | None = _MODEL,
         as_json: bool = _JSON,
     ) -> None:
-        """Megatron legacy checkpoint -> bf16 MindFormers checkpoint (the spec's inverse)."""
+        """Megatron checkpoint (legacy of one or many ranks, or torch_dist: detected) -> bf16 MindFormers checkpoint
+        (the spec's inverse)."""
         from alignflow.convert import convert_to_mindformers
 
         _run("mindformers", dst, lambda progress: convert_to_mindformers(

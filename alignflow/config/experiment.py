@@ -117,6 +117,10 @@ class ConversionConfig(_Strict):
 
     spec: str = Field(description="Conversion spec name (see `alignflow convert specs`).")
     iteration: int = Field(1, ge=0, description="Iteration written into the Megatron checkpoint.")
+    format: Literal["auto", "torch", "torch_dist"] = Field(
+        "auto", description="Megatron checkpoint format (`--ckpt-format`): torch = legacy files, one per tp/pp/ep "
+        "rank of gpu.parallel; torch_dist = megatron-core's distributed checkpoint, which loads at any layout; auto "
+        "= torch for one GPU rank (tp = pp = ep = 1), torch_dist otherwise.")
 
 
 class StepConfig(_Strict):

@@ -11,6 +11,7 @@ import re
 import tempfile
 from pathlib import Path
 
+from alignflow.config.parallel import ParallelConfig
 from alignflow.frameworks.megatron_versions import MegatronVersionError as MegatronVersionError
 from alignflow.frameworks.megatron_versions import parse_version as parse_version
 
@@ -69,3 +70,30 @@ def mtp_inner_layer(version: str) -> str:
     """The name of the MTP block's inner transformer layer in megatron-core `version`."""
     v = parse_version(version)
     return next(name for first, name in MTP_INNER_LAYER if v >= first)
+
+
+def megatron_checkpoint_layout(conversion_format: str, gpu: ParallelConfig) -> tuple[str, ParallelConfig]:
+    """The Megatron checkpoint a GPU training of layout `gpu` is given: its `--ckpt-format` and the tp / pp / ep its
+    files are written for (`conversion.format`: auto = a single legacy file for one rank, torch_dist otherwise;
+    torch = legacy files for exactly the training's ranks; torch_dist = one checkpoint for any layout)."""
+    single = (gpu.tp, gpu.pp, gpu.ep) == (1, 1, 1)
+    fmt = ("torch" if single else "torch_dist") if conversion_format == "auto" else conversion_format
+    if fmt == "torch_dist":
+        return fmt, ParallelConfig()
+    return fmt, ParallelConfig(tp=gpu.tp, pp=gpu.pp, ep=gpu.ep, dp=gpu.ep)
+
+
+def checkpoint_load_problems(checkpoint: tuple[str, ParallelConfig], training: tuple[str, ParallelConfig]) -> list[str]:
+    """Why a Megatron training (its `--ckpt-format` and layout) cannot load a checkpoint (its format and the layout
+    its files are for): the format must be the one it asks for (Megatron-LM builds a sharded state dict only for
+    `--ckpt-format torch_dist`: "Detected load from a distributed checkpoint, but neither --use-dist-ckpt nor
+    --auto-detect-ckpt-format is set"; a torch-format run opens `mp_rank_*` files), and legacy files load only at
+    the tp / pp / ep they were written for (`get_checkpoint_name` names this rank's file from the run's own
+    ranks). torch_dist loads at any layout megatron-core can build (`sharding.layout_problems`)."""
+    (c_fmt, c_par), (t_fmt, t_par) = checkpoint, training
+    if c_fmt != t_fmt:
+        return [f"the checkpoint is {c_fmt}, the training loads --ckpt-format {t_fmt}"]
+    if c_fmt == "torch" and (c_par.tp, c_par.pp, c_par.ep) != (t_par.tp, t_par.pp, t_par.ep):
+        return [f"legacy files for tp {c_par.tp} pp {c_par.pp} ep {c_par.ep}, the training runs tp {t_par.tp} pp "
+                f"{t_par.pp} ep {t_par.ep}: a legacy checkpoint loads only at its own layout (use torch_dist)"]
+    return []

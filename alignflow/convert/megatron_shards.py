@@ -239,8 +239,8 @@ def open_shards(src: Path, directory: Path, layouts: Layouts, tp1: RankLayout, *
             if isinstance(value, torch.Tensor) and tuple(value.shape) != t.shape:
                 problems.append(f"{file}: {t.name} is {list(value.shape)}, rank tp {rank.tp} pp {rank.pp} ep "
                                 f"{rank.ep} of this layout holds {list(t.shape)}")
-    extra = sorted(set(dirs) - {rank_file_dir(*r.coordinate, layouts.parallel) for r in layouts.ranks})
-    problems += [f"{directory / d}: a rank directory the layout does not have" for d in extra]
+    strays = sorted(set(dirs) - {rank_file_dir(*r.coordinate, layouts.parallel) for r in layouts.ranks})
+    problems += [f"{directory / d}: a rank directory the layout does not have" for d in strays]
     if problems:
         raise ConversionError(problems, header=header)
     payload = torch.load(files[layouts.ranks[0].coordinate], map_location="cpu", weights_only=True, mmap=True)

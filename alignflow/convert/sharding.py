@@ -133,6 +133,40 @@ def rank_file_dir(tp: int, pp: int, ep: int, parallel: ParallelConfig) -> str:
     return name
 
 
+def layout_problems(model: ModelConfig, parallel: ParallelConfig) -> list[str]:
+    """What megatron-core refuses, or loads with other global shapes, when it builds `model` at `parallel`'s
+    TP / PP / EP - arithmetic only, for preflight; a conversion builds the models themselves (`plan_layouts`).
+
+    Sources (megatron-core 0.16-0.19): `TransformerConfig.__post_init__` (heads and query groups divisible by tp),
+    `tensor_parallel.utils.divide` in Column/RowParallelLinear (every split dimension), `get_num_layers_to_build`
+    (an even split of the layers without `--decoder-first/last-pipeline-num-layers`), `MoELayer` (experts divisible
+    by ep) and Megatron-LM's `_vocab_size_with_padding` (the vocabulary pads to `make_vocab_size_divisible_by x
+    tp`: another embedding shape than the checkpoint's)."""
+    tp, pp, ep = parallel.tp, parallel.pp, parallel.ep
+    out = []
+    checks = [("num_attention_heads", model.num_attention_heads, "tp", tp),
+              ("num_query_groups", model.query_groups, "tp", tp), ("ffn_hidden_size", model.ffn_hidden_size, "tp", tp),
+              ("hidden_size", model.hidden_size, "tp", tp), ("num_layers", model.num_layers, "pp", pp)]
+    if model.moe is not None:
+        checks += [("moe.ffn_hidden_size", model.moe.ffn_hidden_size, "tp", tp),
+                   ("moe.num_experts", model.moe.num_experts, "ep", ep)]
+        if model.moe.shared_expert_intermediate_size is not None:
+            checks.append(("moe.shared_expert_intermediate_size", model.moe.shared_expert_intermediate_size, "tp",
+                           tp))
+    elif ep > 1:
+        out.append(f"ep {ep}: the model has no experts")
+    for name, value, what, size in checks:
+        if size > 1 and value % size:
+            out.append(f"model.{name} {value} is not divisible by {what} {size}")
+    multiple = model.make_vocab_size_divisible_by * tp
+    padded = -(-model.vocab_size // multiple) * multiple
+    if padded != model.vocab_size:
+        out.append(f"vocab_size {model.vocab_size} pads to {padded} at tp {tp} (a multiple of "
+                   f"make_vocab_size_divisible_by {model.make_vocab_size_divisible_by} x tp): another embedding "
+                   "than the checkpoint's")
+    return out
+
+
 # --- planning (inside a process that owns torch.distributed) ---------------------------------------------------
 
 def _pieces_of(name: str, value: Any, base: Any) -> list[Piece]:

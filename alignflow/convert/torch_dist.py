@@ -273,9 +273,9 @@ def _run_writers(transforms: list[Any], buckets: list[Any], producer: TensorProd
                 if progress is not None:
                     progress(done.value, total)
                 time.sleep(0.05)
-    finally:
+    finally:  # a failure, or Ctrl-C raised through `progress`: no writer outlives the conversion
         for p in procs:
-            if p.is_alive() and failure is not None:
+            if p.is_alive() and len(results) < len(buckets):
                 p.kill()
             p.join()
     if isinstance(failure, ConversionError):
@@ -456,9 +456,10 @@ def is_torch_dist(src: Path) -> bool:
     return bool(backend == BACKEND)
 
 
-def open_torch_dist(src: Path, layout: RankLayout) -> TorchDistCheckpoint:
-    """Open `src` for reading the tensors of `layout` (the TP = 1 layout of the model it holds). Every global
-    tensor the layout needs must be stored with its global shape, and nothing else may be stored."""
+def open_torch_dist(src: Path, layout: RankLayout, *, partial: bool = False) -> TorchDistCheckpoint:
+    """Open `src` for reading the tensors of `layout` (the TP = 1 layout of the model it holds, or - `partial` - one
+    rank's). Every global tensor the layout needs must be stored with its global shape, and (unless `partial`)
+    nothing else may be stored."""
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex, TensorStorageMetadata
 
@@ -486,7 +487,8 @@ def open_torch_dist(src: Path, layout: RankLayout) -> TorchDistCheckpoint:
         assert isinstance(entry, TensorStorageMetadata)
         seen.add(key)
         if key not in needed:
-            problems.append(f"unexpected tensor {key!r} {list(entry.size)}: the model has no such global tensor")
+            if not partial:
+                problems.append(f"unexpected tensor {key!r} {list(entry.size)}: the model has no such global tensor")
             continue
         if tuple(entry.size) != needed[key]:
             problems.append(f"{key}: stored with global shape {list(entry.size)}, the model's is {list(needed[key])}")

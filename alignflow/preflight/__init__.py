@@ -32,7 +32,7 @@ from alignflow.config.hosts import Host, Inventory
 from alignflow.config.placement import Placement, place
 from alignflow.frameworks.megatron_lm import check_flags
 from alignflow.preflight.gpu import gpu_settings
-from alignflow.preflight.layout import batch_fits, gpu_layout, npu_layout
+from alignflow.preflight.layout import batch_fits, checkpoint_loads, gpu_layout, npu_layout
 from alignflow.preflight.megatron_combos import combination_problems
 from alignflow.preflight.npu import npu_settings
 from alignflow.preflight.rules import RULES, Finding, PreflightReport, Rule, compare
@@ -68,6 +68,8 @@ def preflight(npu: NpuSide, gpu: GpuSide, data: DataBinding, *,
     npu_s |= npu_layout(npu.config, npu.world, npu.world_source)
     gpu_s |= gpu_layout(gpu.argv, gpu.world, gpu.world_source)
     npu_s["parallel.batch_fits"], gpu_s["parallel.batch_fits"] = batch_fits(npu_s), batch_fits(gpu_s)
+    if gpu.model is not None:
+        gpu_s["parallel.loads_checkpoint"] = checkpoint_loads(gpu.argv, gpu.convert_argv, gpu.model)
     if gpu.kind == "megatron":
         accepted, why = check_flags(gpu.argv, gpu.megatron_version)
         gpu_s["gpu.flags"] = Value({True: "accepted", False: "refused", None: "not checked"}[accepted], why)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from alignflow.config.model import ModelConfig
+from alignflow.config.parallel import ParallelConfig
 from alignflow.preflight.values import Value
 
 
@@ -79,3 +81,27 @@ def batch_fits(settings: Mapping[str, Value]) -> Value:
     text = f"global batch {gbs.value} = micro batch {mbs.value} x dp {dp.value} x {accumulation} accumulation step(s)"
     return Value(rest == 0 and accumulation > 0, text if rest == 0 else
                  f"global batch {gbs.value} is not a multiple of micro batch {mbs.value} x dp {dp.value}")
+
+
+def checkpoint_loads(gpu_flags: Sequence[str], convert_argv: Sequence[str] | None, model: ModelConfig) -> Value:
+    """Whether the GPU training's layout loads the checkpoint `convert_megatron` writes for it, read from both
+    commands (`--ckpt-format`, the parallel sizes) with megatron-core's rules (`alignflow.convert.layout.
+    checkpoint_load_problems`, `alignflow.convert.sharding.layout_problems`)."""
+    from alignflow.convert.layout import checkpoint_load_problems
+    from alignflow.convert.sharding import layout_problems
+
+    train = ParallelConfig(tp=int(_last(gpu_flags, "--tensor-model-parallel-size") or 1),
+                           pp=int(_last(gpu_flags, "--pipeline-model-parallel-size") or 1),
+                           ep=int(_last(gpu_flags, "--expert-model-parallel-size") or 1))
+    train_fmt = _last(gpu_flags, "--ckpt-format") or "torch_dist"  # Megatron-LM's default
+    if convert_argv is None:
+        return Value(True, "no convert_megatron step renders the checkpoint (not checked)")
+    ckpt_fmt = _last(convert_argv, "--ckpt-format") or "torch"
+    ckpt = ParallelConfig(tp=int(_last(convert_argv, "--tp") or 1), pp=int(_last(convert_argv, "--pp") or 1),
+                          ep=int(_last(convert_argv, "--ep") or 1))
+    problems = checkpoint_load_problems((ckpt_fmt, ckpt), (train_fmt, train))
+    if not problems:
+        problems = layout_problems(model, train)
+    text = (f"{ckpt_fmt} checkpoint" + ("" if ckpt_fmt == "torch_dist" else f" for tp {ckpt.tp} pp {ckpt.pp} ep "
+                                       f"{ckpt.ep}") + f", training at tp {train.tp} pp {train.pp} ep {train.ep}")
+    return Value(not problems, "; ".join(problems) if problems else text)

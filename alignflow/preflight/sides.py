@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
-from alignflow.backends.commands import step_command
+from alignflow.backends.commands import megatron_layout_flags, step_command
 from alignflow.config.experiment import Experiment
 from alignflow.config.placement import Placement
 from alignflow.errors import ConfigError
@@ -71,6 +71,8 @@ class GpuSide:
     world: int = 1  # processes its launcher starts (torchrun)
     world_source: str = "no launcher: one process"
     extensions: tuple[str, ...] | None = None  # what the GPU host has (gpu.extensions)
+    convert_argv: tuple[str, ...] | None = None  # the convert_megatron command: the checkpoint the training loads
+    model: Any = None  # the experiment's ModelConfig: what megatron-core builds at the training's layout
 
 
 def render_sides(
@@ -100,9 +102,12 @@ def render_sides(
                   f"npu_reload_train config.yaml (from {template})", *launcher_world(npu_cmd.template.argv))
     flags = _megatron_flags(experiment, gpu_cmd.template.argv)
     ext = experiment.gpu.extensions
+    override = experiment.steps.get("convert_megatron")  # what convert_megatron runs: its flags, or the override
+    conv = override.command if override is not None and override.command else megatron_layout_flags(experiment)
     gpu = GpuSide(experiment.gpu.kind, flags, gpu_env, gpu_env_src, "gpu_train command line",
                   experiment.gpu.megatron_version, *launcher_world(gpu_cmd.template.argv),
-                  extensions=tuple(ext) if ext is not None else None)
+                  extensions=tuple(ext) if ext is not None else None, convert_argv=tuple(conv),
+                  model=experiment.model)
     return npu, gpu, DataBinding(sha, dict(experiment.data.host_paths))
 
 

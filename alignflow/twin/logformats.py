@@ -89,6 +89,11 @@ def mindformers_nan_message(grad_norm: float, step: int) -> str:
 MEGATRON_RANKS = "[ t 1/1, gtp_remat 1/1, p 1/1 ]"
 
 
+def megatron_ranks(tp: int = 1, pp: int = 1) -> str:
+    """Rank 0's `[ t 1/TP, gtp_remat 1/1, p 1/PP ]` (`print_rank_0` of `load_checkpoint` / `save_checkpoint`)."""
+    return f"[ t 1/{tp}, gtp_remat 1/1, p 1/{pp} ]"
+
+
 def megatron_timestamp(now: datetime, *, microseconds: bool) -> str:
     return now.strftime("%Y-%m-%d %H:%M:%S.%f" if microseconds else "%Y-%m-%d %H:%M:%S")
 
@@ -97,14 +102,15 @@ def megatron_padded_vocab_line(orig: int, padded: int) -> str:
     return f" > padded vocab (size: {orig}) with {padded - orig} dummy tokens (new size: {padded})"
 
 
-def megatron_loading_line(load_dir: str, iteration: int, *, release: bool) -> str:
+def megatron_loading_line(load_dir: str, iteration: int, *, release: bool, distributed: bool = False) -> str:
+    infix = "distributed " if distributed else ""  # `dist_infix` of `_load_base_checkpoint`
     if release:
-        return f" loading release checkpoint from {load_dir}"
-    return f" loading checkpoint from {load_dir} at iteration {iteration}"
+        return f" loading release {infix}checkpoint from {load_dir}"
+    return f" loading {infix}checkpoint from {load_dir} at iteration {iteration}"
 
 
-def megatron_loaded_line(load_dir: str, iteration: int) -> str:
-    return f"  successfully loaded checkpoint from {load_dir} {MEGATRON_RANKS} at iteration {iteration}"
+def megatron_loaded_line(load_dir: str, iteration: int, *, tp: int = 1, pp: int = 1) -> str:
+    return f"  successfully loaded checkpoint from {load_dir} {megatron_ranks(tp, pp)} at iteration {iteration}"
 
 
 def megatron_saving_line(now: datetime, save_dir: str, iteration: int, *, microseconds: bool) -> str:

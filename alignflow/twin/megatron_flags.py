@@ -127,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--no-save-optim", action="store_true")
     c.add_argument("--ckpt-format", default="torch_dist", choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"])
     c.add_argument("--transformer-impl", default="transformer_engine", choices=["local", "transformer_engine"])
-    par = p.add_argument_group("parallelism (the twin runs on one device)")
+    par = p.add_argument_group("parallelism (the twin: tensor, pipeline and data parallel)")
     for flag in ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--expert-model-parallel-size",
                  "--context-parallel-size"):
         par.add_argument(flag, type=int, default=1)
@@ -168,8 +168,10 @@ def _unsupported(ns: argparse.Namespace) -> list[str]:
          "(NullTokenizer)"),
         (ns.lr_decay_style in ("inverse-square-root", "WSD"), f"--lr-decay-style {ns.lr_decay_style}: the twin "
          "implements constant, linear and cosine"),
-        (ns.ckpt_format != "torch" and bool(ns.load or ns.save), f"--ckpt-format {ns.ckpt_format}: the twin "
-         "reads and writes the legacy torch format only (--ckpt-format torch)"),
+        (ns.ckpt_format not in ("torch", "torch_dist") and bool(ns.load), f"--ckpt-format {ns.ckpt_format}: the "
+         "twin loads torch (legacy) and torch_dist checkpoints"),
+        (ns.ckpt_format != "torch" and bool(ns.save), f"--ckpt-format {ns.ckpt_format} with --save: the twin saves "
+         "the legacy torch format only (--ckpt-format torch)"),
         (ns.global_batch_size is not None and ns.global_batch_size % ns.micro_batch_size != 0,
          "--global-batch-size must be a multiple of --micro-batch-size (one data-parallel rank)"),
         (not ns.data_path, "--data-path: required (the indexed dataset's prefix)"),
@@ -177,10 +179,10 @@ def _unsupported(ns: argparse.Namespace) -> list[str]:
          "pass --eval-iters 0"),
     ]
     problems = [msg for bad, msg in rules if bad]
-    for flag in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "expert_model_parallel_size",
-                 "context_parallel_size"):
+    for flag in ("expert_model_parallel_size", "context_parallel_size"):
         if getattr(ns, flag) != 1:
-            problems.append(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: the twin runs on one device")
+            problems.append(f"--{flag.replace('_', '-')} {getattr(ns, flag)}: the twin has tensor, pipeline and data "
+                            "parallelism only")
     if ns.data_path and len(ns.data_path) not in (1, 2):
         problems.append(f"--data-path {' '.join(ns.data_path)}: expected one prefix (optionally with weight 1)")
     try:

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from alignflow.convert.layout import CHECKPOINT_VERSION, TRACKER, checkpoint_path, write_atomic
+from alignflow.convert.layout import CHECKPOINT_VERSION, MEGATRON_FILE_NAME, TRACKER, checkpoint_path, write_atomic
+from alignflow.convert.sharding import RankLayout
 from alignflow.errors import ConfigError
 from alignflow.twin import logformats as fmt
 from alignflow.twin.flavours import KeyLayout
@@ -65,15 +66,48 @@ def read_tracker(load_dir: Path, *, where: str) -> tuple[int, bool]:
                           "nor 'release'") from None
 
 
-def checkpoint_file(root: Path, iteration: int, *, release: bool = False) -> Path:
-    return root / checkpoint_path(None if release else iteration)
+def checkpoint_file(root: Path, iteration: int, *, release: bool = False, rank_dir: str = "mp_rank_00") -> Path:
+    rel = checkpoint_path(None if release else iteration)
+    return root / rel.replace("mp_rank_00", rank_dir, 1)
 
 
-def load_checkpoint(model: nn.Module, load_dir: Path, layout: KeyLayout, *, finetune: bool, where: str) -> LoadResult:
-    """Load `load_dir` into `model` the way Megatron does, printing Megatron's lines through `log`."""
+@dataclass(frozen=True, slots=True)
+class RankPlace:
+    """Which rank's files a process reads and writes: its tensor-parallel rank and pipeline stage, of how many."""
+
+    tp: int = 0
+    pp: int = 0
+    tp_size: int = 1
+    pp_size: int = 1
+
+    @property
+    def dir_name(self) -> str:
+        """Megatron-LM's `mp_rank_TT[_PPP]` (`get_checkpoint_name`)."""
+        return f"mp_rank_{self.tp:02d}" + (f"_{self.pp:03d}" if self.pp_size > 1 else "")
+
+
+def load_checkpoint(model: nn.Module, load_dir: Path, layout: KeyLayout, *, finetune: bool, where: str,
+                    place: RankPlace = RankPlace(), ckpt_format: str = "torch",
+                    dist_layout: Callable[[], RankLayout] | None = None) -> LoadResult:
+    """Load `load_dir` into `model` the way Megatron does, printing Megatron's lines through `log`.
+
+    The checkpoint's format is read from the directory, as Megatron-LM reads it (`_get_checkpoint_format`): a
+    `dist_checkpointing` directory is torch_dist - which a `--ckpt-format torch` run refuses, as Megatron-LM does
+    -, else this rank's legacy file `mp_rank_TT[_PPP]/model_optim_rng.pt`. A torch_dist load reads this rank's
+    pieces of the global tensors (`dist_layout`: megatron-core's layout of this rank) and, like megatron-core's,
+    fails on a tensor the checkpoint lacks (there is no silent fallback there)."""
     iteration, release = read_tracker(load_dir, where=where)
-    path = checkpoint_file(load_dir, iteration, release=release)
-    log.info(fmt.megatron_loading_line(str(load_dir), iteration, release=release))
+    directory = checkpoint_file(load_dir, iteration, release=release).parent.parent
+    distributed = (directory / "metadata.json").is_file()
+    log.info(fmt.megatron_loading_line(str(load_dir), iteration, release=release, distributed=distributed))
+    if distributed:
+        if ckpt_format != "torch_dist":
+            raise ConfigError(f"{where}: Detected load from a distributed checkpoint, but neither --use-dist-ckpt nor "
+                              "--auto-detect-ckpt-format is set (pass --ckpt-format torch_dist)")
+        assert dist_layout is not None, "a torch_dist load needs this rank's layout"
+        return _load_distributed(model, load_dir, directory, layout, dist_layout(), finetune=finetune, where=where,
+                                 place=place, iteration=iteration, release=release)
+    path = directory / place.dir_name / MEGATRON_FILE_NAME
     if not path.is_file():
         raise ConfigError(f"{where}: the tracker names iteration {iteration}, but {str(path)!r} does not exist")
     try:
@@ -91,9 +125,30 @@ def load_checkpoint(model: nn.Module, load_dir: Path, layout: KeyLayout, *, fine
     if missing or unexpected:  # Megatron: strict load raised, the non-strict retry returns None from DDP
         log.info(fmt.MEGATRON_LOAD_RETURN_LINE)
     loaded_iteration = 0 if finetune or release else iteration
-    log.info(fmt.megatron_loaded_line(str(load_dir), loaded_iteration))
+    log.info(fmt.megatron_loaded_line(str(load_dir), loaded_iteration, tp=place.tp_size, pp=place.pp_size))
     optimizer = state.get("optimizer") if isinstance(state.get("optimizer"), dict) else None
     return LoadResult(loaded_iteration, release, missing, unexpected, optimizer)
+
+
+def _load_distributed(model: nn.Module, load_dir: Path, directory: Path, layout: KeyLayout, rank: RankLayout, *,
+                      finetune: bool, where: str, place: RankPlace, iteration: int, release: bool) -> LoadResult:
+    from alignflow.convert.torch_dist import open_torch_dist
+    from alignflow.errors import ConversionError
+
+    own = set(layout.to_checkpoint.values())
+    names = set(rank.names())
+    if own != names:
+        raise ConfigError(f"{where}: the twin's tensors and megatron-core's layout of this rank differ: "
+                          f"{sorted(own ^ names)[:6]}")
+    try:
+        with open_torch_dist(directory, rank, partial=True) as ckpt:
+            state: dict[str, Any] = {name: ckpt.read(name) for name in sorted(names)}
+    except ConversionError as exc:
+        raise ConfigError(f"{where}: could not load {directory}: {exc}") from None
+    _load_state(model, state, layout, where=where)
+    loaded_iteration = 0 if finetune or release else iteration
+    log.info(fmt.megatron_loaded_line(str(load_dir), loaded_iteration, tp=place.tp_size, pp=place.pp_size))
+    return LoadResult(loaded_iteration, release, (), (), None)
 
 
 def _load_state(model: nn.Module, sd: dict[str, Any], layout: KeyLayout, *, where: str
@@ -130,8 +185,11 @@ def save_checkpoint(
     optimizer: dict[str, Any] | None,
     microseconds: bool,
     now: Callable[[], datetime],
+    place: RankPlace = RankPlace(),
+    tracker: bool = True,
 ) -> Path:
-    """Write `iter_%07d/mp_rank_00/model_optim_rng.pt` and then the tracker (tensors and primitives only)."""
+    """Write `iter_%07d/mp_rank_TT[_PPP]/model_optim_rng.pt` and then (`tracker`: the last writer) the tracker
+    (tensors and primitives only)."""
     log.info(fmt.megatron_saving_line(now(), str(save_dir), iteration, microseconds=microseconds))
     own = model.state_dict()
     sd: dict[str, Any] = {}
@@ -145,10 +203,11 @@ def save_checkpoint(
     payload: dict[str, Any] = {"model": sd, "checkpoint_version": CHECKPOINT_VERSION, "iteration": iteration}
     if optimizer is not None:
         payload["optimizer"] = optimizer
-    path = checkpoint_file(save_dir, iteration)
+    path = checkpoint_file(save_dir, iteration, rank_dir=place.dir_name)
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(payload, path)
-    write_atomic(save_dir / TRACKER, str(iteration))
+    if tracker:
+        write_atomic(save_dir / TRACKER, str(iteration))
     log.info(fmt.megatron_saved_line(str(save_dir), iteration))
     return path
 

@@ -22,8 +22,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from alignflow.twin.presets import MoESpec, TwinSpec
+from alignflow.twin.torch_parallel import TensorParallel
 
 MASK_VALUE = -10000.0
+NO_TP = TensorParallel()  # one tensor-parallel rank: every mapping is the identity
 
 
 class Linear(nn.Module):
@@ -60,14 +62,21 @@ class RMSNorm(nn.Module):
 
 
 class Embedding(nn.Module):
-    def __init__(self, vocab: int, hidden: int, std: float) -> None:
+    """megatron `VocabParallelEmbedding`: this rank's rows of the vocabulary, zero for the others' ids, summed."""
+
+    def __init__(self, vocab: int, hidden: int, std: float, tp: TensorParallel = NO_TP) -> None:
         super().__init__()
-        self.word_embeddings = nn.Embedding(vocab, hidden)
+        self.tp, (self.start, self.end) = tp, tp.split(vocab)
+        self.word_embeddings = nn.Embedding(self.end - self.start, hidden)
         nn.init.normal_(self.word_embeddings.weight, 0.0, std)
 
     def forward(self, ids: Tensor) -> Tensor:
-        out: Tensor = self.word_embeddings(ids)
-        return out
+        if self.tp.size == 1:
+            out: Tensor = self.word_embeddings(ids)
+            return out
+        outside = (ids < self.start) | (ids >= self.end)
+        local = self.word_embeddings((ids - self.start).masked_fill(outside, 0))
+        return self.tp.reduce_from(local.masked_fill(outside.unsqueeze(-1), 0.0))
 
 
 def rope_tables(spec: TwinSpec, device: torch.device) -> tuple[Tensor, Tensor]:
@@ -85,11 +94,14 @@ def _rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, spec: TwinSpec, out_std: float) -> None:
+    """Column-parallel `linear_qkv` (whole query groups per rank), row-parallel `linear_proj`."""
+
+    def __init__(self, spec: TwinSpec, out_std: float, tp: TensorParallel = NO_TP) -> None:
         super().__init__()
-        self.spec = spec
-        self.linear_qkv = Linear(spec.qkv_rows, spec.hidden_size, spec.init_std)
-        self.linear_proj = Linear(spec.hidden_size, spec.num_heads * spec.head_dim, out_std)
+        self.spec, self.tp = spec, tp
+        self.groups = spec.num_query_groups // tp.size
+        self.linear_qkv = Linear(spec.qkv_rows // tp.size, spec.hidden_size, spec.init_std)
+        self.linear_proj = Linear(spec.hidden_size, spec.num_heads * spec.head_dim // tp.size, out_std)
         self.norm_factor = math.sqrt(spec.head_dim)
         if spec.qk_layernorm:  # megatron SelfAttention: q_layernorm / k_layernorm over head_dim, before RoPE
             self.q_layernorm = RMSNorm(spec.head_dim, spec.norm_eps)
@@ -97,10 +109,11 @@ class SelfAttention(nn.Module):
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], causal: Tensor) -> Tensor:
         b, s, _ = x.shape
-        ng, d = self.spec.num_query_groups, self.spec.head_dim
-        rep = self.spec.num_heads // ng
+        ng, d = self.groups, self.spec.head_dim
+        rep = self.spec.num_heads // self.spec.num_query_groups
         # megatron Attention.get_query_key_value_tensors: per group [q heads; k; v]
-        q, k, v = torch.split(self.linear_qkv(x).view(b, s, ng, (rep + 2) * d), [rep * d, d, d], dim=-1)
+        qkv = self.linear_qkv(self.tp.copy_to(x))
+        q, k, v = torch.split(qkv.view(b, s, ng, (rep + 2) * d), [rep * d, d, d], dim=-1)
         if self.spec.qk_layernorm:
             q, k = self.q_layernorm(q.reshape(b, s, ng * rep, d)), self.k_layernorm(k)
         q = _rotate(q.reshape(b, s, ng * rep, d), *rope).transpose(1, 2)
@@ -109,31 +122,32 @@ class SelfAttention(nn.Module):
         scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / self.norm_factor)
         probs = torch.softmax(scores.masked_fill(~causal, MASK_VALUE), dim=-1)
         ctx = torch.matmul(probs, v).transpose(1, 2).reshape(b, s, -1)
-        out: Tensor = self.linear_proj(ctx)
-        return out
+        return self.tp.reduce_from(self.linear_proj(ctx))
 
 
 class MLP(nn.Module):
-    """SwiGLU with `linear_fc1 = [gate; up]` (megatron `mlp.py`: chunk, silu(gate) * up)."""
+    """SwiGLU with `linear_fc1 = [gate; up]` (megatron `mlp.py`: chunk, silu(gate) * up); under tensor parallelism
+    each rank holds [its gate rows; its up rows] and the matching columns of `linear_fc2`."""
 
-    def __init__(self, hidden: int, ffn: int, std: float, out_std: float, activation: str = "silu") -> None:
+    def __init__(self, hidden: int, ffn: int, std: float, out_std: float, activation: str = "silu",
+                 tp: TensorParallel = NO_TP) -> None:
         super().__init__()
-        self.linear_fc1 = Linear(2 * ffn, hidden, std)
-        self.linear_fc2 = Linear(hidden, ffn, out_std)
+        self.tp = tp
+        self.linear_fc1 = Linear(2 * ffn // tp.size, hidden, std)
+        self.linear_fc2 = Linear(hidden, ffn // tp.size, out_std)
         self.act = F.gelu if activation == "gelu" else F.silu  # gelu: an injected bug (twin.faults)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = torch.chunk(self.linear_fc1(x), 2, dim=-1)
-        out: Tensor = self.linear_fc2(self.act(gate) * up)
-        return out
+        gate, up = torch.chunk(self.linear_fc1(self.tp.copy_to(x)), 2, dim=-1)
+        return self.tp.reduce_from(self.linear_fc2(self.act(gate) * up))
 
 
 class SharedExperts(MLP):
     gate_weight: nn.Parameter
 
-    def __init__(self, hidden: int, ffn: int, gate: bool, std: float, out_std: float, activation: str = "silu"
-                 ) -> None:
-        super().__init__(hidden, ffn, std, out_std, activation)
+    def __init__(self, hidden: int, ffn: int, gate: bool, std: float, out_std: float, activation: str = "silu",
+                 tp: TensorParallel = NO_TP) -> None:
+        super().__init__(hidden, ffn, std, out_std, activation, tp)
         self.use_gate = gate
         if gate:
             self.gate_weight = nn.Parameter(torch.empty(1, hidden))
@@ -193,10 +207,11 @@ class Router(nn.Module):
 class Experts(nn.Module):
     """megatron `SequentialMLP`: one local-spec MLP per expert (`local_experts.{e}`)."""
 
-    def __init__(self, hidden: int, moe: MoESpec, std: float, out_std: float, activation: str = "silu") -> None:
+    def __init__(self, hidden: int, moe: MoESpec, std: float, out_std: float, activation: str = "silu",
+                 tp: TensorParallel = NO_TP) -> None:
         super().__init__()
         self.local_experts = nn.ModuleList(
-            [MLP(hidden, moe.ffn_hidden_size, std, out_std, activation) for _ in range(moe.num_experts)]
+            [MLP(hidden, moe.ffn_hidden_size, std, out_std, activation, tp) for _ in range(moe.num_experts)]
         )
 
     def forward(self, x: Tensor, probs: Tensor) -> Tensor:
@@ -211,14 +226,15 @@ class MoELayer(nn.Module):
     experts: Experts
     shared_experts: SharedExperts
 
-    def __init__(self, hidden: int, moe: MoESpec, std: float, out_std: float, activation: str = "silu") -> None:
+    def __init__(self, hidden: int, moe: MoESpec, std: float, out_std: float, activation: str = "silu",
+                 tp: TensorParallel = NO_TP) -> None:
         super().__init__()
         self.moe = moe
         self.router = Router(hidden, moe, std)
-        self.experts = Experts(hidden, moe, std, out_std, activation)
+        self.experts = Experts(hidden, moe, std, out_std, activation, tp)
         if moe.shared_ffn_hidden_size is not None:
             self.shared_experts = SharedExperts(hidden, moe.shared_ffn_hidden_size, moe.shared_expert_gate, std,
-                                                out_std, activation)
+                                                out_std, activation, tp)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         shape = x.shape
@@ -233,18 +249,18 @@ class MoELayer(nn.Module):
 class TransformerLayer(nn.Module):
     mlp: MoELayer | MLP
 
-    def __init__(self, spec: TwinSpec, is_moe: bool) -> None:
+    def __init__(self, spec: TwinSpec, is_moe: bool, tp: TensorParallel = NO_TP) -> None:
         super().__init__()
         std, out_std = spec.init_std, spec.init_std / math.sqrt(2.0 * spec.num_layers)
         self.input_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps)
-        self.self_attention = SelfAttention(spec, out_std)
+        self.self_attention = SelfAttention(spec, out_std, tp)
         self.pre_mlp_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps)
         self.is_moe = is_moe
         if is_moe:
             assert spec.moe is not None
-            self.mlp = MoELayer(spec.hidden_size, spec.moe, std, out_std, spec.activation)
+            self.mlp = MoELayer(spec.hidden_size, spec.moe, std, out_std, spec.activation, tp)
         else:
-            self.mlp = MLP(spec.hidden_size, spec.ffn_hidden_size, std, out_std, spec.activation)
+            self.mlp = MLP(spec.hidden_size, spec.ffn_hidden_size, std, out_std, spec.activation, tp)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], causal: Tensor, moe_out: list[tuple[Tensor, Tensor]]
                 ) -> Tensor:
@@ -257,12 +273,16 @@ class TransformerLayer(nn.Module):
 
 
 class Decoder(nn.Module):
+    """The decoder layers of one pipeline stage (module-local numbering), the final norm on the last stage."""
+
     layers: nn.ModuleList
 
-    def __init__(self, spec: TwinSpec) -> None:
+    def __init__(self, spec: TwinSpec, layers: range, *, last_stage: bool = True, tp: TensorParallel = NO_TP
+                 ) -> None:
         super().__init__()
-        self.layers = nn.ModuleList([TransformerLayer(spec, spec.moe_layers[i]) for i in range(spec.num_layers)])
-        self.final_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps)
+        self.layers = nn.ModuleList([TransformerLayer(spec, spec.moe_layers[i], tp) for i in layers])
+        if last_stage:
+            self.final_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps)
 
 
 class MTPLayer(nn.Module):
@@ -271,14 +291,15 @@ class MTPLayer(nn.Module):
     eh_proj: Linear
     final_layernorm: RMSNorm
 
-    def __init__(self, spec: TwinSpec, inner_name: str) -> None:
+    def __init__(self, spec: TwinSpec, inner_name: str, tp: TensorParallel = NO_TP) -> None:
         super().__init__()
         h = spec.hidden_size
+        self.tp = tp
         self.enorm = RMSNorm(h, spec.norm_eps)
         self.hnorm = RMSNorm(h, spec.norm_eps)
-        self.eh_proj = Linear(h, 2 * h, spec.init_std)
+        self.eh_proj = Linear(h // tp.size, 2 * h, spec.init_std)  # column-parallel, then gathered
         self.inner_name = inner_name
-        self.add_module(inner_name, TransformerLayer(spec, spec.mtp_inner_is_moe))
+        self.add_module(inner_name, TransformerLayer(spec, spec.mtp_inner_is_moe, tp))
         self.final_layernorm = RMSNorm(h, spec.norm_eps)
 
     @property
@@ -290,9 +311,9 @@ class MTPLayer(nn.Module):
 class MTP(nn.Module):
     layers: nn.ModuleList
 
-    def __init__(self, spec: TwinSpec, inner_name: str) -> None:
+    def __init__(self, spec: TwinSpec, inner_name: str, tp: TensorParallel = NO_TP) -> None:
         super().__init__()
-        self.layers = nn.ModuleList([MTPLayer(spec, inner_name) for _ in range(spec.mtp_num_layers)])
+        self.layers = nn.ModuleList([MTPLayer(spec, inner_name, tp) for _ in range(spec.mtp_num_layers)])
 
 
 def _shift_left(x: Tensor) -> Tensor:
@@ -314,26 +335,53 @@ class Outputs:
 
 
 class TwinGPTTorch(nn.Module):
-    """The whole twin model with megatron-core `GPTModel` state-dict names (local spec)."""
+    """The twin model with megatron-core `GPTModel` state-dict names (local spec): the whole model, or one
+    (tensor-parallel rank, pipeline stage) of it (`alignflow.twin.torch_parallel`)."""
 
     mtp: MTP
+    embedding: Embedding
+    output_layer: Linear
 
-    def __init__(self, spec: TwinSpec, *, mtp_inner_name: str = "transformer_layer") -> None:
+    def __init__(self, spec: TwinSpec, *, mtp_inner_name: str = "transformer_layer", tp: TensorParallel = NO_TP,
+                 stage: int = 0, stages: int = 1) -> None:
         super().__init__()
-        self.spec = spec
-        self.embedding = Embedding(spec.vocab_size, spec.hidden_size, spec.init_std)
-        self.decoder = Decoder(spec)
-        self.output_layer = Linear(spec.vocab_size, spec.hidden_size, spec.init_std)
-        if spec.mtp_num_layers:
-            self.mtp = MTP(spec, mtp_inner_name)
+        self.spec, self.tp = spec, tp
+        assert spec.num_layers % stages == 0, f"{spec.num_layers} layers do not split into {stages} stages"
+        per = spec.num_layers // stages
+        self.first_stage, self.last_stage = stage == 0, stage == stages - 1
+        self.layer_offset = stage * per
+        mtp_here = self.last_stage and spec.mtp_num_layers > 0
+        if self.first_stage or mtp_here:  # megatron GPTModel: `if self.pre_process or self.mtp_process`
+            self.embedding = Embedding(spec.vocab_size, spec.hidden_size, spec.init_std, tp)
+        self.decoder = Decoder(spec, range(self.layer_offset, self.layer_offset + per), last_stage=self.last_stage,
+                               tp=tp)
+        if self.last_stage:
+            self.output_layer = Linear(spec.vocab_size // tp.size, spec.hidden_size, spec.init_std)
+        if mtp_here:
+            self.mtp = MTP(spec, mtp_inner_name, tp)
         self.aux_coeff = spec.moe.aux_loss_coeff if spec.moe is not None else 0.0
 
     def moe_layers(self) -> list[MoELayer]:
-        """MoE layers in the order the forward reports them (decoder, then MTP inner layers)."""
+        """This stage's MoE layers in the order the forward reports them (decoder, then MTP inner layers)."""
+        return [layer.mlp for layer in self._layers() if isinstance(layer.mlp, MoELayer)]
+
+    def moe_positions(self) -> list[int]:
+        """Where this stage's MoE layers are among the whole model's (decoder, then MTP): for summing the logged
+        values of all stages."""
+        spec = self.spec
+        everything = [i for i in range(spec.num_layers) if spec.moe_layers[i]]
+        everything += [spec.num_layers + k for k in range(spec.mtp_num_layers) if spec.mtp_inner_is_moe]
+        mine = [self.layer_offset + i for i, layer in enumerate(self.decoder.layers)
+                if isinstance(cast(TransformerLayer, layer).mlp, MoELayer)]
+        if self.last_stage and spec.mtp_inner_is_moe:
+            mine += [spec.num_layers + k for k in range(spec.mtp_num_layers)]
+        return [everything.index(i) for i in mine]
+
+    def _layers(self) -> list[TransformerLayer]:
         layers = [cast(TransformerLayer, layer) for layer in self.decoder.layers]
-        if self.spec.mtp_num_layers:
+        if self.last_stage and self.spec.mtp_num_layers:
             layers += [cast(MTPLayer, m).inner for m in self.mtp.layers]
-        return [layer.mlp for layer in layers if isinstance(layer.mlp, MoELayer)]
+        return layers
 
     @torch.no_grad()
     def update_expert_bias(self, counts: list[Tensor]) -> None:
@@ -343,18 +391,29 @@ class TwinGPTTorch(nn.Module):
                 offset = c.sum(dim=-1, keepdim=True) / c.shape[-1] - c
                 layer.router.expert_bias += torch.sign(offset) * layer.moe.bias_update_rate
 
-    def forward(self, tokens: Tensor, labels: Tensor, micro_scale: float = 1.0) -> Outputs:
-        spec = self.spec
-        device = tokens.device
-        rope = rope_tables(spec, device)
+    def _context(self, tokens: Tensor) -> tuple[tuple[Tensor, Tensor], Tensor]:
         s = tokens.shape[1]
-        causal = torch.ones(s, s, dtype=torch.bool, device=device).tril()
-        moe_out: list[tuple[Tensor, Tensor]] = []
-        x = self.embedding(tokens)
+        return rope_tables(self.spec, tokens.device), torch.ones(s, s, dtype=torch.bool, device=tokens.device).tril()
+
+    def stage_forward(self, tokens: Tensor, hidden: Tensor | None, moe_out: list[tuple[Tensor, Tensor]]) -> Tensor:
+        """This stage's decoder layers: from the tokens (first stage) or the previous stage's hidden states."""
+        rope, causal = self._context(tokens)
+        x = self.embedding(tokens) if self.first_stage else hidden
+        assert x is not None
         for layer in self.decoder.layers:
             x = layer(x, rope, causal, moe_out)
+        return x
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        return self.tp.gather_from(self.output_layer(self.tp.copy_to(hidden)))
+
+    def head(self, x: Tensor, tokens: Tensor, labels: Tensor, micro_scale: float,
+             moe_out: list[tuple[Tensor, Tensor]]) -> Outputs:
+        """The last stage after its decoder layers: final norm, LM loss, MTP, this stage's aux losses."""
+        spec = self.spec
+        rope, causal = self._context(tokens)
         hidden = self.decoder.final_layernorm(x)
-        lm = F.cross_entropy(self.output_layer(hidden).flatten(0, 1), labels.flatten(), reduction="none")
+        lm = F.cross_entropy(self._logits(hidden).flatten(0, 1), labels.flatten(), reduction="none")
         lm_sum = lm.sum()
         objective = lm_sum / labels.numel()
         mtp_means: list[Tensor] = []
@@ -364,9 +423,10 @@ class TwinGPTTorch(nn.Module):
             layer = cast(MTPLayer, self.mtp.layers[k])
             ids, mtp_labels, mask = _shift_left(ids), _shift_left(mtp_labels), _shift_left(mask)
             emb = self.embedding(ids)
-            h = layer.eh_proj(torch.cat((layer.enorm(emb), layer.hnorm(hidden)), dim=-1))
+            cat = torch.cat((layer.enorm(emb), layer.hnorm(hidden)), dim=-1)
+            h = self.tp.gather_from(layer.eh_proj(self.tp.copy_to(cat)))
             hidden = layer.final_layernorm(layer.inner(h, rope, causal, moe_out))
-            ce = F.cross_entropy(self.output_layer(hidden).flatten(0, 1), mtp_labels.flatten(), reduction="none")
+            ce = F.cross_entropy(self._logits(hidden).flatten(0, 1), mtp_labels.flatten(), reduction="none")
             mtp_means.append((ce * mask.flatten()).sum() / mask.sum())
             objective = objective + spec.mtp_loss_scaling_factor / spec.mtp_num_layers * mtp_means[-1]
         aux_raw = [aux for aux, _ in moe_out]
@@ -374,3 +434,17 @@ class TwinGPTTorch(nn.Module):
             objective = objective + self.aux_coeff * torch.stack(aux_raw).sum()
         return Outputs(objective * micro_scale, lm_sum.detach(), labels.numel(),
                        [m.detach() for m in mtp_means], [a.detach() for a in aux_raw], [c for _, c in moe_out])
+
+    def aux_objective(self, moe_out: list[tuple[Tensor, Tensor]], micro_scale: float) -> Tensor | None:
+        """A stage before the last: its MoE layers' aux loss term of the objective (the rest is downstream)."""
+        aux_raw = [aux for aux, _ in moe_out]
+        if not aux_raw or not self.aux_coeff:
+            return None
+        return self.aux_coeff * torch.stack(aux_raw).sum() * micro_scale
+
+    def forward(self, tokens: Tensor, labels: Tensor, micro_scale: float = 1.0) -> Outputs:
+        """The whole model in one stage (no pipeline)."""
+        assert self.first_stage, "a pipeline stage runs stage_forward / head"
+        assert self.last_stage, "a pipeline stage runs stage_forward / head"
+        moe_out: list[tuple[Tensor, Tensor]] = []
+        return self.head(self.stage_forward(tokens, None, moe_out), tokens, labels, micro_scale, moe_out)

@@ -103,15 +103,16 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
     from alignflow.twin.megatron_flags import data_file, model_config_from_megatron, padded_vocab_size
     from alignflow.twin.presets import twin_spec
     from alignflow.twin.schedule import LRSchedule, OptimSettings
-    from alignflow.twin.torch_checkpoint import load_checkpoint, save_checkpoint
-    from alignflow.twin.torch_dist import DataParallel
+    from alignflow.twin.torch_checkpoint import RankPlace, load_checkpoint, save_checkpoint
     from alignflow.twin.torch_model import TwinGPTTorch
-    from alignflow.twin.torch_optim import AdamW, global_norm
+    from alignflow.twin.torch_optim import AdamW
+    from alignflow.twin.torch_parallel import ParallelState
 
     twin = twin or TwinSettings()
     version = twin.megatron_version
     faults = faults or Faults()
-    spec = faults.model(twin_spec(model_config_from_megatron(ns, megatron_version=version)))
+    model_config = model_config_from_megatron(ns, megatron_version=version)
+    spec = faults.model(twin_spec(model_config))
     micros = first_print = timestamp_has_microseconds(version)  # both changed in megatron-core 0.16
     device = torch.device("cuda" if twin.device == "cuda" or (twin.device == "auto"
                                                                and torch.cuda.is_available()) else "cpu")
@@ -123,7 +124,13 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         _deterministic_eager_kernels(torch)
     torch.manual_seed(ns.seed)
-    dp = DataParallel.from_env(cuda=device.type == "cuda")
+    try:
+        dp = ParallelState.from_env(tp=ns.tensor_model_parallel_size, pp=ns.pipeline_model_parallel_size,
+                                    cuda=device.type == "cuda")
+    except ValueError as exc:
+        from alignflow.errors import ConfigError
+
+        raise ConfigError(f"{WHERE}: {exc}") from None
     info0 = log.info if dp.first else _quiet  # Megatron's print_rank_0 ...
     info_last = log.info if dp.last else _quiet  # ... and print_rank_last (the iteration lines)
     if not dp.first:
@@ -133,9 +140,11 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
     data = load_data(data_file(ns), seq_length=spec.seq_length, seed=ns.seed, vocab_size=orig_vocab,
                      samples_needed=ns.train_iters * gbs, expected_sha256=twin.data_sha256, where=WHERE)
     info0(fmt.megatron_padded_vocab_line(orig_vocab, padded))
-    model = TwinGPTTorch(spec, mtp_inner_name=mtp_inner_name(version))
+    model = TwinGPTTorch(spec, mtp_inner_name=mtp_inner_name(version), tp=dp.tp, stage=dp.pp_rank,
+                         stages=dp.pp_size)
     names = list(model.state_dict())
     layout = megatron_layout(names, ns.transformer_impl, grouped_gemm=ns.moe_grouped_gemm)
+    place = RankPlace(dp.tp.rank, dp.pp_rank, dp.tp.size, dp.pp_size)
     info0(f" > number of parameters on (tensor, pipeline) model parallel rank (0, 0): "
              f"{sum(p.numel() for p in model.parameters())}")
     settings = OptimSettings(
@@ -147,7 +156,9 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
     settings = faults.optimizer(settings)
     iteration, opt_state = 0, None
     if ns.load:
-        result = load_checkpoint(model, Path(ns.load), layout, finetune=ns.finetune, where=WHERE)
+        result = load_checkpoint(model, Path(ns.load), layout, finetune=ns.finetune, where=WHERE, place=place,
+                                 ckpt_format=ns.ckpt_format,
+                                 dist_layout=lambda: _rank_layout(model_config, dp))
         iteration = result.iteration
         if not ns.finetune and not ns.no_load_optim and not result.release:
             if result.optimizer is None:
@@ -161,7 +172,7 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
         optimizer.round_params_to_bf16()
     recorder = None
     last = ns.train_iters
-    if dump is not None and dp.size > 1:
+    if dump is not None and dp.world > 1:
         from alignflow.errors import ConfigError
 
         raise ConfigError(f"{WHERE}: dumps are taken in one process; run the diagnose step with one GPU rank (dp 1)")
@@ -178,32 +189,40 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
         from alignflow.errors import ConfigError
 
         raise ConfigError(f"{WHERE}: {exc}") from None
-    scale = 1.0 / (micro * dp.size)  # of each micro-batch's loss: the gradients are then summed over the ranks
+    scale = 1.0 / (micro * dp.dp_size)  # of each micro-batch's loss: the gradients are then summed over the ranks
     moe_layers = model.moe_layers()
+    positions = model.moe_positions()  # where this stage's MoE layers are among the whole model's
+    n_moe = spec.num_moe_layers_for_logging
+    n_mtp = spec.mtp_num_layers
     interval, skipped, nans, out = _Interval(), 0, 0, []
     t_interval, iters_in_interval = clock(), 0
     for it in range(iteration + 1, last + 1):
         model.zero_grad(set_to_none=True)
         batch = torch.from_numpy(data.batch(it - 1, gbs)).to(device)
-        lm_sum, mtp = 0.0, np.zeros(spec.mtp_num_layers)
-        aux = np.zeros(len(moe_layers))
+        lm_sum, mtp = 0.0, np.zeros(n_mtp)
+        aux = np.zeros(n_moe)  # every MoE layer of the model; this stage fills its own
         counts = [torch.zeros(spec.moe.num_experts, device=device) for _ in moe_layers] if spec.moe else []
         for i in range(micro):
             rows = dp.rows(batch, i, ns.micro_batch_size)
-            outputs = model(rows[:, :-1], rows[:, 1:], scale)
-            outputs.objective.backward()
-            lm_sum += float(outputs.lm_sum)
-            mtp += np.array([float(x) for x in outputs.mtp_means]) / (micro * dp.size)
-            aux += np.array([float(x) for x in outputs.aux_raw]) / (micro * dp.size)
-            counts = [c + mc for c, mc in zip(counts, outputs.counts, strict=True)]
+            outputs, aux_raw, micro_counts = run_micro_batch(model, dp, rows, scale)
+            if outputs is not None:
+                lm_sum += float(outputs.lm_sum)
+                mtp += np.array([float(x) for x in outputs.mtp_means]) / (micro * dp.dp_size)
+            if aux_raw:
+                aux[positions] += np.array([float(x) for x in aux_raw]) / (micro * dp.dp_size)
+            counts = [c + mc for c, mc in zip(counts, micro_counts, strict=True)]
             if recorder is not None:
                 recorder.stop_forward()
-        if dp.size > 1:  # the whole global batch's gradient, losses and router counts on every rank
-            dp.sum_grads(model.parameters())
-            summed = dp.sum_floats([lm_sum, *mtp, *aux])
-            lm_sum, mtp, aux = summed[0], np.array(summed[1:1 + len(mtp)]), np.array(summed[1 + len(mtp):])
-            dp.sum_tensors(counts)
-        norm = float(global_norm(optimizer.params))
+        sum_gradients(model, dp)  # over data-parallel replicas; the first and last stage's embedding copies
+        if dp.world > 1:
+            # every rank ends with the step's values: the losses are the last stage's, the aux losses each stage's
+            # own layers', and each is held by every tensor-parallel rank alike (hence / tp)
+            summed = dp.sum_floats([lm_sum, *mtp, *aux], None)
+            lm_sum = summed[0] / dp.tp.size
+            mtp = np.array(summed[1:1 + n_mtp]) / dp.tp.size
+            aux = np.array(summed[1 + n_mtp:]) / dp.tp.size
+            dp.all_reduce(counts, dp.dp_group)
+        norm = gradient_norm(optimizer.params, dp)
         if recorder is not None:
             recorder.grads(model)
         if math.isfinite(norm):
@@ -237,14 +256,114 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
             if not first:
                 interval, skipped, nans = _Interval(), 0, 0
                 t_interval, iters_in_interval = clock(), 0
-        if ns.save and dp.first and (it == ns.train_iters or (ns.save_interval and it % ns.save_interval == 0)):
-            model.to("cpu")
-            save_checkpoint(model, Path(ns.save), it, layout, microseconds=micros, now=now,
-                            optimizer=None if ns.no_save_optim else _cpu(optimizer.state_dict(it)))
-            model.to(device)
+        if ns.save and (it == ns.train_iters or (ns.save_interval and it % ns.save_interval == 0)):
+            if dp.dp_rank == 0:  # one file per (tensor, pipeline) rank, as Megatron-LM's legacy format
+                model.to("cpu")
+                save_checkpoint(model, Path(ns.save), it, layout, microseconds=micros, now=now,
+                                optimizer=None if ns.no_save_optim else _cpu(optimizer.state_dict(it)),
+                                place=place, tracker=dp.world == 1)
+                model.to(device)
+            if dp.world > 1:
+                dp.barrier()
+                if dp.first:
+                    from alignflow.convert.layout import TRACKER, write_atomic
+
+                    write_atomic(Path(ns.save) / TRACKER, str(it))
     info0(f"[after training is done] datetime: {now().strftime('%Y-%m-%d %H:%M:%S')}")
     dp.close()
     return out
+
+
+def run_micro_batch(model: Any, ps: Any, rows: Any, scale: float) -> tuple[Any, list[Any], list[Any]]:
+    """Forward and backward of one micro-batch on this rank: the whole model, or this pipeline stage's part with
+    the hidden states and their gradients passed between stages. Returns the last stage's outputs (None on other
+    stages), this stage's aux losses and router counts."""
+    import torch
+
+    tokens, labels = rows[:, :-1], rows[:, 1:]
+    if ps.pp_size == 1:
+        outputs = model(tokens, labels, scale)
+        outputs.objective.backward()
+        return outputs, outputs.aux_raw, outputs.counts
+    moe_out: list[Any] = []
+    hidden_in = None
+    if not model.first_stage:
+        like = torch.empty(*tokens.shape, model.spec.hidden_size, device=tokens.device)
+        hidden_in = ps.recv_prev(like).requires_grad_()
+    hidden = model.stage_forward(tokens, hidden_in, moe_out)
+    outputs = None
+    if model.last_stage:
+        outputs = model.head(hidden, tokens, labels, scale, moe_out)
+        outputs.objective.backward()
+    else:
+        ps.send_next(hidden)
+        grad = ps.recv_next(hidden)
+        aux_term = model.aux_objective(moe_out, scale)
+        roots, grads = [hidden], [grad]
+        if aux_term is not None:
+            roots.append(aux_term)
+            grads.append(torch.ones_like(aux_term))
+        torch.autograd.backward(roots, grads)
+    if hidden_in is not None:
+        assert hidden_in.grad is not None
+        ps.send_prev(hidden_in.grad)
+    aux_raw = outputs.aux_raw if outputs is not None else [aux.detach() for aux, _ in moe_out]
+    counts = outputs.counts if outputs is not None else [c for _, c in moe_out]
+    return outputs, aux_raw, counts
+
+
+def sum_gradients(model: Any, ps: Any) -> None:
+    """Megatron's gradient all-reduces: over the data-parallel replicas, and the word embedding's gradient over
+    its first- and last-stage copies (the last stage's serves MTP; `_allreduce_word_embedding_grads`)."""
+    if ps.dp_size > 1:
+        ps.all_reduce([p.grad for p in model.parameters() if p.grad is not None], ps.dp_group)
+    if ps.pp_size > 1 and model.spec.mtp_num_layers and (model.first_stage or model.last_stage):
+        ps.all_reduce([model.embedding.word_embeddings.weight.grad], ps.embedding_group)
+
+
+# Parameters split over the tensor-parallel ranks (megatron's `tensor_model_parallel` attribute): the parallel
+# linears and the embedding. Every other parameter (norms, router, shared-expert gate) is the same on each rank.
+_TP_SPLIT = ("linear_qkv.weight", "linear_proj.weight", "linear_fc1.weight", "linear_fc2.weight", "eh_proj.weight",
+             "output_layer.weight", "word_embeddings.weight")
+
+
+def gradient_norm(params: Mapping[str, Any], ps: Any) -> float:
+    """The pre-clip gradient norm of the whole model: local squares of the parameters this rank owns (a
+    replicated parameter on tensor-parallel rank 0 only, the last stage's embedding copy not at all), summed over
+    the model-parallel ranks (megatron `get_grad_norm_fp32`). One rank: `global_norm` as it always was."""
+    import torch
+
+    from alignflow.twin.torch_optim import global_norm
+
+    if ps.tp.size == 1 and ps.pp_size == 1:
+        return float(global_norm(dict(params)))
+    total = torch.zeros((), dtype=torch.float32)
+    for name, p in params.items():
+        assert p.grad is not None
+        if ps.tp.rank != 0 and not name.endswith(_TP_SPLIT):
+            continue
+        if name.startswith("embedding.") and not ps.first_stage:
+            continue
+        total = total + (p.grad.float() * p.grad.float()).sum().cpu()
+    ps.all_reduce([total], ps.mp_group)
+    return float(torch.sqrt(total))
+
+
+def _rank_layout(model_config: Any, ps: Any) -> Any:
+    """This rank's torch_dist layout, planned by megatron-core on rank 0 and sent to every rank."""
+    from alignflow.config.parallel import ParallelConfig
+    from alignflow.convert.sharding import RankLayout, plan_layouts
+
+    data: list[Any] = [None]
+    if ps.first:
+        layouts = plan_layouts(model_config, ParallelConfig(tp=ps.tp.size, pp=ps.pp_size))
+        data = [[r.to_json() for r in layouts.ranks]]
+    ps.broadcast(data)
+    for raw in data[0]:
+        rank = RankLayout.from_json(raw)
+        if (rank.tp, rank.pp) == (ps.tp.rank, ps.pp_rank):
+            return rank
+    raise AssertionError("megatron-core planned no layout for this rank")
 
 
 def _check_real_parser(argv: Sequence[str], version: str) -> None:

@@ -118,8 +118,9 @@ def test_the_twins_gpu_training_runs_under_torchrun_on_a_two_device_host(demo: E
 
 
 def test_the_twins_limits_are_render_errors_not_job_failures(demo: Experiment) -> None:
-    with pytest.raises(ConfigError, match="the PyTorch twin is data-parallel only"):
-        step_command(demo.model_copy(update={"gpu": demo.gpu.model_copy(update={"parallel": ParallelConfig(tp=2)})}),
+    with pytest.raises(ConfigError, match="the PyTorch twin has tensor, pipeline and data parallelism, not expert"):
+        step_command(demo.model_copy(update={"gpu": demo.gpu.model_copy(update={"parallel": ParallelConfig(ep=2,
+                                                                                                           dp=2)})}),
                      "gpu_train", data_sha256="")
     with pytest.raises(ConfigError, match="the MindSpore twin trains in one process"):
         step_command(demo.model_copy(update={"npu": demo.npu.model_copy(update={"parallel": DP2})}),

@@ -63,8 +63,9 @@ def test_unknown_flags_are_rejected_by_name() -> None:
     (["--dataloader-type", "cyclic"], "--dataloader-type cyclic"),
     (["--split", "969,30,1"], "--split"),
     (["--tokenizer-type", "GPT2BPETokenizer"], "--tokenizer-type"),
-    (["--ckpt-format", "torch_dist", "--load", "x"], "--ckpt-format torch_dist"),
-    (["--tensor-model-parallel-size", "2"], "--tensor-model-parallel-size 2"),
+    (["--ckpt-format", "torch_dist", "--save", "x"], "--ckpt-format torch_dist with --save"),
+    (["--ckpt-format", "torch_dcp", "--load", "x"], "--ckpt-format torch_dcp"),
+    (["--expert-model-parallel-size", "2"], "--expert-model-parallel-size 2"),
     (["--fp16"], "--fp16"),
     (["--eval-iters", "10", "--eval-interval", "5"], "--eval-iters 0"),
 ])
