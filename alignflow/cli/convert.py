@@ -150,11 +150,15 @@ def register(app: typer.Typer) -> None:
     app.add_typer(convert_app, name="convert")
 
     @convert_app.command("bf16")
-    def bf16_cmd(src: Path = _SRC, dst: Path = _DST, as_json: bool = _JSON) -> None:
+    def bf16_cmd(src: Path = _SRC, dst: Path = _DST, as_json: bool = _JSON,
+                 strategy: Path | None = typer.Option(
+                     None, "--strategy", exists=True,
+                     help="The MindSpore parallel strategy file of a per-rank (rank_*/) checkpoint (default: the one "
+                          "in strategy/ beside it).")) -> None:
         """MindFormers checkpoint -> bf16 MindFormers checkpoint (optimizer state and counters dropped)."""
         from alignflow.convert import convert_bf16
 
-        _run("bf16", dst, lambda progress: convert_bf16(src, dst, progress=progress), as_json)
+        _run("bf16", dst, lambda progress: convert_bf16(src, dst, progress=progress, strategy=strategy), as_json)
 
     @convert_app.command("megatron")
     def megatron_cmd(

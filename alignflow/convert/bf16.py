@@ -53,11 +53,13 @@ def bf16_dtype(name: str, dtype: torch.dtype) -> torch.dtype:
 
 
 def convert_bf16(src: Path, dst: Path, *, progress: ProgressFn | None = None,
-                 prefix: str | None = None) -> ConversionSummary:
+                 prefix: str | None = None, strategy: Path | None = None) -> ConversionSummary:
     """Convert the MindFormers checkpoint `src` into a bf16 MindFormers checkpoint directory `dst`.
 
     `src`: a checkpoint directory with `latest_checkpointed_iteration.txt`, an `iteration_*` directory (multi-rank
-    shards are merged through `metadata.json`), one `.safetensors` file, or a legacy `.ckpt` (needs MindSpore).
+    shards are merged through `metadata.json`), one `.safetensors` file, a legacy `.ckpt` (needs MindSpore), per-rank
+    `rank_*/` files merged by their parallel strategy (`strategy`, else the one beside them; needs MindSpore), or
+    MindSpore's unified safetensors.
     `dst` gets `latest_checkpointed_iteration.txt`, `iteration_%08d/<prefix>-model-0000000-0000001.safetensors`
     and the 7-key `common.json`, and no `metadata.json` (MindFormers then treats every tensor as whole,
     docs/mindformers.md#loading-a-checkpoint-for-training). `prefix` defaults to the source's file prefix, else
@@ -65,7 +67,7 @@ def convert_bf16(src: Path, dst: Path, *, progress: ProgressFn | None = None,
     """
     start = time.perf_counter()
     src, dst = Path(src), Path(dst)
-    with open_mindformers(src) as ckpt:
+    with open_mindformers(src, strategy=strategy) as ckpt:
         dropped = sorted(ckpt.optimizer_keys)
         layout: list[tuple[str, TensorMeta]] = []
         for name, meta in ckpt.tensors.items():

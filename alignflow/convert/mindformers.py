@@ -20,6 +20,15 @@ from typing import Any
 import torch
 
 from alignflow.convert.layout import COMMON_JSON, COMMON_KEYS, OPT_FILE, TRACKER, iteration_dir_name
+from alignflow.convert.mindformers_strategy import (
+    PARAM_NAME_MAP,
+    chunks_by_strategy,
+    find_strategy,
+    is_rank_directory,
+    rank_files,
+    strategy_layouts,
+    unified_map,
+)
 from alignflow.convert.tensor_io import SafetensorsFileError, TensorMeta, read_layout, read_tensor
 from alignflow.errors import ConversionError
 
@@ -97,8 +106,10 @@ class MindFormersCheckpoint:
         return full
 
 
-def open_mindformers(src: Path) -> MindFormersCheckpoint:
-    """Open a tracker directory, an `iteration_*` directory, a `.safetensors` file or a legacy MindSpore `.ckpt`.
+def open_mindformers(src: Path, *, strategy: Path | None = None) -> MindFormersCheckpoint:
+    """Open a tracker directory, an `iteration_*` directory, a `.safetensors` file, a legacy MindSpore `.ckpt`, a
+    directory of per-rank `rank_*/` files sliced by a parallel strategy (`strategy`, or the one MindFormers saved
+    beside them), or MindSpore's unified safetensors (`param_name_map.json`).
 
     Raises `ConversionError` listing every layout problem (missing iteration directory, duplicate tensors,
     shards that do not tile their tensor, files named in `metadata.json` that are not there).
@@ -107,6 +118,9 @@ def open_mindformers(src: Path) -> MindFormersCheckpoint:
     ckpt = MindFormersCheckpoint(src)
     if not src.exists():
         raise ConversionError([f"{src}: no such file or directory"], header="cannot open the MindFormers checkpoint")
+    if src.is_dir() and (strategy is not None or is_rank_directory(src)):
+        _index_by_strategy(ckpt, src, strategy)
+        return ckpt
     if src.is_file():
         if src.suffix == ".ckpt":
             _load_legacy_ckpt(ckpt, src)
@@ -139,7 +153,55 @@ def open_mindformers(src: Path) -> MindFormersCheckpoint:
                               header="cannot open the MindFormers checkpoint")
     metadata = directory / METADATA_JSON
     _index_files(ckpt, files, metadata if metadata.is_file() else None)
+    _check_unified_map(ckpt, directory)
     return ckpt
+
+
+def _index_by_strategy(ckpt: MindFormersCheckpoint, src: Path, strategy: Path | None) -> None:
+    """Per-rank files and their strategy (`alignflow.convert.mindformers_strategy`): one chunk per slice."""
+    import tempfile
+
+    header = f"cannot open the MindFormers checkpoint {src}"
+    problems: list[str] = []
+    files = rank_files(src, problems)
+    strategies = [Path(strategy)] if strategy is not None else find_strategy(src)
+    if not strategies:
+        problems.append(f"{src}: per-rank files without a strategy file (none in strategy/ beside them): pass "
+                        "--strategy FILE (MindFormers saves it as strategy/ckpt_strategy_rank_0.ckpt)")
+    elif not all(p.is_file() for p in strategies):
+        problems.append(f"{strategies[0]}: no such strategy file")
+    if problems:
+        raise ConversionError(problems, header=header)
+    layouts_by_file = {f: _layout(f, problems) for f in files.values()}
+    if problems:
+        raise ConversionError(problems, header=header)
+    with tempfile.TemporaryDirectory(prefix="alignflow-strategy-") as scratch:
+        layouts = strategy_layouts(strategies, Path(scratch))
+    merged = chunks_by_strategy(files, layouts_by_file, layouts, problems)
+    for name, (meta, chunks) in merged.items():
+        ckpt.tensors[name] = meta
+        ckpt._chunks[name] = tuple(_Chunk(f, off, shape) for f, off, shape in chunks)
+        problems += _tiling_problems(name, meta.shape, list(ckpt._chunks[name]))
+    if problems:
+        raise ConversionError(problems, header=header)
+    ckpt.files = list(files.values())
+    log.info("%s: %d ranks merged by the strategy %s", src, len(files), ", ".join(p.name for p in strategies))
+
+
+def _check_unified_map(ckpt: MindFormersCheckpoint, directory: Path) -> None:
+    """MindSpore's unified safetensors: every parameter where `param_name_map.json` says it is."""
+    problems: list[str] = []
+    weight_map = unified_map(directory, problems)
+    if weight_map is None and not problems:
+        return
+    for name, file in sorted((weight_map or {}).items()):
+        chunks = ckpt._chunks.get(name)
+        if chunks is None:
+            problems.append(f"{name}: in {PARAM_NAME_MAP} ({file}) but in none of the files")
+        elif chunks[0].file.name != file:
+            problems.append(f"{name}: {PARAM_NAME_MAP} names {file}, it is in {chunks[0].file.name}")
+    if problems:
+        raise ConversionError(problems, header=f"cannot open the MindFormers checkpoint {directory}")
 
 
 def _iteration_directory(src: Path) -> Path:
