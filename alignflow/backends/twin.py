@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from alignflow.backends.launch import layout_for, parallel_flags, torchrun
+from alignflow.backends.launch import layout_for, msrun, parallel_flags, torchrun
 from alignflow.backends.megatron import pretrain_flags
 from alignflow.backends.quoting import yaml_text
 from alignflow.backends.template import CommandTemplate, TrainSpec
@@ -25,12 +25,15 @@ _CODE = ("twin", "config", "frameworks")  # the twin reads msprobe dumps and meg
 
 
 def npu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
-    """`python -m alignflow.twin.mindspore_train --config {out}/config.yaml --mode 1`."""
+    """`python -m alignflow.twin.mindspore_train --config {out}/config.yaml --mode 1`; with data-parallel ranks,
+    under msrun (which runs `python <script>` with the `python` of the host's PATH, as it does run_mindformer.py:
+    the script is a two-line launcher written into {out})."""
     layout = spec.layout or layout_for(experiment.parallel("npu"), None, side="npu")
-    if layout.world > 1:
-        p = layout.parallel
-        raise ConfigError(f"npu layout tp {p.tp} x pp {p.pp} x dp {p.dp}: the MindSpore twin trains in one process; "
-                          "set npu.parallel to 1s (the sides may differ in layout) or use npu.kind mindformers")
+    p = layout.parallel
+    if (p.tp, p.pp, p.ep) != (1, 1, 1):
+        raise ConfigError(f"npu layout tp {p.tp} x pp {p.pp} x ep {p.ep}: the MindSpore twin is data-parallel only "
+                          "(MindSpore's CPU build compiles no sharded graph); set npu.parallel to dp only, or use "
+                          "npu.kind mindformers")
     config = mindformers_config(
         experiment.model,
         experiment.training,
@@ -41,17 +44,28 @@ def npu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
         steps=spec.steps,
         save_interval=experiment.training.save_interval or spec.steps,
     )
-    text = yaml_text(config)
+    files = {"config.yaml": yaml_text(config)}
     required = ("All Network parameters are loaded.",) if spec.load else ()
+    argv: tuple[str, ...] = ("{python}", "-m", "alignflow.twin.mindspore_train", "--config", "{out}/config.yaml",
+                             "--mode", "1")
+    log = "stdout"
+    if layout.world > 1 or experiment.npu.msrun is not None:
+        files[TWIN_MSRUN_SCRIPT] = "from alignflow.twin.mindspore_train import main\nraise SystemExit(main())\n"
+        launched, log = msrun(layout, [f"{{out}}/{TWIN_MSRUN_SCRIPT}", *argv[3:]], experiment.npu.msrun)
+        argv = tuple(launched)
     return CommandTemplate(
-        argv=("{python}", "-m", "alignflow.twin.mindspore_train", "--config", "{out}/config.yaml", "--mode", "1"),
+        argv=argv,
         log_format="mindformers",
         code_version=code_version_for(_CODE),
-        files={"config.yaml": text},
+        files=files,
         env=dict(experiment.npu.env),
+        log=log,
         checkpoint="checkpoint" if spec.save else None,
         required_lines=required,
     )
+
+
+TWIN_MSRUN_SCRIPT = "mindspore_train.py"
 
 
 def gpu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:

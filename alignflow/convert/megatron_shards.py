@@ -23,11 +23,12 @@ from typing import Any
 import torch
 
 from alignflow.config.parallel import ParallelConfig
+from alignflow.convert.dist_writer import TensorProducer, piece_view
 from alignflow.convert.layout import CHECKPOINT_VERSION, MEGATRON_FILE_NAME, TRACKER
 from alignflow.convert.sharding import Layouts, Piece, RankLayout, rank_file_dir
 from alignflow.convert.summary import ProgressFn
 from alignflow.convert.tensor_io import TensorMeta
-from alignflow.convert.torch_dist import TensorProducer, fill_region, piece_view
+from alignflow.convert.torch_dist import fill_region
 from alignflow.errors import ConversionError
 
 log = logging.getLogger(__name__)

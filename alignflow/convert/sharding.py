@@ -18,6 +18,7 @@ The layouts are read from `GPTModel.sharded_state_dict()` of real megatron-core 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -26,10 +27,12 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 from alignflow.config.model import ModelConfig
 from alignflow.config.parallel import ParallelConfig
+from alignflow.convert.layout import write_atomic
 from alignflow.errors import ConversionError
 
 log = logging.getLogger(__name__)
@@ -248,14 +251,86 @@ def plan_in_process(model: ModelConfig, parallel: ParallelConfig) -> Layouts:
 
 
 def plan_layouts(model: ModelConfig, parallel: ParallelConfig | None = None) -> Layouts:
-    """`plan_in_process` in a child process (cached per model and layout); `ConversionError` with the child's
-    error when megatron-core cannot build the model at that layout."""
+    """`plan_in_process` in a child process (cached per model and layout, in this process and in the layout
+    cache); `ConversionError` with the child's error when megatron-core cannot build the model at that layout."""
     parallel = parallel or ParallelConfig()
-    key = json.dumps({"model": model.model_dump(mode="json"),
-                      "parallel": {"tp": parallel.tp, "pp": parallel.pp, "ep": parallel.ep}}, sort_keys=True)
-    data = _planned(key)
+    key = _request(model, parallel)
+    cached = _read_cache(key)
+    data = cached if cached is not None else _planned(key)
+    if cached is None:
+        _write_cache(key, data)
     ranks = tuple(RankLayout.from_json(r) for r in data["ranks"])
     return Layouts(parallel, ranks, data["megatron_core"])
+
+
+def _request(model: ModelConfig, parallel: ParallelConfig) -> str:
+    return json.dumps({"model": model.model_dump(mode="json"),
+                       "parallel": {"tp": parallel.tp, "pp": parallel.pp, "ep": parallel.ep}}, sort_keys=True)
+
+
+# --- the layout cache: megatron-core's layouts are a pure function of the model, the layout and its version -------
+
+CACHE_ENV = "ALIGNFLOW_CACHE_DIR"
+_CACHE_FORMAT = 1
+
+
+def cache_dir() -> Path:
+    """`$ALIGNFLOW_CACHE_DIR/mcore-layouts`, else `~/.cache/alignflow/mcore-layouts` (resolved at call time)."""
+    base = os.environ.get(CACHE_ENV)
+    return (Path(base).expanduser() if base else Path.home() / ".cache" / "alignflow") / "mcore-layouts"
+
+
+def _installed_megatron_core() -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version("megatron-core")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _cache_path(request: str) -> Path | None:
+    version = _installed_megatron_core()
+    if version is None:
+        return None
+    digest = hashlib.sha256(json.dumps([_CACHE_FORMAT, version, request]).encode()).hexdigest()
+    return cache_dir() / f"{digest[:32]}.json"
+
+
+def _read_cache(request: str) -> dict[str, Any] | None:
+    path = _cache_path(request)
+    if path is None or not path.is_file():
+        return None
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        return data if data.get("request") == request and isinstance(data.get("ranks"), list) else None
+    except (OSError, json.JSONDecodeError):
+        return None  # a damaged entry is a miss; it is written again
+
+
+def _write_cache(request: str, data: Mapping[str, Any]) -> None:
+    path = _cache_path(request)
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({**data, "request": request}))
+    except OSError as exc:  # a cache that cannot be written costs time, never a conversion
+        log.info("layout cache %s not written: %s", path, exc)
+
+
+def cached_layout(model: ModelConfig) -> RankLayout | None:
+    """The TP = 1 layout of `model` from the layout cache (None: not there yet)."""
+    data = _read_cache(_request(model, ParallelConfig()))
+    return RankLayout.from_json(data["ranks"][0]) if data is not None else None
+
+
+def store_layout(model: ModelConfig, layout: RankLayout) -> None:
+    """Keep the TP = 1 layout megatron-core built for `model` (`write_torch_dist` plans with it next time)."""
+    from alignflow.convert.mcore import megatron_core_version
+
+    _write_cache(_request(model, ParallelConfig()), {"megatron_core": megatron_core_version(),
+                                                     "ranks": [layout.to_json()]})
 
 
 @lru_cache(maxsize=16)

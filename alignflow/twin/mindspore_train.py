@@ -79,12 +79,60 @@ def _load_weights(net: Any, loaded: Any) -> None:
         params[name].set_data(value.astype(ms.float32))
 
 
+@dataclass
+class DataParallel:
+    """This process's rank among the MindSpore twin's data-parallel ranks under msrun (MindSpore's CPU backend:
+    `mindspore.communication.init()` and PyNative `AllReduce` run on the CPU; one process: no group at all).
+
+    As the PyTorch twin's (`torch_parallel`): rank r takes the r-th micro-batch of each `micro_batch x dp` run of
+    the step's samples, each micro-batch's loss is scaled by 1 / (micro x dp) and the gradients, losses and router
+    counts are summed over the ranks, so every rank steps with the whole global batch's gradient and logs the
+    same line."""
+
+    rank: int = 0
+    size: int = 1
+
+    @classmethod
+    def from_env(cls) -> DataParallel:
+        if int(os.environ.get("MS_WORKER_NUM", "1")) <= 1:  # msrun's number of workers
+            return cls()
+        from mindspore.communication import get_group_size, get_rank, init
+
+        init()
+        return cls(get_rank(), get_group_size())
+
+    def sum_grads(self, grads: Any) -> Any:
+        if self.size == 1:
+            return grads
+        from mindspore import ops
+
+        reduce = ops.AllReduce()
+        return tuple(reduce(g) for g in grads)
+
+    def sum_array(self, values: Any) -> Any:
+        """The float64 sum over the ranks, in rank order. MindSpore's collectives take no float64: each value
+        travels as two float32 (x = hi + lo to 2**-48) through AllGather, and the sum is taken here."""
+        if self.size == 1:
+            return values
+        import mindspore as ms
+        import numpy as np
+        from mindspore import ops
+
+        x = np.asarray(values, dtype=np.float64).reshape(-1)
+        hi = x.astype(np.float32)
+        lo = (x - hi.astype(np.float64)).astype(np.float32)
+        gathered = ops.AllGather()(ms.Tensor(np.stack([hi, lo]).reshape(1, -1))).asnumpy().astype(np.float64)
+        parts = gathered.reshape(self.size, 2, -1)
+        return (parts[:, 0] + parts[:, 1]).sum(axis=0)
+
+
 def train(cfg: MindFormersConfig, *, clock: Callable[[], float] = time.perf_counter, faults: Faults | None = None,
           dump: DumpRequest | None = None) -> list[StepRecord]:
     """Run one training described by a validated `MindFormersConfig`; return what was logged per step.
 
     `faults` injects the seeds' bugs into this side (`twin.faults`); `dump` runs only the requested step, from the
-    loaded weights with a fresh optimizer, in PyNative without jit, and dumps it (`twin.ms_dump`).
+    loaded weights with a fresh optimizer, in PyNative without jit, and dumps it (`twin.ms_dump`). Under msrun the
+    ranks are data-parallel (`DataParallel`); rank 0 saves the checkpoint, as one rank's.
     """
     import mindspore as ms
     import numpy as np
@@ -107,8 +155,14 @@ def train(cfg: MindFormersConfig, *, clock: Callable[[], float] = time.perf_coun
     ms.set_deterministic(bool(tr.deterministic))
     ms.set_seed(tr.seed)
     np.random.seed(tr.seed)
+    dp = DataParallel.from_env()
     log.info("Running MindFormers in PYNATIVE_MODE.", extra={"site": "trainer"})
     gbs, mbs = tr.global_batch_size, tr.local_batch_size
+    if gbs % (mbs * dp.size):
+        raise ConfigError(f"{WHERE}: training.global_batch_size {gbs} is not a multiple of local_batch_size {mbs} x "
+                          f"{dp.size} data-parallel ranks")
+    if dump is not None and dp.size > 1:
+        raise ConfigError(f"{WHERE}: dumps are taken in one process; run the diagnose step with one NPU rank")
     data = load_data(cfg.data_file, seq_length=spec.seq_length, seed=cfg.train_dataset.dataloader.config.seed,
                      vocab_size=spec.vocab_size, samples_needed=tr.steps * gbs, expected_sha256=cfg.twin.data_sha256,
                      where=WHERE)
@@ -144,11 +198,11 @@ def train(cfg: MindFormersConfig, *, clock: Callable[[], float] = time.perf_coun
     norm_fn, update_fn = global_norm, optimizer
     if cfg.twin.jit and recorder is None:  # cell hooks fire in PyNative only
         grad_fn, norm_fn, update_fn = ms.jit(grad_fn), ms.jit(global_norm), ms.jit(optimizer)
-    micro = gbs // mbs
+    micro = gbs // (mbs * dp.size)
     # MindFormers prints `throughput: %6.2fT` = step FLOPs / (ms * 1e9) from Megatron's FLOPs formula; the twin
     # prints the dense 6 * parameters * tokens estimate (the same 0.00T at the twin's sizes)
     flops = 6.0 * sum(int(np.prod(p.shape)) for p in net.trainable_params()) * gbs * spec.seq_length
-    micro_scale = ms.Tensor(1.0 / micro, ms.float32)
+    micro_scale = ms.Tensor(1.0 / (micro * dp.size), ms.float32)
     moe_layers = net.moe_layers()
     records: list[StepRecord] = []
     saved: list[Path] = []
@@ -159,16 +213,23 @@ def train(cfg: MindFormersConfig, *, clock: Callable[[], float] = time.perf_coun
         grads: Any = None
         lm_sum, mtp, aux, counts = 0.0, np.zeros(spec.mtp_num_layers), None, None
         for i in range(micro):
-            rows = batch[i * mbs : (i + 1) * mbs]
+            start_row = (i * dp.size + dp.rank) * mbs
+            rows = batch[start_row : start_row + mbs]
             tokens, labels = ms.Tensor(rows[:, :-1].astype(np.int32)), ms.Tensor(rows[:, 1:].astype(np.int32))
             (_, mb_lm, mb_mtp, mb_aux, mb_counts), mb_grads = grad_fn(tokens, labels, micro_scale)
             grads = mb_grads if grads is None else add_grads(grads, mb_grads)
             lm_sum += float(mb_lm.asnumpy())
-            mtp = mtp + mb_mtp.asnumpy().astype(np.float64) / micro
-            aux = mb_aux.asnumpy() / micro + (0 if aux is None else aux)
+            mtp = mtp + mb_mtp.asnumpy().astype(np.float64) / (micro * dp.size)
+            aux = mb_aux.asnumpy() / (micro * dp.size) + (0 if aux is None else aux)
             counts = mb_counts.asnumpy() + (0 if counts is None else counts)
             if recorder is not None:
                 recorder.stop_forward()
+        if dp.size > 1:  # the whole global batch's gradient, losses and router counts on every rank
+            grads = dp.sum_grads(grads)
+            lm_sum = float(dp.sum_array([lm_sum])[0])
+            mtp = dp.sum_array(mtp) if len(mtp) else mtp
+            aux = dp.sum_array(aux) if aux is not None else aux
+            counts = dp.sum_array(counts).astype(np.float32) if counts is not None else counts
         grads = ms.mutable(grads)  # a tuple of tensors passed to jit must be mutable, or every step recompiles
         norm = float(norm_fn(grads).asnumpy())
         if recorder is not None:
@@ -199,7 +260,8 @@ def train(cfg: MindFormersConfig, *, clock: Callable[[], float] = time.perf_coun
             step_time_ms=elapsed_ms, load_balancing_loss=lb, mtp_losses=record.mtp, lr=record.lr,
             grad_norm=norm if math.isfinite(norm) else None, throughput_tflops=flops / (max(elapsed_ms, 1) * 1e9),
             prefix="none"), extra={"site": "loss"})
-        if cp.enable_save and cp.save_path and (step % cp.save_interleaved_steps == 0 or step == tr.steps):
+        if dp.rank == 0 and cp.enable_save and cp.save_path and (step % cp.save_interleaved_steps == 0 or
+                                                                 step == tr.steps):
             model_state = _model_state(net, bf16=settings.bf16_params)
             step_tensor = ckpt.global_step_tensor(step)
             opt_state = None if cp.no_save_optim else [*optimizer.state(), step_tensor]

@@ -122,9 +122,16 @@ def test_the_twins_limits_are_render_errors_not_job_failures(demo: Experiment) -
         step_command(demo.model_copy(update={"gpu": demo.gpu.model_copy(update={"parallel": ParallelConfig(ep=2,
                                                                                                            dp=2)})}),
                      "gpu_train", data_sha256="")
-    with pytest.raises(ConfigError, match="the MindSpore twin trains in one process"):
-        step_command(demo.model_copy(update={"npu": demo.npu.model_copy(update={"parallel": DP2})}),
+    with pytest.raises(ConfigError, match="the MindSpore twin is data-parallel only"):
+        step_command(demo.model_copy(update={"npu": demo.npu.model_copy(update={"parallel": ParallelConfig(tp=2)})}),
                      "npu_reload_train", data_sha256="")
+    dp = step_command(demo.model_copy(update={"npu": demo.npu.model_copy(update={"parallel": DP2})}),
+                      "npu_reload_train", data_sha256="").template
+    assert dp.argv[:11] == ("msrun", "--worker_num", "2", "--local_worker_num", "2", "--master_port", "8118",
+                            "--join", "True", "--log_dir", "{out}/msrun_log")
+    assert dp.argv[11:] == ("{out}/mindspore_train.py", "--config", "{out}/config.yaml", "--mode", "1")
+    assert dp.log == "msrun_log/worker_1.log"
+    assert "from alignflow.twin.mindspore_train import main" in dp.files["mindspore_train.py"]
 
 
 def test_a_layout_whose_global_batch_does_not_fit_is_refused_at_load(repo_root: Path, tmp_path: Path) -> None:

@@ -45,7 +45,8 @@ def test_torch_dist_round_trip_is_bit_exact(tmp_path: Path, name: str) -> None:
     files = set(summary.output_files)
     assert {"latest_checkpointed_iteration.txt", "iter_0000001/metadata.json", "iter_0000001/common.pt",
             "iter_0000001/.metadata"} <= files
-    assert sum(f.endswith(".distcp") for f in files) == 8  # DEFAULT_FILES: independent of the host's cores
+    # DEFAULT_FILES of tensors (independent of the host's cores) and one of sharded objects
+    assert sum(f.endswith(".distcp") for f in files) == 9
     meta = json.loads((tmp_path / "mg/iter_0000001/metadata.json").read_text())
     assert meta["sharded_backend"] == "torch_dist"
     common = torch.load(tmp_path / "mg/iter_0000001/common.pt", weights_only=True)
@@ -60,12 +61,29 @@ def test_torch_dist_round_trip_is_bit_exact(tmp_path: Path, name: str) -> None:
     assert all(same_bits(got[k], want[k]) for k in want)
 
 
-def test_the_same_conversion_writes_the_same_bytes_with_other_worker_counts(tmp_path: Path) -> None:
+def test_the_same_conversion_writes_the_same_bytes_with_other_worker_counts_and_a_warm_layout_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from alignflow.convert import sharding
+
+    monkeypatch.setenv("ALIGNFLOW_CACHE_DIR", str(tmp_path / "cache"))
     bf16 = _bf16(tmp_path, "twin-dense")
+    model = load_spec("twin-dense").model
+    assert sharding.cached_layout(model) is None
     convert_to_megatron(bf16, tmp_path / "a", spec="twin-dense", ckpt_format="torch_dist", workers=1)
+    cached = sharding.cached_layout(model)  # the writers of the next conversion start before megatron-core loads
+    assert cached is not None
     convert_to_megatron(bf16, tmp_path / "b", spec="twin-dense", ckpt_format="torch_dist", workers=3)
     assert sha256_of(tmp_path / "a") == sha256_of(tmp_path / "b")
     assert b"/a" not in (tmp_path / "a/iter_0000001/.metadata").read_bytes()  # no path of this host inside
+    # a cache that lies (two tensors' places swapped): the plan disagrees, the writers start again from it
+    (entry,) = (tmp_path / "cache" / "mcore-layouts").glob("*.json")
+    data = json.loads(entry.read_text())
+    tensors = data["ranks"][0]["tensors"]
+    tensors[0][2], tensors[-1][2] = tensors[-1][2], tensors[0][2]
+    entry.write_text(json.dumps(data))
+    convert_to_megatron(bf16, tmp_path / "c", spec="twin-dense", ckpt_format="torch_dist", workers=2)
+    assert sha256_of(tmp_path / "c") == sha256_of(tmp_path / "a")
+    assert sharding.cached_layout(model) == cached  # and the cache is right again
 
 
 def test_legacy_files_for_tp_pp_ep_hold_each_ranks_slice_and_read_back(tmp_path: Path) -> None:
