@@ -156,8 +156,10 @@ def main() -> int:
     if args.phase:
         name, src, dst, layers = args.phase
         result = PHASES[name](Path(src), Path(dst), int(layers))
-        result["maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        result["children_maxrss_mib"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        result["maxrss_mib"] = me.ru_maxrss / 1024
+        result["children_maxrss_mib"] = kids.ru_maxrss / 1024
+        result["cpu_s"] = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
         print(json.dumps(result))
         return 0
     root = Path(tempfile.mkdtemp(prefix="bench-dist-", dir=args.workdir))
@@ -192,13 +194,14 @@ def main() -> int:
         out_bytes = sum(p.stat().st_size for p in (root / "td").rglob("*") if p.is_file())
         conv, cold, base = best["convert"], best["cold"], best["baseline"]
         budget = 2 * largest / MIB + 300
-        print(f"convert   {conv['seconds']:7.1f} s  {total / conv['seconds'] / 1e6:7.0f} MB/s   peak RSS: converter "
-              f"{conv['maxrss_mib']:.0f} MiB, largest writer {conv['children_maxrss_mib']:.0f} MiB "
-              f"({conv['files']} files)")
-        print(f"cold      {cold['seconds']:7.1f} s  {total / cold['seconds'] / 1e6:7.0f} MB/s   (empty layout cache: "
-              f"ratio {base['seconds'] / cold['seconds']:.2f}x)")
-        print(f"baseline  {base['seconds']:7.1f} s  {total / base['seconds'] / 1e6:7.0f} MB/s   peak RSS "
-              f"{base['maxrss_mib']:.0f} MiB (load_file + torch.save per rank file)")
+        def row(label: str, r: dict, note: str) -> None:
+            print(f"{label:<9} {r['seconds']:7.1f} s  {total / r['seconds'] / 1e6:7.0f} MB/s  {r['cpu_s']:5.1f} "
+                  f"CPU-s   {note}")
+
+        row("convert", conv, f"peak RSS: converter {conv['maxrss_mib']:.0f} MiB, largest writer "
+                             f"{conv['children_maxrss_mib']:.0f} MiB ({conv['files']} files)")
+        row("cold", cold, f"(empty layout cache: ratio {base['seconds'] / cold['seconds']:.2f}x)")
+        row("baseline", base, f"peak RSS {base['maxrss_mib']:.0f} MiB (load_file + torch.save per rank file)")
         print(f"  throughput ratio convert / baseline: {base['seconds'] / conv['seconds']:.2f}x (goal >= 0.7x)")
         print(f"  peak RSS per process vs 2 x largest tensor + 300 MB = {budget:.0f} MiB: converter "
               f"{conv['maxrss_mib'] / budget:.2f}, writer {conv['children_maxrss_mib'] / budget:.2f} (goal <= 1)")

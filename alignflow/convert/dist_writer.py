@@ -193,9 +193,21 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def _reuse_freed_memory() -> None:
+    """Keep freed large blocks in the heap (glibc `mallopt`): a writer allocates tensors of the same few sizes over
+    and over (one per layer), and fresh mmap'd pages cost a page fault and zeroing each; measured on the 2.16 GB
+    benchmark input, reading every tensor took 1.95 CPU-s without, 1.13 with. The peak RSS is unchanged: the heap
+    keeps what the largest rule needed."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD: blocks below 1 GiB come from the heap
+        libc.mallopt(-1, (1 << 31) - 1)  # M_TRIM_THRESHOLD: and stay there once freed
+
+
 def _writer_main(directory: Path, share: list[int], assignment: Assignment, producer: TensorProducer, queue: Any,
                  done: Any) -> None:
     _die_with_parent()
+    _reuse_freed_memory()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the converter handles Ctrl-C and removes the staging directory
     torch.set_num_threads(1)  # see the module docstring
     for k in share:
