@@ -33,6 +33,7 @@ import torch
 from alignflow.convert.sharding import Piece, RankLayout
 from alignflow.convert.summary import ProgressFn
 from alignflow.errors import ConversionError
+from alignflow.staging import check_interrupted
 
 PREFIX = "__0_"  # DCP's storage prefix of rank 0 (megatron-core's `prepare_decentralized_global_plan`)
 SUFFIX = ".distcp"
@@ -158,6 +159,7 @@ class WriterPool:
                         break
                     self._results[index] = value
                 if failure is None and len(self._results) < wanted:
+                    check_interrupted()  # a held Ctrl-C / SIGTERM: the writers are killed, the staging removed
                     if not any(p.is_alive() for p in self._procs) and self._queue.empty():
                         codes = [p.exitcode for p in self._procs]
                         failure = WorkerFailed(f"a writer process died (exit codes {codes}) before its files were "

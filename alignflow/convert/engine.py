@@ -267,7 +267,7 @@ def _convert_distributed(src: Path, dst: Path, *, spec: str | Spec, model: Model
             raise ConversionError([*plan.problems, *problems], header=header)
         dtypes = _output_dtypes(steps, ckpt.tensors)
         producer = RuleProducer(steps, ckpt, dtypes)
-        with staged_output(dst) as tmp:
+        with staged_output(dst, purpose="convert megatron") as tmp:
             if ckpt_format == "torch_dist":
                 files, _ = write_torch_dist(tmp, model_cfg, producer, iteration=iteration, dtypes=dtypes,
                                             workers=workers, progress=progress)

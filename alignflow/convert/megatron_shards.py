@@ -30,6 +30,7 @@ from alignflow.convert.summary import ProgressFn
 from alignflow.convert.tensor_io import TensorMeta
 from alignflow.convert.torch_dist import fill_region
 from alignflow.errors import ConversionError
+from alignflow.staging import check_interrupted
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ def write_shards(root: Path, layouts: Layouts, tp1: RankLayout, producer: Tensor
         groups = sorted({group_of[name] for k in keys for _, name in tp1_by_key[k]})
         made: dict[str, torch.Tensor] = {}
         for g in groups:
+            check_interrupted()
             made.update(producer.produce(g))
         for rank in ranks:
             state: dict[str, torch.Tensor | None] = {}

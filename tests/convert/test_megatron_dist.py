@@ -194,3 +194,66 @@ def test_cli_writes_torch_dist_and_refuses_a_layout_for_it(tmp_path: Path, subpr
     assert cannot.returncode == 1, cannot.stderr[-2000:]
     assert "layout planning failed" in cannot.stderr
     assert not (tmp_path / "y").exists()
+
+
+def _children(pid: int) -> set[int]:
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.add(int(entry.name))
+    return out
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGKILL"])
+def test_an_interrupted_torch_dist_conversion_leaves_nothing_and_no_writer(tmp_path: Path, sig: str,
+                                                                             subprocess_env: dict[str, str]) -> None:
+    import os
+    import signal
+    import time
+
+    from alignflow.config.model import ModelConfig
+
+    # large enough (0.6 GB) that the writers are still at work when the signal comes
+    model = ModelConfig(family="twin-dense", num_layers=4, hidden_size=1024, ffn_hidden_size=4096,
+                        num_attention_heads=8, num_query_groups=4, kv_channels=128, vocab_size=131072, seq_length=32)
+    write_mindformers(tmp_path / "bf16", source_state("twin-dense", model, seed=3))
+    (tmp_path / "model.json").write_text(model.model_dump_json())
+    proc = subprocess.Popen([sys.executable, "-m", "alignflow", "convert", "megatron", str(tmp_path / "bf16"),
+                             str(tmp_path / "td"), "--spec", "twin-dense", "--model", str(tmp_path / "model.json"),
+                             "--ckpt-format", "torch_dist", "--workers", "2"], env=subprocess_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    writers: set[int] = set()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:  # until the writers are at work
+        writers |= _children(proc.pid)
+        if any(p.suffix == ".distcp" and p.stat().st_size > 0 for p in tmp_path.glob(".td.*.partial/*/*")):
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.communicate()
+    writers |= _children(proc.pid)
+    assert writers, "no writer process seen"
+    proc.send_signal(getattr(signal, sig))
+    proc.wait(timeout=120)  # not communicate(): the writers hold the pipes open as long as they live
+
+    def alive() -> list[int]:
+        return [p for p in writers if Path(f"/proc/{p}").exists() and "zombie" not in
+                Path(f"/proc/{p}/status").read_text().lower()]
+
+    gone = time.monotonic() + 0.1  # the kernel kills them with the converter; finishing a file takes longer
+    while alive() and time.monotonic() < gone:
+        time.sleep(0.02)
+    left = alive()
+    for pid in left:  # a failing run leaves no writer behind either
+        os.kill(pid, signal.SIGKILL)
+    assert left == []  # killed by the converter, or by the kernel with it (parent-death signal)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == (130 if sig == "SIGINT" else -9), err[-2000:]
+    assert not (tmp_path / "td").exists()
+    if sig == "SIGINT":
+        assert "interrupted" in err
+        assert leftovers(tmp_path) == []
