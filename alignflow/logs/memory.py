@@ -3,8 +3,8 @@
 - **Megatron-LM** `report_memory` (megatron/training/utils.py; `utils/common_utils.py` from core_v0.19): after the
   first iterations (and around checkpoint saves), every rank of data-parallel rank 0 prints
   `[Rank N] (after K iterations) memory (MB) | allocated: X | max allocated: X | reserved: X | max reserved: X`
-  (`{:.2f}`, MB = 2**20 bytes of `torch.cuda.memory_allocated()` etc.; `| total device memory used: X` with
-  `--log-device-memory-used`).
+  (`{}` of the float, MB = 2**20 bytes of `torch.cuda.memory_allocated()` etc.; `| device usage: X` on torch >= 2.6,
+  `| total device memory used: X` with `--log-device-memory-used`).
 - **MindSpore** (MindFormers logs no memory of its own; MindSpore's Ascend memory adapter prints its pool at the
   end of a run with `GLOG_v=1` or `MS_MEMORY_STATISTIC=1`, `AscendMemAdapter::DevMemStatistics`): `Device MOC|HBM
   memory size: NM`, `MindSpore Used memory size: NM`, `Used peak memory usage (without fragments): NM` (the
@@ -28,10 +28,11 @@ from typing import Any
 
 MIB = 2**20
 # `[Rank 3] (after 2 iterations) memory (MB) | allocated: 1.0 | max allocated: 2.0 | reserved: 3.0 | max reserved: 4.0`
+_NUM = r"[\d.]+(?:e[-+]?\d+)?"  # str.format's `{}` of a float
 _MEGATRON = re.compile(
-    r"\[Rank (?P<rank>\d+)\] (?P<label>.*?)\s*memory \(MB\) \| allocated: (?P<allocated>[\d.]+) \| max allocated: "
-    r"(?P<max_allocated>[\d.]+) \| reserved: (?P<reserved>[\d.]+) \| max reserved: (?P<max_reserved>[\d.]+)"
-    r"(?: \| total device memory used: (?P<device>[\d.]+))?")
+    rf"\[Rank (?P<rank>\d+)\] (?P<label>.*?)\s*memory \(MB\) \| allocated: (?P<allocated>{_NUM}) \| max allocated: "
+    rf"(?P<max_allocated>{_NUM}) \| reserved: (?P<reserved>{_NUM}) \| max reserved: (?P<max_reserved>{_NUM})"
+    rf"(?: \| (?:total device memory used|device usage): (?P<device>{_NUM}))?")
 _AFTER = re.compile(r"after (\d+) iterations?|for iteration (\d+)")
 _MINDSPORE = re.compile(r"(?P<what>Device (?:MOC|HBM) memory size|MindSpore Used memory size|Used peak memory usage "
                         r"\(without fragments\)|Actual peak memory usage \(with fragments\)): (?P<value>\d+)M\b")

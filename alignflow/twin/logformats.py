@@ -98,6 +98,14 @@ def megatron_timestamp(now: datetime, *, microseconds: bool) -> str:
     return now.strftime("%Y-%m-%d %H:%M:%S.%f" if microseconds else "%Y-%m-%d %H:%M:%S")
 
 
+def megatron_memory_line(rank: int, iteration: int, *, allocated: float, max_allocated: float, reserved: float,
+                         max_reserved: float) -> str:
+    """Megatron-LM's `report_memory(f'(after {iteration} iterations)')` (megatron/training/utils.py): MiB figures
+    printed with `str.format`'s `{}` (no rounding), `[Rank N]` the global rank."""
+    return (f"[Rank {rank}] (after {iteration} iterations) memory (MB) | allocated: {allocated} | max allocated: "
+            f"{max_allocated} | reserved: {reserved} | max reserved: {max_reserved}")
+
+
 def megatron_padded_vocab_line(orig: int, padded: int) -> str:
     return f" > padded vocab (size: {orig}) with {padded - orig} dummy tokens (new size: {padded})"
 

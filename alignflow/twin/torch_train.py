@@ -195,6 +195,7 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
     n_moe = spec.num_moe_layers_for_logging
     n_mtp = spec.mtp_num_layers
     interval, skipped, nans, out = _Interval(), 0, 0, []
+    report_memory = True
     t_interval, iters_in_interval = clock(), 0
     for it in range(iteration + 1, last + 1):
         model.zero_grad(set_to_none=True)
@@ -256,6 +257,9 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
             if not first:
                 interval, skipped, nans = _Interval(), 0, 0
                 t_interval, iters_in_interval = clock(), 0
+            if report_memory and dp.dp_rank == 0:  # Megatron's `report_memory_flag`: once, every dp-rank-0 rank
+                log.info(fmt.megatron_memory_line(dp.rank, it, **memory_mib(optimizer, device)))
+            report_memory = False
         if ns.save and (it == ns.train_iters or (ns.save_interval and it % ns.save_interval == 0)):
             if dp.dp_rank == 0:  # one file per (tensor, pipeline) rank, as Megatron-LM's legacy format
                 model.to("cpu")
@@ -272,6 +276,32 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
     info0(f"[after training is done] datetime: {now().strftime('%Y-%m-%d %H:%M:%S')}")
     dp.close()
     return out
+
+
+def memory_mib(optimizer: Any, device: Any) -> dict[str, float]:
+    """This rank's memory for Megatron's report line, in MiB: on CUDA the caching allocator's figures, exactly what
+    `report_memory` prints. On CPU no allocator keeps them (a stand-in for what cannot exist here): allocated and max
+    allocated are the bytes of the rank's training state (parameters, gradients, Adam moments, fp32 master copies:
+    what the layout divides among the ranks), reserved and max reserved the process's resident set now and at its
+    peak (`getrusage`)."""
+    import resource
+
+    import torch
+
+    if device.type == "cuda":
+        return {"allocated": torch.cuda.memory_allocated() / MIB, "max_allocated": torch.cuda.max_memory_allocated()
+                / MIB, "reserved": torch.cuda.memory_reserved() / MIB,
+                "max_reserved": torch.cuda.max_memory_reserved() / MIB}
+    tensors = [*optimizer.params.values(), *(p.grad for p in optimizer.params.values() if p.grad is not None),
+               *optimizer.m.values(), *optimizer.v.values(), *(optimizer.master or {}).values()]
+    state = sum(t.numel() * t.element_size() for t in tensors) / MIB
+    with open("/proc/self/statm", encoding="ascii") as fh:
+        rss = int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MIB
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+    return {"allocated": state, "max_allocated": state, "reserved": rss, "max_reserved": max(peak, rss)}
+
+
+MIB = 1024.0 * 1024.0
 
 
 def run_micro_batch(model: Any, ps: Any, rows: Any, scale: float) -> tuple[Any, list[Any], list[Any]]:
