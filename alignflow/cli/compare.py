@@ -75,6 +75,14 @@ def _parse(path: Path, fmt: LogFormatOption, rank: int | None, first_interval: F
         raise _bad_input(str(exc)) from None
 
 
+def _memory(path: Path) -> list[Any]:
+    """Every rank's memory report in the log (already read once by `_parse`: a read error cannot happen here)."""
+    from alignflow.logs.memory import memory_lines
+
+    with path.open("r", encoding="utf-8", errors="replace") as fh:
+        return memory_lines(fh)
+
+
 _REQUIRE_HELP = ("What the run(s) must show, repeatable: checkpoint_loaded = a checkpoint was loaded (the pipeline's "
                  "trainings set it; a run that started from random weights then fails). Other names: any marker "
                  "(see alignflow.logs.known_requirements).")
@@ -139,8 +147,10 @@ def compare_cmd(
         _check_out_dir(out)
     reference = _parse(logs[0], ref_format, ref_rank, first_interval)
     tests = [_parse(path, test_format, test_rank, first_interval) for path in logs[1:]]
+    ref_memory = _memory(logs[0])
     results = [compare(t, reference, rules, lr_step_tolerance=lr_tolerance, perf_warmup_steps=warmup_steps,
-                       require=required, min_overlap=min_overlap) for t in tests]
+                       require=required, min_overlap=min_overlap, memory=(_memory(path), ref_memory))
+               for t, path in zip(tests, logs[1:], strict=True)]
     ordered = (*names[1:], names[0])  # the report's order: tests, then the reference
     _report(results, ordered, out=out, title=title, plots=plots, as_json=as_json)
     raise typer.Exit(EXIT_PASS if all(r.passed for r in results) else EXIT_FAIL)

@@ -26,6 +26,7 @@ import pandas as pd
 from alignflow.compare.divergence import Band, Divergence, Driver, criterion_first_outside, curve_level, drivers
 from alignflow.compare.evaluable import gaps_within, step_rel_steps, zero_reference
 from alignflow.compare.formatting import criterion_label, fmt_stat, fmt_threshold
+from alignflow.compare.memory import MEMORY_METRICS, MemoryComparison, compare_memory
 from alignflow.compare.performance import DEFAULT_WARMUP_STEPS, Performance, compare_performance
 from alignflow.compare.statistics import (
     REL_EPS,
@@ -41,6 +42,7 @@ from alignflow.compare.statistics import (
     step_relative_errors,
 )
 from alignflow.config.criteria import RELATIVE_STATISTICS, Criterion
+from alignflow.logs.memory import MemoryRecord
 from alignflow.logs.schema import BOOKKEEPING_COLUMNS, ParsedLog, Resolution, Sentinel, column_order, is_cross_entropy
 
 Verdict = Literal["pass", "fail"]
@@ -184,6 +186,7 @@ class Comparison:
     reference: ParsedLog
     reasons: tuple[str, ...] = field(default=())
     require: tuple[str, ...] = ()  # what both runs had to show (`checkpoint_loaded`)
+    memory: MemoryComparison = field(default_factory=lambda: MemoryComparison(None, None))  # per rank, both sides
 
     @property
     def passed(self) -> bool:
@@ -214,6 +217,7 @@ class Comparison:
             "metrics_only_reference": list(self.metrics_only_reference),
             "reasons": list(self.reasons),
             "require": list(self.require),
+            "memory": self.memory.to_json(),
             "inputs": {"test": _input_json(self.test), "reference": _input_json(self.reference)},
         }
 
@@ -237,6 +241,7 @@ def compare(
     test: ParsedLog, reference: ParsedLog, criteria: Sequence[Criterion], *, lr_step_tolerance: int = 1,
     perf_warmup_steps: int = DEFAULT_WARMUP_STEPS, noise_floor: Mapping[str, float] | None = None,
     require: Collection[str] = (), min_overlap: int | None = None,
+    memory: tuple[Sequence[MemoryRecord], Sequence[MemoryRecord]] = ((), ()),
 ) -> Comparison:
     """Compare `test` against `reference` (error = test - reference) and judge it by `criteria`.
 
@@ -245,6 +250,8 @@ def compare(
     `require` is what both runs must show (`"checkpoint_loaded"`: a loaded checkpoint; see `check_sentinels`).
     `min_overlap` is the fewest steps both logs must have in common for any verdict but FAIL (default: 10, or
     every step of the shorter log when it has fewer). Steps a sentinel excludes (a skipped step) are not compared.
+    `memory`: the memory reports of the test and the reference log (`alignflow.logs.memory.memory_lines`), judged
+    by criteria on `memory_max_rank` / `memory_avg_rank` (`alignflow.compare.memory`).
     """
     if lr_step_tolerance < 0 or perf_warmup_steps < 0:
         raise ValueError("lr_step_tolerance and perf_warmup_steps must be >= 0")
@@ -289,7 +296,9 @@ def compare(
             not_compared=int((~on_common).sum()), shift=shift, resolution=quantum, resolution_text=text,
             perplexity=perplexity(pairs[m]) if is_cross_entropy(m) else None, magnitude=magnitude,
         )
-    results = tuple(_evaluate(c, pairs, metrics, test, reference, t_metrics, r_metrics) for c in criteria)
+    mem = compare_memory(*memory)
+    results = tuple(_evaluate_memory(c, mem) if c.metric in MEMORY_METRICS else
+                    _evaluate(c, pairs, metrics, test, reference, t_metrics, r_metrics) for c in criteria)
     resolutions = {m: (test.resolution.get(m), reference.resolution.get(m)) for m in both}
     found = curve_level(pairs, criteria, resolutions, noise_floor)
     metrics = {m: dataclasses.replace(mc, band=found[m][0], divergence=found[m][1]) for m, mc in metrics.items()}
@@ -299,7 +308,7 @@ def compare(
         verdict="fail" if reasons else "pass", criteria=results, metrics=metrics, steps=coverage,
         performance=compare_performance(tf, rf, perf_warmup_steps),
         aligned=_aligned(tf, rf, both, metrics, _only_in(test, reference), _only_in(reference, test)), test=test,
-        reference=reference, reasons=tuple(reasons), require=tuple(require),
+        reference=reference, reasons=tuple(reasons), require=tuple(require), memory=mem,
     )
 
 
@@ -379,6 +388,26 @@ def _evaluate(
     if below:
         notes.append(below)
     return CriterionResult(c, value, passed, "; ".join(notes), bool(below), steps_used=used)
+
+
+def _evaluate_memory(c: Criterion, mem: MemoryComparison) -> CriterionResult:
+    """A criterion on `memory_max_rank` / `memory_avg_rank` (`alignflow.compare.memory.MEMORY_METRICS`)."""
+    if c.exclude_steps or c.steps:
+        return CriterionResult(c, math.nan, False, f"{c.metric} is one figure per run: steps do not apply")
+    why = mem.why_not()
+    if why:
+        return CriterionResult(c, math.nan, False, f"{c.metric}: {why}")
+    relative = c.statistic in RELATIVE_STATISTICS
+    value = mem.value(c.metric, relative)
+    check = abs(value) if c.absolute else value
+    passed = math.isfinite(check) and (check <= c.threshold if c.inclusive else check < c.threshold)
+    change = mem.change
+    assert change is not None
+    field_name = MEMORY_METRICS[c.metric]
+    note = (f"{change.test.metric}: test {getattr(change.test, field_name):.2f} MiB (ranks "
+            f"{', '.join(map(str, change.test.ranks))}), reference {getattr(change.reference, field_name):.2f} MiB "
+            f"(ranks {', '.join(map(str, change.reference.ranks))})")
+    return CriterionResult(c, value, passed, note)
 
 
 def _with_curve_level(

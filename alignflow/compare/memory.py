@@ -120,3 +120,65 @@ def memory_change(reference: MemorySummary, test: MemorySummary) -> MemoryChange
                          "compare one measure (docs/seeds.md#performance-statistics: allocator, device and host "
                          "memory apart)")
     return MemoryChange(reference, test)
+
+
+# Criteria on memory: `memory_max_rank` / `memory_avg_rank`, each side's figure over its ranks. A relative statistic
+# (`max_rel`, `mean_rel`, `step_rel`: one value, so all alike) is the change `(test - reference) / reference`, an
+# absolute one (`me`, `max_abs`, ...) the difference `test - reference` in MiB; `absolute: false` keeps the sign
+# (a criterion that only bounds an increase).
+MEMORY_METRICS = {"memory_max_rank": "max_rank", "memory_avg_rank": "avg_rank"}
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryComparison:
+    """Both sides' per-rank memory (either may have printed none) and, when both did in one measure, the change."""
+
+    test: MemorySummary | None
+    reference: MemorySummary | None
+
+    @property
+    def change(self) -> MemoryChange | None:
+        if self.test is None or self.reference is None or self.test.metric != self.reference.metric:
+            return None
+        return MemoryChange(self.reference, self.test)
+
+    def why_not(self) -> str:
+        """Why there is no change to judge ('' when there is one)."""
+        missing = [side for side, s in (("test", self.test), ("reference", self.reference)) if s is None]
+        if missing:
+            return f"the {' and '.join(missing)} log prints no memory report"
+        if self.change is None:
+            assert self.test is not None
+            assert self.reference is not None
+            return (f"the sides measure different things (test {self.test.metric}, reference "
+                    f"{self.reference.metric})")
+        return ""
+
+    def value(self, metric: str, relative: bool) -> float:
+        """`metric` (`MEMORY_METRICS`) of test against reference: the relative change or the difference in MiB."""
+        change = self.change
+        if change is None:
+            raise ValueError(self.why_not())
+        field = MEMORY_METRICS[metric]
+        t, r = float(getattr(change.test, field)), float(getattr(change.reference, field))
+        return (t - r) / r if relative else t - r
+
+    def to_json(self) -> dict[str, Any]:
+        change = self.change
+        out: dict[str, Any] = {"test": self.test.to_json() if self.test else None,
+                               "reference": self.reference.to_json() if self.reference else None}
+        if change is not None:
+            out |= {"max_rank_change_percent": -change.max_rank_saving, "avg_rank_change_percent":
+                    -change.avg_rank_saving, "max_rank_saving_percent": change.max_rank_saving,
+                    "avg_rank_saving_percent": change.avg_rank_saving}
+        else:
+            out["note"] = self.why_not()
+        return out
+
+
+def compare_memory(test: Iterable[MemoryRecord], reference: Iterable[MemoryRecord]) -> MemoryComparison:
+    """Per-rank memory of both logs, each in the first measure of `METRICS` both print (else each its own)."""
+    t, r = list(test), list(reference)
+    both = next((m for m in METRICS if any(x.value(m) is not None for x in t)
+                 and any(x.value(m) is not None for x in r)), None)
+    return MemoryComparison(memory_summary(t, metric=both), memory_summary(r, metric=both))

@@ -205,6 +205,9 @@ def markdown_summary(
             parts += [md_table(ppl), ""]
     perf = tables.performance_table(cs, labels, context)
     parts += ["## Performance", "", md_table(perf), ""] + [f"- {n}" for n in perf.notes] + [""]
+    memory = tables.memory_table(cs, labels)
+    if memory.rows:
+        parts += ["## Memory per rank", "", md_table(memory), ""] + [f"- {n}" for n in memory.notes] + [""]
     parts += ["## Steps compared", ""] + [f"- {line}" for line in tables.coverage_lines(cs, labels)] + [""]
     parts += ["## Sentinels", ""]
     for label, found in tables.sentinel_logs(cs, labels):
@@ -270,6 +273,7 @@ def html_report(
         metrics=tables.metrics_table(cs, labels) if any(c.metrics for c in cs) else None,
         perplexity=tables.perplexity_table(cs, labels),
         performance=tables.performance_table(cs, labels, ctx),
+        memory=tables.memory_table(cs, labels),
         inputs=tables.inputs_table(cs, labels),
         first_interval=tables.first_interval_lines(cs, labels),
         fingerprints=tables.fingerprint_table(tables.fingerprint_rows(fingerprints, context)),

@@ -189,6 +189,34 @@ def performance_table(comparisons: Sequence[Comparison], labels: Sequence[str],
                  notes=[n for n in notes if n])
 
 
+def memory_table(comparisons: Sequence[Comparison], labels: Sequence[str]) -> Table:
+    """Each side's memory per rank as seed 004 reports it (its peak per rank, max-rank, avg-rank), MiB; the notes
+    give each test's change against the reference, or why there is none. No rows: neither log reports memory."""
+    sides = [(labels[-1], comparisons[0].memory.reference)]
+    sides += [(label, c.memory.test) for label, c in _tests(comparisons, labels)]
+    rows = []
+    for label, m in sides:
+        if m is None:
+            rows.append([label, "no memory report in the log", "", "", "", ""])
+            continue
+        per_rank = ", ".join(f"{r}: {v:.2f}" for r, v in m.per_rank)
+        rows.append([label, f"{m.metric.removesuffix('_mb')} ({', '.join(m.sources)})", per_rank,
+                     f"{m.max_rank:.2f} (rank {m.peak_rank})", f"{m.avg_rank:.2f}", str(len(m.per_rank))])
+    if all(m is None for _, m in sides):
+        return Table([], [])
+    notes = []
+    for label, c in _tests(comparisons, labels):
+        change = c.memory.change
+        if change is None:
+            notes.append(f"{label} vs {labels[-1]}: no memory change ({c.memory.why_not()})")
+        else:
+            notes.append(f"{label} vs {labels[-1]}: max-rank {-change.max_rank_saving:+.2f}%, avg-rank "
+                         f"{-change.avg_rank_saving:+.2f}% (seed 004's saving: {change.max_rank_saving:.2f}% / "
+                         f"{change.avg_rank_saving:.2f}%)")
+    return Table(["side", "measure", "peak per rank (MiB)", "max-rank (MiB)", "avg-rank (MiB)", "ranks"], rows,
+                 notes=notes)
+
+
 def inputs_table(comparisons: Sequence[Comparison], labels: Sequence[str]) -> Table:
     rows = []
     logs = [(labels[-1], comparisons[0].reference)] + [(label, c.test) for label, c in _tests(comparisons, labels)]

@@ -50,18 +50,21 @@ def run_compare(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping[
     runner.require_executable(spec.name)
     # pandas and the report's writers: only when the step executes (a cached run reuses it without them)
     from alignflow.compare import compare, write_report
+    from alignflow.logs.memory import memory_lines
     from alignflow.logs.parse import parse_log
 
-    parsed = {}
+    parsed, memory = {}, {}
     for name in LOGS:
         ref = inputs[name]
-        text = _local_log(runner, ref).read_text(encoding="utf-8", errors="replace")
-        parsed[name] = parse_log(text.splitlines(), source=f"{ref.host}:{ref.path}")
+        lines = _local_log(runner, ref).read_text(encoding="utf-8", errors="replace").splitlines()
+        parsed[name] = parse_log(lines, source=f"{ref.host}:{ref.path}")
+        memory[name] = memory_lines(lines)  # every rank's report (a rank-prefixed log holds them all)
     report_dir = runner.state_dir / "reports" / f"{runner.run_id}-{uuid.uuid4().hex[:6]}"
     command = f"compare npu_log={inputs['npu_log'].short()} gpu_log={inputs['gpu_log'].short()}"
     with recording(runner.store, runner.run_id, spec.name, host=host.name, command=command, cache_key=key,
                    inputs=inputs) as rec:
-        comparison = compare(parsed["npu_log"], parsed["gpu_log"], criteria_used, noise_floor=noise)
+        comparison = compare(parsed["npu_log"], parsed["gpu_log"], criteria_used, noise_floor=noise,
+                             memory=(memory["npu_log"], memory["gpu_log"]))
         view = run_view(runner.store, runner.run_id)
         context = report_context(view, description=experiment.description, writing=spec.name,
                                  generated_at=datetime.now(UTC), timing=timing_conditions(runner.store, view))
