@@ -20,6 +20,7 @@ torchrun flags: https://docs.pytorch.org/docs/stable/elastic/run.html; msrun: th
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -154,3 +155,28 @@ def mindformers_parallel(parallel: ParallelConfig) -> dict[str, Any]:
     the number of workers where the template leaves `data_parallel_shard: -1`)."""
     return {"parallelism.tensor_parallel": parallel.tp, "parallelism.pipeline_parallel": parallel.pp,
             "parallelism.expert_parallel": parallel.ep}
+
+
+# torchrun's account of a failed worker (torch.distributed.elastic.multiprocessing.errors: `_MSG_FORMAT_TEMPLATE`,
+# `_FAILURE_FORMAT_TEMPLATE`): the root cause is the first rank observed to fail.
+_ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):\s*\n\[\d+\]:\s*\n(?P<body>(?:  .*\n?)+)")
+_FIELD = re.compile(r"^  (?P<key>\w+)\s*: (?P<value>.*)$", re.MULTILINE)
+_RANK = re.compile(r"(?P<rank>\d+) \(local_rank: (?P<local>\d+)\)")
+_EXIT = re.compile(r"(?P<code>-?\d+) \(pid: \d+\)\s*(?:\((?P<signal>\w+)\))?")
+
+
+def failed_rank(stderr: str) -> str | None:
+    """Which rank of a torchrun job failed first and how (`rank 2 (local rank 2) on host h: exit code -9
+    (SIGKILL)`), from torchrun's failure summary on stderr; None when it printed none."""
+    found = list(_ROOT_CAUSE.finditer(stderr))
+    if not found:
+        return None
+    fields = {m.group("key"): m.group("value").strip() for m in _FIELD.finditer(found[-1].group("body"))}
+    rank = _RANK.match(fields.get("rank", ""))
+    if rank is None:
+        return None
+    code = _EXIT.match(fields.get("exitcode", ""))
+    how = (f"exit code {code.group('code')}" + (f" ({code.group('signal')})" if code.group("signal") else "")
+           if code else f"exit code {fields.get('exitcode', '?')}")
+    host = f" on host {fields['host']}" if fields.get("host") else ""
+    return f"rank {rank.group('rank')} (local rank {rank.group('local')}){host} failed first: {how}"

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 from alignflow import pipeline
 from alignflow.backends.commands import StepCommand, retry_on, step_command, timeout_for
+from alignflow.backends.launch import failed_rank
 from alignflow.config.hosts import Host
 from alignflow.errors import AlignflowError, CommandTimeout, PathMissing, PipelineError, RemoteJobError, SentinelError
 from alignflow.runner.artifacts import ArtifactRef, declared_inputs
@@ -120,6 +121,8 @@ def _job_failed(host: Host, step: str, state: JobState, handle: JobHandle, stder
                 stdout_tail: str = "") -> str:
     lines = stderr_tail.rstrip().splitlines()[-STDERR_LINES:]
     why = error_line(stderr_tail, stdout_tail)  # the job's own error line (issue 16): MindFormers logs on stdout
+    dead = failed_rank(stderr_tail)  # a many-rank training: which rank died (torchrun's root cause)
+    why = f"{dead}; {why}" if dead and why else dead or why
     return (f"{host.name}: step {step} {state}{f': {why}' if why else ''}; job dir {handle.job_dir}\n"
             + "\n".join("    " + x for x in lines))
 

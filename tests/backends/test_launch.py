@@ -141,3 +141,19 @@ def test_a_layout_whose_global_batch_does_not_fit_is_refused_at_load(repo_root: 
     path.write_text(text)
     with pytest.raises(ConfigError, match="global_batch_size 4 is not a multiple of micro_batch_size 4 x dp 2"):
         load_experiment(path)
+
+
+def test_a_failed_torchrun_job_names_the_rank_that_died_first() -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from alignflow.backends.launch import failed_rank
+
+    # torchrun's own summary (its formatter, as `torch.distributed.run` prints it when a worker fails)
+    failures = {2: ProcessFailure(local_rank=2, pid=123, exitcode=-9, error_file="/nonexistent"),
+                3: ProcessFailure(local_rank=3, pid=124, exitcode=1, error_file="/nonexistent")}
+    summary = ChildFailedError("alignflow.twin.torch_train", failures).format_msg()
+    got = failed_rank("Traceback (most recent call last):\n...\n" + summary)
+    assert got is not None
+    assert got.startswith("rank 2 (local rank 2) on host ")
+    assert got.endswith("failed first: exit code -9 (SIGKILL)")
+    assert failed_rank("RuntimeError: something else\n") is None
