@@ -250,7 +250,8 @@ def streaming_strategy(pool: WriterPool, *, progress: ProgressFn | None) -> Any:
     writer_class = _streaming_writer_class()
 
     class StreamingSave(TorchDistSaveShardedStrategy):  # type: ignore[misc]
-        def async_save(self, sharded_state_dict: Any, checkpoint_dir: Any) -> Any:
+        def async_save(self, sharded_state_dict: Any, checkpoint_dir: Any, **options: Any) -> Any:
+            # megatron-core >= 0.19 passes `async_strategy` on to `_get_save_and_finalize_callbacks`
             flat, _, _ = _replace_state_dict_keys_with_sharded_keys(sharded_state_dict, self.keep_only_main_replica)
             pyt_state_dict = mcore_to_pyt_state_dict(flat, False)
             writer = writer_class(checkpoint_dir, thread_count=len(pool.assignment.files) + 1, pool=pool,
@@ -258,7 +259,7 @@ def streaming_strategy(pool: WriterPool, *, progress: ProgressFn | None) -> Any:
             planner = MCoreSavePlanner(dedup_replicated_tensors=not self.keep_only_main_replica,
                                        flatten_state_dict=False)
             ret = save_state_dict_async_plan(pyt_state_dict, writer, None, 0, planner=planner)
-            return self._get_save_and_finalize_callbacks(writer, ret[0])
+            return self._get_save_and_finalize_callbacks(writer, ret[0], **options)
 
     return StreamingSave("torch_dist", 1)
 
