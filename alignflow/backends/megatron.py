@@ -181,6 +181,8 @@ def training_flags(training: TrainingConfig, *, steps: int) -> list[str]:
           "--global-batch-size", str(training.global_batch_size)]
     if training.bf16:
         f.append("--bf16")
+    if training.recompute == "full":  # every layer's activations recomputed in the backward (megatron arguments.py)
+        f += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
     return f
 
 
@@ -236,9 +238,12 @@ def pretrain_flags(
           "--eval-interval", str(max(steps, 1) * 10)]
     if training.deterministic:
         f.append("--deterministic-mode")
-    f += kernel_flags(transformer_impl=transformer_impl, normalization=model.normalization,
-                      rope=model.position_embedding_type == "rope", extensions=extensions,
-                      dsa=model.dsa is not None)
+    kernels = kernel_flags(transformer_impl=transformer_impl, normalization=model.normalization,
+                           rope=model.position_embedding_type == "rope", extensions=extensions,
+                           dsa=model.dsa is not None)
+    if training.bias_swiglu_fusion:  # megatron's default: SwiGLUFunction (torch code, needs no extension)
+        kernels = [k for k in kernels if k != "--no-bias-swiglu-fusion"]
+    f += kernels
     return merge_flags(f, extra_args)
 
 

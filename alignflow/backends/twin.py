@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from alignflow.backends.launch import layout_for, msrun, parallel_flags, torchrun
 from alignflow.backends.megatron import pretrain_flags
+from alignflow.backends.mindformers import set_dotted
 from alignflow.backends.quoting import yaml_text
 from alignflow.backends.template import CommandTemplate, TrainSpec
 from alignflow.codeversion import code_version_for
@@ -19,6 +20,7 @@ from alignflow.config.model import ModelConfig, TrainingConfig
 from alignflow.convert.layout import megatron_checkpoint_layout
 from alignflow.errors import ConfigError
 from alignflow.twin.flavours import Flavour
+from alignflow.twin.memory import MS_MEMORY_STATISTIC
 from alignflow.twin.render import mindformers_config, twin_env
 
 _CODE = ("twin", "config", "frameworks")  # the twin reads msprobe dumps and megatron-core facts from frameworks
@@ -44,6 +46,8 @@ def npu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
         steps=spec.steps,
         save_interval=experiment.training.save_interval or spec.steps,
     )
+    for key, value in experiment.npu.overrides.items():  # the user's MindFormers keys last, as for MindFormers
+        set_dotted(config, key, value)
     files = {"config.yaml": yaml_text(config)}
     required = ("All Network parameters are loaded.",) if spec.load else ()
     argv: tuple[str, ...] = ("{python}", "-m", "alignflow.twin.mindspore_train", "--config", "{out}/config.yaml",
@@ -58,7 +62,8 @@ def npu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
         log_format="mindformers",
         code_version=code_version_for(_CODE),
         files=files,
-        env=dict(experiment.npu.env),
+        # MindSpore prints its peak device memory at the end of a run with this set (the twin: its allocator model)
+        env={MS_MEMORY_STATISTIC: "1", **experiment.npu.env},
         log=log,
         checkpoint="checkpoint" if spec.save else None,
         required_lines=required,

@@ -186,6 +186,14 @@ class TrainingConfig(_Strict):
     global_batch_size: int = Field(1, ge=1, description="Samples per step.")
     deterministic: bool = Field(True, description="Deterministic kernels on both sides.")
     bf16: bool = Field(True, description="bf16 compute (the twin computes in fp32 on CPU regardless).")
+    recompute: Literal["none", "full"] = Field(
+        "none", description="Activation recomputation: `full` recomputes every decoder layer in the backward pass "
+        "(Megatron `--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`, MindFormers "
+        "`recompute: {mode: full}`). The same mathematics in another order: less activation memory, more time.")
+    bias_swiglu_fusion: bool = Field(
+        False, description="Fused SwiGLU kernel (Megatron without `--no-bias-swiglu-fusion`: its `SwiGLUFunction` "
+        "with the hand-written backward; MindFormers `model_config.bias_swiglu_fusion`). The same mathematics, "
+        "other roundings in the backward pass.")
     save_interval: int | None = Field(None, ge=1, description="Checkpoint interval of the base training; default: "
                                       "only at the end.")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallel layout of both sides' "

@@ -17,7 +17,8 @@ Transformer Engine or Apex:
   torch LayerNorm`), gradient-accumulation fusion Apex's `fused_weight_gradient_mlp_cuda` (`ColumnParallelLinear
   was called with gradient_accumulation_fusion set to True but the custom CUDA extension ... is not found`), the
   masked-softmax fusion Apex's `scaled_masked_softmax_cuda`. The bias-dropout and bias-SwiGLU fusions are
-  torch.jit code and are always off for alignment (the twin computes them unfused).
+  torch.jit code: off for alignment, unless `training.bias_swiglu_fusion` asks for the fused SwiGLU (a matrix
+  variant's switch; the twin computes it as megatron's `SwiGLUFunction`).
 - **Evaluation.** `eval_interval` defaults to None in 0.16-0.19 and `train_iters // eval_interval` runs even with
   `--eval-iters 0` (`TypeError: unsupported operand type(s) for //: 'int' and 'NoneType'`): `--eval-interval`
   is always given.

@@ -27,7 +27,7 @@ from alignflow.errors import ConfigError
 WHERE = "torch_train"
 _NO_OP_SWITCHES = (
     "--no-gradient-accumulation-fusion", "--no-masked-softmax-fusion", "--no-bias-dropout-fusion",
-    "--no-bias-swiglu-fusion", "--no-bias-gelu-fusion", "--no-rope-fusion", "--no-persist-layer-norm",
+    "--no-bias-gelu-fusion", "--no-rope-fusion", "--no-persist-layer-norm",
     "--no-one-logger", "--use-cpu-initialization", "--attention-softmax-in-fp32", "--use-mcore-models",
     "--no-create-attention-mask-in-dataloader", "--exit-on-missing-checkpoint", "--no-load-rng",
     "--no-save-rng", "--no-async-tensor-model-parallel-allreduce", "--deterministic-mode",
@@ -108,6 +108,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--global-batch-size", type=int)
     t.add_argument("--log-interval", type=int, default=100)
     t.add_argument("--bf16", action="store_true")
+    t.add_argument("--recompute-granularity", choices=["full", "selective"])
+    t.add_argument("--recompute-method", choices=["uniform", "block"])
+    t.add_argument("--recompute-num-layers", type=int)
+    t.add_argument("--no-bias-swiglu-fusion", action="store_true",
+                   help="without it, SwiGLU is megatron's fused SwiGLUFunction (its hand-written backward)")
     t.add_argument("--fp16", action="store_true")
     d = p.add_argument_group("data")
     d.add_argument("--data-path", nargs="*")
@@ -177,6 +182,15 @@ def _unsupported(ns: argparse.Namespace) -> list[str]:
         (not ns.data_path, "--data-path: required (the indexed dataset's prefix)"),
         (ns.eval_iters > 0 and ns.eval_interval <= ns.train_iters, "evaluation is not implemented by the twin; "
          "pass --eval-iters 0"),
+        (ns.recompute_granularity == "selective", "--recompute-granularity selective: the twin recomputes whole "
+         "layers only (full)"),
+        (ns.recompute_granularity == "full" and ns.recompute_method is None, "--recompute-granularity full needs "
+         "--recompute-method uniform or block (megatron-core TransformerConfig refuses full recompute without one)"),
+        (ns.recompute_method is not None and ns.recompute_granularity != "full", "--recompute-method applies to "
+         "--recompute-granularity full only"),
+        (ns.recompute_method == "block", "--recompute-method block: the twin recomputes uniform chunks only"),
+        (ns.recompute_num_layers is not None and ns.recompute_num_layers < 1, "--recompute-num-layers must be "
+         "at least 1"),
     ]
     problems = [msg for bad, msg in rules if bad]
     for flag in ("expert_model_parallel_size", "context_parallel_size"):

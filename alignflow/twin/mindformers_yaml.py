@@ -33,7 +33,8 @@ class _Strict(BaseModel):
 class ContextSection(_Strict):
     mode: Literal[1] = Field(1, description="1 = PyNative, the only mode of the twin (MindFormers `--mode 1`).")
     device_target: Literal["CPU", "Ascend"] = Field("CPU", description="MindSpore device.")
-    max_device_memory: str = Field("59GB", description="Accepted for compatibility; unused on CPU.")
+    max_device_memory: str = Field("59GB", description="Device memory MindSpore may use; the twin ends with "
+                                   "MindSpore's out-of-memory error when its memory model of a step exceeds it.")
 
 
 class TrainingSection(_Strict):
@@ -136,7 +137,10 @@ class ModelConfigSection(_Strict):
     position_embedding_type: Literal["rope", "none"] = Field("rope", description="Position embedding.")
     rotary_base: float = Field(10000.0, gt=0, description="RoPE base.")
     rotary_percent: float = Field(1.0, gt=0, le=1, description="Partial RoPE fraction.")
-    hidden_act: Literal["silu", "gelu"] = Field("silu", description="MLP activation.")
+    hidden_act: Literal["silu", "gelu", "swiglu"] = Field("silu", description="MLP activation (swiglu = silu with "
+                                                          "the GLU, as MindFormers spells it for the fused kernel).")
+    bias_swiglu_fusion: bool = Field(False, description="Fused SwiGLU (MindFormers: needs hidden_act swiglu); the twin "
+                                     "computes it as Megatron's SwiGLUFunction, with its hand-written backward.")
     gated_linear_unit: bool = Field(True, description="GLU MLP (SwiGLU).")
     add_bias_linear: bool = Field(False, description="Linear biases.")
     qk_layernorm: bool = Field(False, description="RMSNorm of q and k over head_dim before RoPE (Qwen3).")
@@ -164,6 +168,13 @@ class ModelConfigSection(_Strict):
     moe_layer_freq: int | list[int] = Field(1, description="Every N-th layer MoE, or a 0/1 list per layer.")
     mtp_num_layers: int | None = Field(None, ge=1, description="MTP depth; None = no MTP.")
     mtp_loss_scaling_factor: float = Field(0.1, ge=0, description="MTP loss weight.")
+
+
+class RecomputeSection(_Strict):
+    """MindFormers 2.1 PyNative `RecomputeConfig`: `full` recomputes every decoder layer in the backward pass."""
+
+    mode: Literal["None", "full"] = Field("None", description="Recompute mode (`select` is not implemented by the "
+                                          "twin).")
 
 
 class ModelSection(_Strict):
@@ -195,6 +206,7 @@ class MindFormersConfig(_Strict):
     lr_scheduler: LrSchedulerSection = Field(description="Learning-rate schedule.")
     train_dataset: TrainDatasetSection = Field(description="Data.")
     model: ModelSection = Field(description="Model.")
+    recompute: RecomputeSection = Field(default_factory=RecomputeSection, description="Activation recomputation.")
     twin: TwinSection = Field(default_factory=TwinSection, description="Twin extensions.")
 
     @property
@@ -227,6 +239,8 @@ def load_mindformers_config(path: str | Path) -> MindFormersConfig:
           f"{dl.seq_length} differs from model.model_config.seq_length {mc.seq_length}")
     check(cfg.training.global_batch_size % cfg.training.local_batch_size != 0, ("training", "global_batch_size"),
           "must be a multiple of training.local_batch_size (one rank)")
+    check(mc.bias_swiglu_fusion and mc.hidden_act != "swiglu", ("model", "model_config", "bias_swiglu_fusion"),
+          "When using bias_swiglu_fusion, hidden_act must be swiglu. (MindFormers TransformerConfig)")
     data_path = dl.data_path
     check(isinstance(data_path, list) and len(data_path) not in (1, 2),
           ("train_dataset", "dataloader", "config", "data_path"), "expected ['1', <dataset prefix>]")
@@ -267,7 +281,8 @@ def model_config_from_mindformers(cfg: MindFormersConfig) -> ModelConfig:
             make_vocab_size_divisible_by=1, seq_length=mc.seq_length,
             position_embedding_type=mc.position_embedding_type, rotary_base=mc.rotary_base,
             rotary_percent=mc.rotary_percent, normalization=mc.normalization, norm_epsilon=mc.layernorm_epsilon,
-            activation=mc.hidden_act, gated_linear_unit=mc.gated_linear_unit, add_bias_linear=mc.add_bias_linear,
+            activation="silu" if mc.hidden_act == "swiglu" else mc.hidden_act,
+            gated_linear_unit=mc.gated_linear_unit or mc.hidden_act == "swiglu", add_bias_linear=mc.add_bias_linear,
             qk_layernorm=mc.qk_layernorm, untie_embeddings_and_output_weights=mc.untie_embeddings_and_output_weights,
             hidden_dropout=mc.hidden_dropout, attention_dropout=mc.attention_dropout,
             init_method_std=mc.init_method_std, moe=moe,

@@ -16,6 +16,7 @@ instead of a warning and a random initialisation.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import os
@@ -30,6 +31,14 @@ from alignflow.errors import AlignflowError, ConfigError
 from alignflow.frameworks.dumpfile import DumpRequest, request_from_env
 from alignflow.frameworks.mindspore_host import run_host_tasks_inline
 from alignflow.twin.faults import Faults, faults_from_env, optimizer_json
+from alignflow.twin.memory import (
+    MIB,
+    MS_MEMORY_STATISTIC,
+    mindspore_memory_statistic,
+    mindspore_oom_message,
+    parse_memory_size,
+    twin_memory,
+)
 from alignflow.twin.mindformers_yaml import MindFormersConfig
 
 WHERE = "mindspore_train"
@@ -148,8 +157,16 @@ def train(cfg: MindFormersConfig, *, clock: Callable[[], float] = time.perf_coun
     from alignflow.twin.schedule import OptimSettings
 
     faults = faults or Faults()
-    spec = faults.model(twin_spec(model_config_from_mindformers(cfg)))
     tr, cp, mc = cfg.training, cfg.checkpoint, cfg.model.arch
+    spec = dataclasses.replace(faults.model(twin_spec(model_config_from_mindformers(cfg))),
+                               bias_swiglu_fusion=mc.bias_swiglu_fusion,
+                               recompute_num_layers=1 if cfg.recompute.mode == "full" else 0)
+    memory = twin_memory(spec, micro_batch_size=tr.local_batch_size, recompute_num_layers=spec.recompute_num_layers,
+                         fused_swiglu=spec.bias_swiglu_fusion)
+    try:
+        capacity = parse_memory_size(cfg.context.max_device_memory)
+    except ValueError as exc:
+        raise ConfigError(f"{WHERE}: context.max_device_memory: {exc}") from None
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(cfg.context.device_target)
     ms.set_deterministic(bool(tr.deterministic))
@@ -207,6 +224,10 @@ def train(cfg: MindFormersConfig, *, clock: Callable[[], float] = time.perf_coun
     records: list[StepRecord] = []
     saved: list[Path] = []
     log.info("Start training loop...", extra={"site": "start"})
+    if memory.peak > capacity:
+        # the CPU has no device to run out of: the twin raises what MindSpore's Ascend allocator raises when a step
+        # needs more than max_device_memory (its memory model, alignflow.twin.memory)
+        raise RuntimeError(mindspore_oom_message(memory.activations, max_device_memory=capacity, used=memory.static))
     for step in range(start_step + 1, last + 1):
         t0 = clock()
         batch = data.batch(step - 1, gbs)
@@ -270,6 +291,11 @@ def train(cfg: MindFormersConfig, *, clock: Callable[[], float] = time.perf_coun
                                                        consumed_samples=step * gbs),
                                save_max=cp.save_max, saved_by_this_run=saved)
             log.info(fmt.mindformers_saved_message(step, str(cp.save_path)), extra={"site": "save"})
+    if os.environ.get(MS_MEMORY_STATISTIC) == "1" and recorder is None:
+        # MindSpore's statistic block, bare lines at the end of the run's output (its dry-run and tuning guides)
+        sys.stdout.write("".join(f"{line}\n" for line in mindspore_memory_statistic(
+            memory, max_device_memory_mb=capacity // MIB)))
+        sys.stdout.flush()
     return records
 
 

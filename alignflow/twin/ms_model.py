@@ -126,26 +126,59 @@ class SelfAttention(nn.Cell):
         return self.linear_proj(ctx)
 
 
+class FusedSwiGLU(nn.Cell):
+    """MindFormers' `fusedswiglu` (`bias_swiglu_fusion`): SiLU(gate) * up with a custom backward, computed as
+    megatron's `SwiGLUFunction` computes it (`swiglu_back`), so that both twins fuse alike. `interleaved`: gate and
+    up alternate along the last axis's pairs `[..., F, 2]` (MindFormers' fc1 rows); else they are its halves."""
+
+    def __init__(self, *, interleaved: bool, ffn: int) -> None:
+        super().__init__()
+        self.interleaved = interleaved
+        self.ffn = ffn
+
+    def _split(self, y: Tensor) -> tuple[Tensor, Tensor]:
+        if self.interleaved:
+            return y[..., 0], y[..., 1]
+        return y[..., : self.ffn], y[..., self.ffn :]
+
+    def construct(self, y: Tensor) -> Tensor:
+        gate, up = self._split(y)
+        return ops.silu(gate) * up
+
+    def bprop(self, y: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
+        gate, up = self._split(y)
+        sig = ops.sigmoid(gate)
+        d_gate = dout * sig * (1 + gate * (1 - sig)) * up
+        d_up = dout * ops.silu(gate)
+        return (ops.stack((d_gate, d_up), -1) if self.interleaved else ops.cat((d_gate, d_up), -1),)
+
+
 class InterleavedMLP(nn.Cell):
     """SwiGLU whose `linear_fc1` rows alternate gate/up (MindFormers PyNative `MLP`)."""
 
-    def __init__(self, hidden: int, ffn: int, std: float, out_std: float, activation: str = "silu") -> None:
+    def __init__(self, hidden: int, ffn: int, std: float, out_std: float, activation: str = "silu",
+                 fused: bool = False) -> None:
         super().__init__()
         self.linear_fc1 = Linear(2 * ffn, hidden, std)
         self.linear_fc2 = Linear(hidden, ffn, out_std)
         self.ffn = ffn
         self.gelu = activation == "gelu"  # an injected bug (twin.faults)
+        self.fused = fused and not self.gelu
+        if self.fused:
+            self.swiglu = FusedSwiGLU(interleaved=True, ffn=ffn)
 
     def construct(self, x: Tensor) -> Tensor:
         h = self.linear_fc1(x).reshape(-1, self.ffn, 2)
+        if self.fused:
+            return self.linear_fc2(self.swiglu(h))
         gate = ops.gelu(h[..., 0]) if self.gelu else ops.silu(h[..., 0])
         return self.linear_fc2(gate * h[..., 1])
 
 
 class SharedExperts(InterleavedMLP):
-    def __init__(self, hidden: int, ffn: int, gate: bool, std: float, out_std: float, activation: str = "silu"
-                 ) -> None:
-        super().__init__(hidden, ffn, std, out_std, activation)
+    def __init__(self, hidden: int, ffn: int, gate: bool, std: float, out_std: float, activation: str = "silu",
+                 fused: bool = False) -> None:
+        super().__init__(hidden, ffn, std, out_std, activation, fused)
         self.use_gate = gate
         if gate:
             self.shared_experts_gate = Linear(1, hidden, std)
@@ -160,32 +193,41 @@ class SharedExperts(InterleavedMLP):
 class GroupedExperts(nn.Cell):
     """Routed experts as one grouped GEMM: `weight1 [E, H, 2F]`, `weight2 [E, F, H]`."""
 
-    def __init__(self, hidden: int, moe: MoESpec, std: float, out_std: float, activation: str = "silu") -> None:
+    def __init__(self, hidden: int, moe: MoESpec, std: float, out_std: float, activation: str = "silu",
+                 fused: bool = False) -> None:
         super().__init__()
         e, f = moe.num_experts, moe.ffn_hidden_size
         self.weight1 = _param((e, hidden, 2 * f), std)
         self.weight2 = _param((e, f, hidden), out_std)
         self.ffn = f
         self.gelu = activation == "gelu"  # an injected bug (twin.faults)
+        self.fused = fused and not self.gelu
+        if self.fused:
+            self.swiglu = FusedSwiGLU(interleaved=False, ffn=f)
 
     def construct(self, x: Tensor, probs: Tensor) -> Tensor:
         h = ops.matmul(ops.broadcast_to(x, (self.weight1.shape[0], -1, -1)), self.weight1)
-        gate = ops.gelu(h[..., : self.ffn]) if self.gelu else ops.silu(h[..., : self.ffn])
-        y = ops.matmul(gate * h[..., self.ffn :], self.weight2)
+        if self.fused:
+            act = self.swiglu(h)
+        else:
+            gate = ops.gelu(h[..., : self.ffn]) if self.gelu else ops.silu(h[..., : self.ffn])
+            act = gate * h[..., self.ffn :]
+        y = ops.matmul(act, self.weight2)
         return (probs.T.expand_dims(-1) * y).sum(0)
 
 
 class MoELayer(nn.Cell):
     """Router (softmax top-k renormalised, or sigmoid + expert bias), routed and shared experts, aux loss."""
 
-    def __init__(self, hidden: int, moe: MoESpec, std: float, out_std: float, activation: str = "silu") -> None:
+    def __init__(self, hidden: int, moe: MoESpec, std: float, out_std: float, activation: str = "silu",
+                 fused: bool = False) -> None:
         super().__init__()
         self.moe = moe
         self.router = Linear(moe.num_experts, hidden, std)
-        self.experts = GroupedExperts(hidden, moe, std, out_std, activation)
+        self.experts = GroupedExperts(hidden, moe, std, out_std, activation, fused)
         if moe.shared_ffn_hidden_size is not None:
             self.shared_experts = SharedExperts(hidden, moe.shared_ffn_hidden_size, moe.shared_expert_gate, std,
-                                                out_std, activation)
+                                                out_std, activation, fused)
         if moe.expert_bias:
             self.expert_bias = _param((moe.num_experts,), 0.0, requires_grad=False)
         self.tokens_per_expert = _param((moe.num_experts,), 0.0, requires_grad=False)
@@ -236,11 +278,14 @@ class TransformerLayer(nn.Cell):
         self.self_attention = SelfAttention(spec, out_std)
         self.pre_mlp_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps)
         self.is_moe = is_moe
+        fused = spec.bias_swiglu_fusion
         if is_moe:
             assert spec.moe is not None
-            self.mlp: nn.Cell = MoELayer(spec.hidden_size, spec.moe, std, out_std, spec.activation)
+            self.mlp: nn.Cell = MoELayer(spec.hidden_size, spec.moe, std, out_std, spec.activation, fused)
         else:
-            self.mlp = InterleavedMLP(spec.hidden_size, spec.ffn_hidden_size, std, out_std, spec.activation)
+            self.mlp = InterleavedMLP(spec.hidden_size, spec.ffn_hidden_size, std, out_std, spec.activation, fused)
+        if spec.recompute_num_layers:  # MindFormers `recompute: {mode: full}`: the layer is run again in backward
+            self.recompute()
 
     def construct(self, x: Tensor, batch: int, cos: Tensor, sin: Tensor, causal: Tensor
                   ) -> tuple[Tensor, Tensor, Tensor]:

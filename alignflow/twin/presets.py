@@ -59,6 +59,11 @@ class TwinSpec:
     mtp_loss_scaling_factor: float
     qk_layernorm: bool = False  # RMSNorm over head_dim of q and k before RoPE (Qwen3; Megatron --qk-layernorm)
     activation: str = "silu"  # "gelu" only through a fault injection (alignflow.twin.faults)
+    # How the network is computed, not what it is (a side's switches, from its command line): the same mathematics
+    # in another order. Decoder layers recomputed in the backward pass in chunks of this many (0: none) ...
+    recompute_num_layers: int = 0
+    # ... and SwiGLU as megatron's fused `SwiGLUFunction` (its hand-written backward) instead of autograd's.
+    bias_swiglu_fusion: bool = False
 
     @property
     def num_moe_layers_for_logging(self) -> int:

@@ -19,6 +19,10 @@ from alignflow.config.model import ModelConfig, TrainingConfig
 TWIN_DATA_SHA256 = "ALIGNFLOW_TWIN_DATA_SHA256"
 TWIN_MEGATRON_VERSION = "ALIGNFLOW_TWIN_MEGATRON_VERSION"
 TWIN_DEVICE = "ALIGNFLOW_TWIN_DEVICE"
+# The device memory the PyTorch twin may use, in MiB (the CPU has no device to run out of: with this set, a twin
+# whose modelled peak (`alignflow.twin.memory`) exceeds it ends with torch's CUDA out-of-memory error, as
+# `torch.cuda.set_per_process_memory_fraction` would make a real run end).
+TWIN_DEVICE_MEMORY = "ALIGNFLOW_TWIN_DEVICE_MEMORY_MB"
 
 _SCHEDULERS = {"constant": "ConstantWarmUpLR", "linear": "LinearWithWarmUpLR", "cosine": "CosineWithWarmUpLR"}
 
@@ -55,6 +59,8 @@ def mindformers_config(
         "init_method_std": model.init_method_std, "params_dtype": "bfloat16" if training.bf16 else "float32",
         "compute_dtype": "float32", "use_interleaved_weight_layout_mlp": True,
     }
+    if training.bias_swiglu_fusion:  # MindFormers refuses the fusion unless hidden_act is swiglu (TransformerConfig)
+        model_config |= {"hidden_act": "swiglu", "bias_swiglu_fusion": True}
     if moe is not None:
         model_config |= {
             "num_moe_experts": moe.num_experts, "moe_router_topk": moe.router_topk,
@@ -77,6 +83,9 @@ def mindformers_config(
     }
     if training.lr_decay_iters is not None:
         lr_scheduler["decay_steps"] = training.lr_decay_iters
+    sections: dict[str, Any] = {}
+    if training.recompute != "none":  # MindFormers 2.1 PyNative `TrainConfig.recompute` (RecomputeConfig.mode)
+        sections["recompute"] = {"mode": training.recompute}
     return {
         "context": {"mode": 1, "device_target": device_target},
         "training": {"steps": steps, "local_batch_size": training.micro_batch_size,
@@ -96,6 +105,7 @@ def mindformers_config(
                        "data_path": ["1", data_path], "eod": model.vocab_size - 1, "pad": -1},
         }},
         "model": {"model_type": model.family, "architectures": "TwinGPTForCausalLM", "model_config": model_config},
+        **sections,
         "twin": {"data_sha256": data_sha256, "jit": jit},
     }
 

@@ -125,29 +125,53 @@ class SelfAttention(nn.Module):
         return self.tp.reduce_from(self.linear_proj(ctx))
 
 
+class SwiGLUFunction(torch.autograd.Function):
+    """megatron's fused SwiGLU (`megatron/core/fusions/fused_bias_swiglu.py`): the same forward, its input the only
+    saved tensor, and the hand-written backward `swiglu_back` (other roundings than autograd's chain rule)."""
+
+    @staticmethod
+    def forward(ctx: Any, y: Tensor) -> Tensor:
+        ctx.save_for_backward(y)
+        y_1, y_2 = torch.chunk(y, 2, -1)
+        return F.silu(y_1) * y_2
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        y_1, y_2 = torch.chunk(y, 2, -1)
+        return torch.cat((g * torch.sigmoid(y_1) * (1 + y_1 * (1 - torch.sigmoid(y_1))) * y_2, g * F.silu(y_1)), -1)
+
+
 class MLP(nn.Module):
-    """SwiGLU with `linear_fc1 = [gate; up]` (megatron `mlp.py`: chunk, silu(gate) * up); under tensor parallelism
-    each rank holds [its gate rows; its up rows] and the matching columns of `linear_fc2`."""
+    """SwiGLU with `linear_fc1 = [gate; up]` (megatron `mlp.py`: chunk, silu(gate) * up; `fused`: megatron's
+    `bias_swiglu_impl`, the `SwiGLUFunction` above); under tensor parallelism each rank holds [its gate rows; its
+    up rows] and the matching columns of `linear_fc2`."""
 
     def __init__(self, hidden: int, ffn: int, std: float, out_std: float, activation: str = "silu",
-                 tp: TensorParallel = NO_TP) -> None:
+                 tp: TensorParallel = NO_TP, fused: bool = False) -> None:
         super().__init__()
         self.tp = tp
         self.linear_fc1 = Linear(2 * ffn // tp.size, hidden, std)
         self.linear_fc2 = Linear(hidden, ffn // tp.size, out_std)
         self.act = F.gelu if activation == "gelu" else F.silu  # gelu: an injected bug (twin.faults)
+        self.fused = fused and activation == "silu"
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = torch.chunk(self.linear_fc1(self.tp.copy_to(x)), 2, dim=-1)
-        return self.tp.reduce_from(self.linear_fc2(self.act(gate) * up))
+        h = self.linear_fc1(self.tp.copy_to(x))
+        if self.fused:
+            y: Tensor = SwiGLUFunction.apply(h)  # type: ignore[no-untyped-call]
+        else:
+            gate, up = torch.chunk(h, 2, dim=-1)
+            y = self.act(gate) * up
+        return self.tp.reduce_from(self.linear_fc2(y))
 
 
 class SharedExperts(MLP):
     gate_weight: nn.Parameter
 
     def __init__(self, hidden: int, ffn: int, gate: bool, std: float, out_std: float, activation: str = "silu",
-                 tp: TensorParallel = NO_TP) -> None:
-        super().__init__(hidden, ffn, std, out_std, activation, tp)
+                 tp: TensorParallel = NO_TP, fused: bool = False) -> None:
+        super().__init__(hidden, ffn, std, out_std, activation, tp, fused)
         self.use_gate = gate
         if gate:
             self.gate_weight = nn.Parameter(torch.empty(1, hidden))
@@ -208,10 +232,10 @@ class Experts(nn.Module):
     """megatron `SequentialMLP`: one local-spec MLP per expert (`local_experts.{e}`)."""
 
     def __init__(self, hidden: int, moe: MoESpec, std: float, out_std: float, activation: str = "silu",
-                 tp: TensorParallel = NO_TP) -> None:
+                 tp: TensorParallel = NO_TP, fused: bool = False) -> None:
         super().__init__()
         self.local_experts = nn.ModuleList(
-            [MLP(hidden, moe.ffn_hidden_size, std, out_std, activation, tp) for _ in range(moe.num_experts)]
+            [MLP(hidden, moe.ffn_hidden_size, std, out_std, activation, tp, fused) for _ in range(moe.num_experts)]
         )
 
     def forward(self, x: Tensor, probs: Tensor) -> Tensor:
@@ -227,14 +251,14 @@ class MoELayer(nn.Module):
     shared_experts: SharedExperts
 
     def __init__(self, hidden: int, moe: MoESpec, std: float, out_std: float, activation: str = "silu",
-                 tp: TensorParallel = NO_TP) -> None:
+                 tp: TensorParallel = NO_TP, fused: bool = False) -> None:
         super().__init__()
         self.moe = moe
         self.router = Router(hidden, moe, std)
-        self.experts = Experts(hidden, moe, std, out_std, activation, tp)
+        self.experts = Experts(hidden, moe, std, out_std, activation, tp, fused)
         if moe.shared_ffn_hidden_size is not None:
             self.shared_experts = SharedExperts(hidden, moe.shared_ffn_hidden_size, moe.shared_expert_gate, std,
-                                                out_std, activation, tp)
+                                                out_std, activation, tp, fused)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         shape = x.shape
@@ -256,11 +280,12 @@ class TransformerLayer(nn.Module):
         self.self_attention = SelfAttention(spec, out_std, tp)
         self.pre_mlp_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps)
         self.is_moe = is_moe
+        fused = spec.bias_swiglu_fusion
         if is_moe:
             assert spec.moe is not None
-            self.mlp = MoELayer(spec.hidden_size, spec.moe, std, out_std, spec.activation, tp)
+            self.mlp = MoELayer(spec.hidden_size, spec.moe, std, out_std, spec.activation, tp, fused)
         else:
-            self.mlp = MLP(spec.hidden_size, spec.ffn_hidden_size, std, out_std, spec.activation, tp)
+            self.mlp = MLP(spec.hidden_size, spec.ffn_hidden_size, std, out_std, spec.activation, tp, fused)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], causal: Tensor, moe_out: list[tuple[Tensor, Tensor]]
                 ) -> Tensor:
@@ -391,6 +416,30 @@ class TwinGPTTorch(nn.Module):
                 offset = c.sum(dim=-1, keepdim=True) / c.shape[-1] - c
                 layer.router.expert_bias += torch.sign(offset) * layer.moe.bias_update_rate
 
+    def _decoder(self, x: Tensor, rope: tuple[Tensor, Tensor], causal: Tensor,
+                 moe_out: list[tuple[Tensor, Tensor]]) -> Tensor:
+        """The decoder layers; with recomputation (megatron `--recompute-granularity full --recompute-method
+        uniform --recompute-num-layers N`) each chunk of N layers keeps only its input and is run again in the
+        backward pass (`torch.utils.checkpoint`, non-reentrant: what megatron's `CheckpointFunction` does)."""
+        layers = list(self.decoder.layers)
+        chunk = self.spec.recompute_num_layers
+        if chunk <= 0 or not torch.is_grad_enabled():
+            for layer in layers:
+                x = layer(x, rope, causal, moe_out)
+            return x
+        from torch.utils.checkpoint import checkpoint
+
+        for start in range(0, len(layers), chunk):
+            def run(h: Tensor, part: list[nn.Module] = layers[start:start + chunk]) -> Tensor:
+                for layer in part:
+                    h = layer(h, rope, causal, moe_out)
+                return h
+
+            x = cast(Tensor, checkpoint(run, x, use_reentrant=False))
+        # the recomputation in the backward pass appends to `moe_out` again; `head` and `run_micro_batch` read the
+        # forward's own entries (the first ones, in layer order) before the backward
+        return x
+
     def _context(self, tokens: Tensor) -> tuple[tuple[Tensor, Tensor], Tensor]:
         s = tokens.shape[1]
         return rope_tables(self.spec, tokens.device), torch.ones(s, s, dtype=torch.bool, device=tokens.device).tril()
@@ -400,9 +449,7 @@ class TwinGPTTorch(nn.Module):
         rope, causal = self._context(tokens)
         x = self.embedding(tokens) if self.first_stage else hidden
         assert x is not None
-        for layer in self.decoder.layers:
-            x = layer(x, rope, causal, moe_out)
-        return x
+        return self._decoder(x, rope, causal, moe_out)
 
     def _logits(self, hidden: Tensor) -> Tensor:
         return self.tp.gather_from(self.output_layer(self.tp.copy_to(hidden)))

@@ -17,6 +17,7 @@ twin's own settings come from the environment (`alignflow.twin.render.twin_env`)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import os
@@ -59,16 +60,21 @@ class TwinSettings:
     megatron_version: str = "0.16"
     data_sha256: str | None = None
     device: str = "auto"
+    device_memory_mb: int | None = None  # the device's capacity (twin.render.TWIN_DEVICE_MEMORY); None: unlimited
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> TwinSettings:
         from alignflow.errors import ConfigError
-        from alignflow.twin.render import TWIN_DATA_SHA256, TWIN_DEVICE, TWIN_MEGATRON_VERSION
+        from alignflow.twin.render import TWIN_DATA_SHA256, TWIN_DEVICE, TWIN_DEVICE_MEMORY, TWIN_MEGATRON_VERSION
 
         device = env.get(TWIN_DEVICE, "auto")
         if device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"{WHERE}: {TWIN_DEVICE}={device!r}: expected auto, cpu or cuda")
-        return cls(env.get(TWIN_MEGATRON_VERSION, "0.16"), env.get(TWIN_DATA_SHA256) or None, device)
+        capacity = env.get(TWIN_DEVICE_MEMORY)
+        if capacity is not None and not (capacity.isdigit() and int(capacity) > 0):
+            raise ConfigError(f"{WHERE}: {TWIN_DEVICE_MEMORY}={capacity!r}: expected a positive number of MiB")
+        return cls(env.get(TWIN_MEGATRON_VERSION, "0.16"), env.get(TWIN_DATA_SHA256) or None, device,
+                   int(capacity) if capacity is not None else None)
 
 
 def _deterministic_eager_kernels(torch: Any) -> None:
@@ -103,7 +109,7 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
     from alignflow.twin.megatron_flags import data_file, model_config_from_megatron, padded_vocab_size
     from alignflow.twin.presets import twin_spec
     from alignflow.twin.schedule import LRSchedule, OptimSettings
-    from alignflow.twin.torch_checkpoint import RankPlace, load_checkpoint, save_checkpoint
+    from alignflow.twin.torch_checkpoint import RankPlace, load_checkpoint, read_tracker, save_checkpoint
     from alignflow.twin.torch_model import TwinGPTTorch
     from alignflow.twin.torch_optim import AdamW
     from alignflow.twin.torch_parallel import ParallelState
@@ -113,6 +119,9 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
     faults = faults or Faults()
     model_config = model_config_from_megatron(ns, megatron_version=version)
     spec = faults.model(twin_spec(model_config))
+    spec = dataclasses.replace(
+        spec, bias_swiglu_fusion=not ns.no_bias_swiglu_fusion,
+        recompute_num_layers=(ns.recompute_num_layers or 1) if ns.recompute_granularity == "full" else 0)
     micros = first_print = timestamp_has_microseconds(version)  # both changed in megatron-core 0.16
     device = torch.device("cuda" if twin.device == "cuda" or (twin.device == "auto"
                                                                and torch.cuda.is_available()) else "cpu")
@@ -155,7 +164,9 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
         clip_grad=ns.clip_grad, bf16_params=ns.bf16)
     settings = faults.optimizer(settings)
     iteration, opt_state = 0, None
+    memory = _Memory(spec, ns, twin, device, reports=dp.dp_rank == 0, rank=dp.rank)
     if ns.load:
+        memory.loaded_iteration = read_tracker(Path(ns.load), where=WHERE)[0]
         result = load_checkpoint(model, Path(ns.load), layout, finetune=ns.finetune, where=WHERE, place=place,
                                  ckpt_format=ns.ckpt_format,
                                  dist_layout=lambda: _rank_layout(model_config, dp))
@@ -195,7 +206,6 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
     n_moe = spec.num_moe_layers_for_logging
     n_mtp = spec.mtp_num_layers
     interval, skipped, nans, out = _Interval(), 0, 0, []
-    report_memory = True
     t_interval, iters_in_interval = clock(), 0
     for it in range(iteration + 1, last + 1):
         model.zero_grad(set_to_none=True)
@@ -203,6 +213,7 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
         lm_sum, mtp = 0.0, np.zeros(n_mtp)
         aux = np.zeros(n_moe)  # every MoE layer of the model; this stage fills its own
         counts = [torch.zeros(spec.moe.num_experts, device=device) for _ in moe_layers] if spec.moe else []
+        memory.check_capacity()
         for i in range(micro):
             rows = dp.rows(batch, i, ns.micro_batch_size)
             outputs, aux_raw, micro_counts = run_micro_batch(model, dp, rows, scale)
@@ -254,12 +265,10 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
                 it, ns.train_iters, when=now(), microseconds=micros, consumed_samples=it * gbs,
                 elapsed_ms=elapsed, lr=settings.schedule(it), global_batch_size=gbs, losses=dict(interval.averages()),
                 grad_norm=norm if math.isfinite(norm) else None, skipped=skipped, nan_iterations=nans))
+            memory.report(it, optimizer)
             if not first:
                 interval, skipped, nans = _Interval(), 0, 0
                 t_interval, iters_in_interval = clock(), 0
-            if report_memory and dp.dp_rank == 0:  # Megatron's `report_memory_flag`: once, every dp-rank-0 rank
-                log.info(fmt.megatron_memory_line(dp.rank, it, **memory_mib(optimizer, device)))
-            report_memory = False
         if ns.save and (it == ns.train_iters or (ns.save_interval and it % ns.save_interval == 0)):
             if dp.dp_rank == 0:  # one file per (tensor, pipeline) rank, as Megatron-LM's legacy format
                 model.to("cpu")
@@ -278,12 +287,64 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
     return out
 
 
+class _Memory:
+    """Megatron's memory reporting of one rank (`report_memory`, megatron/training/utils.py): after the first
+    printed iterations (megatron-core 0.19's `training_log`: while `iteration <= loaded iteration + 1`, then once
+    more), by every rank of data-parallel rank 0, in `logformats.megatron_memory_line`'s format.
+
+    On CUDA the figures are the caching allocator's, exactly what `report_memory` prints. On a CPU no allocator
+    keeps them (a stand-in for what cannot exist here): allocated is the bytes of the rank's training state
+    (parameters, gradients, Adam moments, fp32 master copies: what the layout divides among the ranks), max
+    allocated that plus the activations of one micro-batch as the twin's allocator model counts them
+    (`alignflow.twin.memory`: what recomputation, the fused SwiGLU and the micro-batch size change), reserved and
+    max reserved the process's resident set now and at its peak (`getrusage`). With a device capacity
+    (`TwinSettings.device_memory_mb`) a modelled peak beyond it ends the run with torch's OOM error."""
+
+    def __init__(self, spec: Any, ns: argparse.Namespace, twin: TwinSettings, device: Any, *, reports: bool,
+                 rank: int) -> None:
+        from alignflow.twin.memory import twin_memory
+
+        self.model = twin_memory(spec, micro_batch_size=ns.micro_batch_size,
+                                 recompute_num_layers=spec.recompute_num_layers,
+                                 fused_swiglu=spec.bias_swiglu_fusion)
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.capacity = twin.device_memory_mb * 1024 * 1024 if twin.device_memory_mb else None
+        self.reports, self.rank = reports, rank
+        self.loaded_iteration = 0
+        self.reporting = True
+
+    def check_capacity(self) -> None:
+        """On a CPU with a capacity: torch's out-of-memory error when the step's peak would not fit."""
+        if self.cuda or self.capacity is None or self.model.peak <= self.capacity:
+            return
+        import torch
+
+        from alignflow.twin.memory import torch_oom_message
+
+        # the twin stands in for a CUDA device here: the error is the one torch's caching allocator raises
+        raise torch.OutOfMemoryError(torch_oom_message(self.model.activations, capacity=self.capacity,
+                                                       allocated=self.model.static))
+
+    def report(self, iteration: int, optimizer: Any) -> None:
+        if not self.reporting:
+            return
+        if iteration > self.loaded_iteration + 1:
+            self.reporting = False
+        if not self.reports:
+            return
+        from alignflow.twin import logformats as fmt
+
+        figures = memory_mib(optimizer, self.device)
+        if not self.cuda:
+            figures["max_allocated"] = figures["allocated"] + self.model.activations / MIB
+        log.info(fmt.megatron_memory_line(self.rank, iteration, **figures))
+
+
 def memory_mib(optimizer: Any, device: Any) -> dict[str, float]:
-    """This rank's memory for Megatron's report line, in MiB: on CUDA the caching allocator's figures, exactly what
-    `report_memory` prints. On CPU no allocator keeps them (a stand-in for what cannot exist here): allocated and max
-    allocated are the bytes of the rank's training state (parameters, gradients, Adam moments, fp32 master copies:
-    what the layout divides among the ranks), reserved and max reserved the process's resident set now and at its
-    peak (`getrusage`)."""
+    """This rank's memory for Megatron's report line, in MiB (see `_Memory`): on CUDA the caching allocator's
+    figures; on CPU the training state's bytes (allocated and max allocated) and the resident set (reserved, max
+    reserved)."""
     import resource
 
     import torch
@@ -321,6 +382,7 @@ def run_micro_batch(model: Any, ps: Any, rows: Any, scale: float) -> tuple[Any, 
         like = torch.empty(*tokens.shape, model.spec.hidden_size, device=tokens.device)
         hidden_in = ps.recv_prev(like).requires_grad_()
     hidden = model.stage_forward(tokens, hidden_in, moe_out)
+    moe_out = list(moe_out)  # the forward's entries: a recomputing backward appends its own to the list it was given
     outputs = None
     if model.last_stage:
         outputs = model.head(hidden, tokens, labels, scale, moe_out)

@@ -114,8 +114,9 @@ def test_the_twin_trains_on_exactly_the_flags_a_real_megatron_run_gets() -> None
 
 
 def test_lenient_mode_reads_a_real_megatron_command_line() -> None:
-    argv = [*_argv(), "--use-flash-attn", "--recompute-granularity", "full", "--tensor-model-parallel-size", "8"]
+    argv = [*_argv(), "--use-flash-attn", "--recompute-activations", "--cpu-offloading-num-layers", "2",
+            "--tensor-model-parallel-size", "8"]
     ns = parse_megatron_args(argv, strict=False)
-    assert ns.unknown_args == ["--use-flash-attn", "--recompute-granularity", "full"]
+    assert ns.unknown_args == ["--use-flash-attn", "--recompute-activations", "--cpu-offloading-num-layers", "2"]
     assert ns.tensor_model_parallel_size == 8
     assert model_config_from_megatron(ns).moe is not None
