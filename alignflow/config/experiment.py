@@ -10,14 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from alignflow import pipeline
 from alignflow.config.criteria import Criterion, default_criteria, load_criteria
+from alignflow.config.golden import GoldenConfig
 from alignflow.config.hosts import CudaExtension, EnvName, Inventory, Role
 from alignflow.config.model import ModelConfig, TrainingConfig
 from alignflow.config.parallel import ParallelConfig
-from alignflow.config.yamlsource import YamlDocument, load_yaml, validate
+from alignflow.config.variants import Matrix, patched_document, run_name
+from alignflow.config.yamlsource import KeyPath, YamlDocument, load_yaml, problem_from_error, validate
 from alignflow.errors import ConfigError, did_you_mean
 from alignflow.state import expand_state_dir
 
@@ -193,6 +195,11 @@ class Experiment(_Strict):
         "only for experiments whose training commands preflight cannot read (replaced commands, benchmarks); "
         "the run records that it was not checked."
     )
+    variants: Matrix | None = Field(None, description="A switch matrix: a reference and named variants (patches of "
+                                    "this experiment), each trained and compared with its reference, side by side "
+                                    "(alignflow.config.variants).")
+    golden: GoldenConfig = Field(default_factory=GoldenConfig, description="Margins of `alignflow golden check`: "
+                                 "each side against its own golden values (alignflow.config.golden).")
     source: str | None = Field(None, exclude=True, description="File the experiment was read from.")
 
     @model_validator(mode="before")
@@ -290,6 +297,10 @@ def load_experiment(path: str | Path, inventory: Inventory | None = None) -> Exp
     doc = with_criteria_file(load_yaml(path))
     experiment = validate(Experiment, doc).model_copy(update={"source": str(Path(path).resolve())})
     problems = resolve_names(experiment, doc.lines)
+    try:
+        check_variants(doc, experiment)
+    except ConfigError as exc:
+        problems += exc.problems
     if inventory is not None:
         try:
             check_hosts(experiment, inventory, doc_lines=doc.lines)
@@ -366,3 +377,59 @@ def check_hosts(experiment: Experiment, inventory: Inventory, *, doc_lines: dict
                              f"{inventory.source or 'hosts.yaml'} defines: {known}"))
     if problems:
         raise ConfigError(problems)
+
+
+def variant_experiment(experiment: Experiment, group: str, config: str | None) -> Experiment:
+    """The validated `Experiment` of one training of `experiment`'s matrix (see `patched_document`)."""
+    matrix = experiment.variants
+    assert matrix is not None, "variant_experiment of an experiment without variants"
+    name = config or matrix.reference
+    doc = patched_document(experiment.model_dump(mode="json"), matrix, group, config)
+    doc["name"] = run_name(experiment.name, group, name, grouped=bool(matrix.groups))
+    try:
+        return Experiment.model_validate(doc).model_copy(update={"source": experiment.source})
+    except ValidationError as exc:  # checked when the file was loaded; a recorded run of an older alignflow may differ
+        first = exc.errors()[0]
+        raise ConfigError(f"{experiment.source}: variant {name} of group {group}: "
+                          f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+
+
+def check_variants(doc: YamlDocument, experiment: Experiment) -> None:
+    """Validate every training of the matrix as a whole experiment; every problem as `file:line: key: message`,
+    at the line of the patch that causes it (or of the experiment, when the patch only exposes it)."""
+    matrix = experiment.variants
+    if matrix is None or not isinstance(doc.data, dict):
+        return
+    problems: list[tuple[str, int | None, str]] = []
+    group_base: KeyPath = ("variants", "groups")
+    config_base: KeyPath = ("variants", "configs")
+    for group in matrix.group_names:
+        for config in [None, *matrix.configs_in(group)]:
+            patched = patched_document(doc.data, matrix, group, config)
+            try:
+                Experiment.model_validate(patched)
+            except ValidationError as exc:
+                label = f"variant {config}" if config else f"reference {matrix.reference}"
+                in_group = f" in group {group}" if matrix.groups else ""
+                for err in exc.errors(include_url=False):
+                    where = _patch_location(doc, tuple(err["loc"]), (*group_base, group, "patch"),
+                                            (*config_base, config, "patch") if config else None)
+                    if not where and not err["loc"]:  # a rule of the whole experiment: the patch exposed it
+                        where = (*config_base, config, "patch") if config else (*group_base, group, "patch")
+                    path, line, message = problem_from_error(err, doc, model=Experiment, prefix=where)
+                    problems.append((path, line, f"{message} ({label}{in_group})"))
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)))
+
+
+def _patch_location(doc: YamlDocument, loc: tuple[Any, ...], group_patch: KeyPath, config_patch: KeyPath | None
+                    ) -> KeyPath:
+    """Where the value at `loc` of a patched experiment was written: the config's patch, the group's, or the
+    experiment itself (the longest prefix of `loc` that one of them writes)."""
+    for base in (config_patch, group_patch):
+        if base is None:
+            continue
+        for end in range(len(loc), 0, -1):
+            if (*base, *loc[:end]) in doc.lines:
+                return base
+    return ()

@@ -213,16 +213,20 @@ def problems_from_validation(exc: ValidationError, doc: YamlDocument,
                              model: type[BaseModel] | None = None) -> list[tuple[str, int | None, str]]:
     """Translate a pydantic `ValidationError` into located problems, one per error (an unknown key of `model`
     names the closest allowed one)."""
-    problems: list[tuple[str, int | None, str]] = []
-    for err in exc.errors(include_url=False):
-        loc = tuple(p for p in err["loc"] if not _is_union_tag(p))
-        dotted = ".".join(str(p) for p in loc) or "(top level)"
-        message = _humanize(err)
-        if err["type"] == "extra_forbidden" and model is not None and loc:
-            hint = did_you_mean(str(loc[-1]), _allowed_keys(model, loc[:-1]))
-            message = f"unknown key{hint}" if hint else message
-        problems.append((str(doc.path), doc.line_of(loc), f"{dotted}: {message}"))
-    return problems
+    return [problem_from_error(err, doc, model=model) for err in exc.errors(include_url=False)]
+
+
+def problem_from_error(err: Any, doc: YamlDocument, *, model: type[BaseModel] | None = None,
+                       prefix: KeyPath = ()) -> tuple[str, int | None, str]:
+    """One pydantic error as a located problem. `prefix`: where the validated mapping sits in `doc` (a patch
+    inside the file), so that its line is found and its key is named in full."""
+    loc = tuple(p for p in err["loc"] if not _is_union_tag(p))
+    dotted = ".".join(str(p) for p in (*prefix, *loc)) or "(top level)"
+    message = _humanize(err)
+    if err["type"] == "extra_forbidden" and model is not None and loc:
+        hint = did_you_mean(str(loc[-1]), _allowed_keys(model, loc[:-1]))
+        message = f"unknown key{hint}" if hint else message
+    return str(doc.path), doc.line_of((*prefix, *loc)), f"{dotted}: {message}"
 
 
 def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

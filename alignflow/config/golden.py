@@ -1,0 +1,113 @@
+"""Golden values per side: how far a new run of a side may move from the golden run of the same side.
+
+This is the question the frameworks' own CI asks of every configuration — not "do the two sides agree", but
+"did this side's own curve, memory or speed move against its golden values?". Two default sets, from the
+frameworks' test harnesses:
+
+- `megatron` — Megatron-LM's functional tests (`tests/functional_tests/python_test_utils/test_regular_pipeline.py`,
+  `CHECK_THRESHOLDS`, and `common.pipeline`): `lm loss` and `mtp_1 loss` deterministic (equal at every step; the
+  approximate alternative is rtol 5 %), `iteration-time` within rtol 5 % at every step after dropping the first 3
+  and the last value, `mem-allocated-bytes` and `mem-max-allocated-bytes` within rtol 5 % (np.allclose with atol 0);
+- `mindspeed` — MindSpeed-LLM's CI (`tests/test_tools/test_ci_st.py`, `TestMargin`, `WARM_UP = 5`): `lm loss`
+  within 2 % relative and `grad norm` within 10 % at every step; time per iteration and throughput as the mean
+  after 5 warm-up steps, at most 5 % slower or lower; allocated and max allocated memory at most 10 % higher
+  (less time or memory never fails).
+
+An experiment picks a set and may change a metric's margin or the metrics checked:
+
+```yaml
+golden:
+  defaults: mindspeed
+  margins:
+    step_time_ms: {rtol: 0.5, aggregate: mean, one_sided: true, warmup_steps: 5}
+  metrics: [lm_loss, grad_norm, mem_max_allocated_mb]    # default: every metric the set names
+```
+
+Metric names are the logs' canonical columns (`lm_loss`, `mtp_1_loss`, `grad_norm`, `step_time_ms`,
+`throughput_tflops`) and, for memory, per rank: `mem_allocated_mb`, `mem_max_allocated_mb` (megatron's
+`report_memory` line; MindSpore's `Used peak memory usage (without fragments)` is its max allocated).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MarginSet = Literal["megatron", "mindspeed"]
+MEMORY_METRICS = ("mem_allocated_mb", "mem_max_allocated_mb")
+
+
+class Margin(BaseModel):
+    """How one metric may differ from its golden values (|actual - golden| <= atol + rtol * |golden|)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    deterministic: bool = Field(False, description="Equal at every step (at the printed resolution); rtol/atol "
+                                "are then ignored.")
+    rtol: float = Field(0.0, ge=0, description="Relative margin (0.05 = 5 %).")
+    atol: float = Field(0.0, ge=0, description="Absolute margin, in the metric's unit.")
+    aggregate: Literal["step", "mean"] = Field("step", description="step: every step within the margin; mean: the "
+                                               "mean over the steps after the warm-up.")
+    one_sided: Literal["higher", "lower"] | None = Field(
+        None, description="Only a move this way fails (memory and time: higher; throughput: lower).")
+    warmup_steps: int = Field(0, ge=0, description="First steps left out.")
+    skip_last: bool = Field(False, description="Leave the last step out (megatron's iteration-time check).")
+    source: str = Field("", description="Where the margin comes from.")
+
+    @model_validator(mode="after")
+    def _some_margin(self) -> Margin:
+        if not self.deterministic and self.rtol == 0 and self.atol == 0:
+            raise ValueError("a margin needs deterministic: true, or rtol / atol above 0")
+        return self
+
+
+_MEGATRON = "Megatron-LM tests/functional_tests/python_test_utils/test_regular_pipeline.py (CHECK_THRESHOLDS)"
+_MINDSPEED = "MindSpeed-LLM tests/test_tools/test_ci_st.py (TestMargin, WARM_UP = 5)"
+
+DEFAULT_MARGINS: dict[MarginSet, dict[str, Margin]] = {
+    "megatron": {
+        "lm_loss": Margin(deterministic=True, source=_MEGATRON),
+        "mtp_1_loss": Margin(deterministic=True, source=_MEGATRON),
+        "step_time_ms": Margin(rtol=0.05, warmup_steps=3, skip_last=True,
+                               source=f"{_MEGATRON}; iteration-time drops the first 3 and the last value"),
+        "mem_allocated_mb": Margin(rtol=0.05, source=_MEGATRON),
+        "mem_max_allocated_mb": Margin(rtol=0.05, source=_MEGATRON),
+    },
+    "mindspeed": {
+        "lm_loss": Margin(rtol=0.02, source=_MINDSPEED),
+        "grad_norm": Margin(rtol=0.1, source=_MINDSPEED),
+        "step_time_ms": Margin(rtol=0.05, aggregate="mean", one_sided="higher", warmup_steps=5, source=_MINDSPEED),
+        "throughput_tflops": Margin(rtol=0.05, aggregate="mean", one_sided="lower", warmup_steps=5,
+                                    source=_MINDSPEED),
+        "mem_allocated_mb": Margin(rtol=0.1, one_sided="higher", source=_MINDSPEED),
+        "mem_max_allocated_mb": Margin(rtol=0.1, one_sided="higher", source=_MINDSPEED),
+    },
+}
+
+
+class GoldenConfig(BaseModel):
+    """`golden:` of an experiment: the margins its goldens are checked with."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    defaults: MarginSet = Field("megatron", description="The default margin set: megatron (its functional tests) "
+                                "or mindspeed (MindSpeed-LLM's CI).")
+    margins: dict[str, Margin] = Field(default_factory=dict, description="Per-metric margins replacing the set's.")
+    metrics: list[str] | None = Field(None, description="Metrics checked; default: every metric of the margins.")
+
+    def resolved(self) -> dict[str, Margin]:
+        """Every checked metric with its margin (a listed metric without one is an error)."""
+        margins = {**DEFAULT_MARGINS[self.defaults], **self.margins}
+        if self.metrics is None:
+            return margins
+        missing = [m for m in self.metrics if m not in margins]
+        if missing:
+            raise ValueError(f"golden.metrics: no margin for {', '.join(missing)}; give one in golden.margins "
+                             f"(the {self.defaults} set has {', '.join(DEFAULT_MARGINS[self.defaults])})")
+        return {m: margins[m] for m in self.metrics}
+
+    @model_validator(mode="after")
+    def _metrics_have_margins(self) -> GoldenConfig:
+        self.resolved()
+        return self
