@@ -35,6 +35,8 @@ from alignflow.store.records import (
     ArtifactRecord,
     ComparisonRecord,
     ExperimentRecord,
+    GoldenRecord,
+    MatrixRecord,
     RunRecord,
     RunStatus,
     SnapshotRecord,
@@ -242,6 +244,48 @@ class Comparison(Base):
             id=self.id, run_id=self.run_id, verdict=self.verdict, criteria=list(self.criteria),
             summary=dict(self.summary), created_at=_aware(self.created_at),
         )
+
+
+class MatrixResult(Base):
+    """The switch matrix of a run (`variants:`): its verdict, every row and variant (`MatrixResult.to_json`), the
+    report directory. Once per run; the variants' own runs point at the run as their parent."""
+
+    __tablename__ = "matrices"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), unique=True)
+    verdict: Mapped[str] = mapped_column(String(40))
+    summary: Mapped[dict[str, Any]]
+    report: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+
+    def to_record(self) -> MatrixRecord:
+        return MatrixRecord(id=self.id, run_id=self.run_id, verdict=self.verdict, summary=dict(self.summary),
+                            report=self.report, created_at=_aware(self.created_at))
+
+
+class Golden(Base):
+    """Golden values of one side of one experiment (or matrix variant), versioned: each `golden record` adds the
+    next version, taken from the run it names; a check uses the newest."""
+
+    __tablename__ = "goldens"
+    __table_args__ = (UniqueConstraint("experiment_id", "side", "version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id"), index=True)
+    side: Mapped[str] = mapped_column(String(40))
+    version: Mapped[int] = mapped_column(Integer)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id"), index=True)
+    step_run_id: Mapped[str | None] = mapped_column(ForeignKey("step_runs.id"))
+    log_sha256: Mapped[str] = mapped_column(String(64))
+    values: Mapped[dict[str, Any]]
+    note: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime]
+
+    def to_record(self, experiment: str) -> GoldenRecord:
+        return GoldenRecord(id=self.id, experiment=experiment, side=self.side, version=self.version,
+                            run_id=self.run_id, step_run_id=self.step_run_id, log_sha256=self.log_sha256,
+                            values=dict(self.values), note=self.note, created_at=_aware(self.created_at))
 
 
 def experiment_record(experiment: Experiment, config: ExperimentConfig) -> ExperimentRecord:

@@ -257,3 +257,44 @@ def input_refs(doc: Mapping[str, JsonValue]) -> dict[str, ArtifactRef]:
             except ValidationError:
                 continue
     return refs
+
+
+@dataclass(frozen=True, slots=True)
+class MatrixRecord:
+    """The switch matrix of a run: its verdict, the rows and variants (`alignflow.matrix.MatrixResult.to_json`)
+    and where its report is."""
+
+    id: int
+    run_id: str
+    verdict: str
+    summary: dict[str, Any]
+    report: str | None
+    created_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return _as_json(self)
+
+
+@dataclass(frozen=True, slots=True)
+class GoldenRecord:
+    """One version of one side's golden values (`values`: metric -> {step: value}, memory per rank)."""
+
+    id: int
+    experiment: str
+    side: str
+    version: int
+    run_id: str
+    step_run_id: str | None
+    log_sha256: str
+    values: dict[str, Any]
+    note: str | None
+    created_at: datetime
+
+    def to_json(self) -> dict[str, Any]:
+        return _as_json(self)
+
+
+def _as_json(record: MatrixRecord | GoldenRecord) -> dict[str, Any]:
+    """A record as a JSON document (datetimes in ISO 8601)."""
+    doc: dict[str, Any] = TypeAdapter(type(record)).dump_python(record, mode="json")
+    return doc

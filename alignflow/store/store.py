@@ -15,6 +15,7 @@ from sqlalchemy.exc import IntegrityError
 
 from alignflow.errors import ImmutableRecord, RecordNotFound, StoreError
 from alignflow.store.base import OPEN_STEPS
+from alignflow.store.goldens import Goldens
 from alignflow.store.interruptions import Interruptions
 from alignflow.store.measurements import Measurements
 from alignflow.store.models import Artifact, Experiment, ExperimentConfig, Run, StepRun, experiment_record
@@ -38,7 +39,7 @@ from alignflow.store.values import check_name, check_sha256, json_document, log_
 log = logging.getLogger(__name__)
 
 
-class Store(Measurements, References, Interruptions):
+class Store(Measurements, References, Interruptions, Goldens):
     """The alignflow store: experiments, runs, step runs, artifacts, host snapshots, metrics, comparisons."""
 
     # --- experiments --------------------------------------------------------------------------------------------
