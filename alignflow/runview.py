@@ -16,7 +16,16 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainSerializer, computed_field
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    PlainSerializer,
+    SerializerFunctionWrapHandler,
+    computed_field,
+    model_serializer,
+)
 
 from alignflow import pipeline
 from alignflow.compare.context import FingerprintRow, ReportContext, StepRow, TimingConditions
@@ -99,6 +108,17 @@ class RunView(_View):
     snapshots: dict[str, dict[str, JsonValue]] = Field(exclude=True)
     config_sha256: str | None = None  # the experiment's configuration this run ran (its fingerprint)
     experiment_file: str | None = None  # the file that configuration was read from
+    matrix: Mapping[str, Any] | None = None  # the switch matrix of a run with `variants:` (verdict, report)
+    variants: tuple[Mapping[str, Any], ...] = ()  # each variant: name, group, verdict, outcome, expect, status
+
+    @model_serializer(mode="wrap")
+    def _matrix_only_when_there_is_one(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """`matrix` and `variants` are in the document of a matrix run only (a run without one keeps its schema)."""
+        data: dict[str, Any] = handler(self)
+        if self.matrix is None:
+            data.pop("matrix", None)
+            data.pop("variants", None)
+        return data
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -151,6 +171,7 @@ def run_view(store: Store, run_id: str) -> RunView:
     ) for _, s in ranked)
     comparison = store.comparison(run.id)
     criteria = tuple(criterion_view(c) for c in (comparison.criteria if comparison is not None else []))
+    matrix = store.matrix(run.id)
     return RunView(
         run_id=run.id, experiment=run.experiment, status=str(run.status), verdict=run.verdict, trigger=run.trigger,
         parent_id=run.parent_id, code_version=run.code_version, started=run.started_at, finished=run.finished_at,
@@ -158,6 +179,11 @@ def run_view(store: Store, run_id: str) -> RunView:
         snapshots={s.host: dict(s.data) for s in store.snapshots(run.id)},
         reasons=tuple(str(r) for r in (comparison.summary or {}).get("reasons") or ()) if comparison else (),
         config_sha256=run.config_sha256, experiment_file=run.experiment_file,
+        matrix=None if matrix is None else {"verdict": matrix.verdict, "report": matrix.report,
+                                            "reasons": list(matrix.summary.get("reasons") or [])},
+        variants=tuple({k: v.get(k) for k in ("name", "group", "verdict", "outcome", "expect", "as_expected",
+                                              "status", "exit_code", "run_id")}
+                       for v in (matrix.summary.get("variants") or [] if matrix is not None else [])),
     )
 
 

@@ -27,10 +27,11 @@ from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.control import cancel_interrupted
 from alignflow.runner.session import RunOptions, StepOutcome
 from alignflow.runner.walk import WalkResult, walk
-from flows.artifacts import publish_run_artifacts
+from flows.artifacts import publish_matrix_artifacts, publish_run_artifacts
 from flows.hooks import kill_remote_jobs, remember_run
 from flows.states import flow_run_name, name_current_flow_run, not_started_state, run_state
 from tasks.context import open_store, run_context, transport_factory
+from tasks.matrix import matrix_verdict
 from tasks.progress import announce_flow_run
 from tasks.steps import data_task, finish_task, preflight_task, record_run, step_task
 
@@ -108,11 +109,15 @@ def alignment(
     result = WalkResult({}, ())
     error: str | None = None
     failures: tuple[BaseException, ...] = ()  # what decides between `error` and `failed` (runner.run.failure_status)
+    verdict: str | None = None
     try:
         plan = preflight_task(run_id)  # before step 1: a configuration mismatch fails the run with nothing run
         data = data_task(run_id)
         result = walk(plan, {"data": data}, TaskScheduler(run_id))
         error, failures = result.error, tuple(f.exception for f in result.failures)
+        if error is None and ctx.experiment.variants is not None:
+            # the switch matrix: a child run per training, its steps Prefect tasks like the run's own
+            verdict = matrix_verdict(run_id, result, {"data": data}, TaskScheduler, logger.info)
     except AlignflowError as exc:
         error, failures = str(exc), (exc,)
     except Exception as exc:  # a task failed: Prefect re-raises the original error
@@ -124,10 +129,12 @@ def alignment(
     except BaseException as exc:  # stopped (`alignflow serve` got SIGTERM): kill the jobs, as the CLI does
         cancel_interrupted(open_store(), run_id, exc, transport_factory=transport_factory(), what="the flow run")
         raise
-    view = finish_task(run_id, result.outcomes, error=error, failures=failures)
+    view = finish_task(run_id, result.outcomes, error=error, failures=failures, verdict=verdict)
     if view.status in ("failed", "error"):
         logger.error("run %s %s: %s", run_id, view.status, error)
     publish_run_artifacts(view)
+    if ctx.experiment.variants is not None:
+        publish_matrix_artifacts(run_id)
     logger.info("run %s: %s, verdict %s, report %s", run_id, view.status, view.verdict, view.report)
     return run_state(view)
 

@@ -39,7 +39,7 @@ from flows.summaries import (
 )
 from tasks.context import open_store, state_dir
 
-__all__ = ["nightly_message", "publish_nightly_artifacts", "publish_run_artifacts"]
+__all__ = ["nightly_message", "publish_matrix_artifacts", "publish_nightly_artifacts", "publish_run_artifacts"]
 
 
 @task(name="publish-artifacts", task_run_name="publish-artifacts", cache_policy=NO_CACHE,
@@ -66,6 +66,26 @@ def publish_run_artifacts(view: RunView) -> None:
         create_link_artifact(url, link_text=text, key=artifact_key(experiment, "report"),
                              description=f"HTML report of run {source}"
                                          + (f" (compare reused from it by run {run_id})" if source != run_id else ""))
+
+
+@task(name="publish-matrix", task_run_name="publish-matrix", cache_policy=NO_CACHE, persist_result=False)
+def publish_matrix_artifacts(run_id: str) -> None:
+    """The switch matrix of a run as one table artifact (`<experiment>-matrix`) and a link to its report."""
+    from alignflow.matrix.report import artifact_rows
+
+    store = open_store()
+    record = store.matrix(run_id)
+    if record is None:
+        return
+    experiment = store.get_run(run_id).experiment
+    create_table_artifact(artifact_rows(record.summary), key=artifact_key(experiment, "matrix"),
+                          description=f"switch matrix of run {run_id}: verdict {record.verdict} (OFF -> ON per "
+                                      "variant and side, as seed 004's tables)")
+    if record.report:
+        url = report_link(record.report, reports_url=reports_url(state_dir()))
+        create_link_artifact(url, link_text=f"{experiment} matrix report (run {run_id})",
+                             key=artifact_key(experiment, "matrix-report"),
+                             description=f"matrix report of run {run_id}")
 
 
 def publish_nightly_artifacts(checks: Sequence[RegressionCheck]) -> None:

@@ -123,7 +123,7 @@ def was_cancelled(run_id: str, exc: BaseException) -> bool:
 
 @task(name="finish-run", task_run_name="finish-run", **_COMMON)
 def finish_task(run_id: str, outcomes: Mapping[str, StepOutcome], error: str | None = None,
-                failures: tuple[BaseException, ...] = ()) -> RunView:
+                failures: tuple[BaseException, ...] = (), verdict: str | None = None) -> RunView:
     """Close the run in the store (`failures`: the exceptions behind `error`, which tell a configuration or
-    environment error from a failed step); returns what `alignflow show` shows of it."""
-    return finish(open_store(), run_id, outcomes, error=error, failures=failures)
+    environment error from a failed step; `verdict`: a matrix run's); returns what `alignflow show` shows of it."""
+    return finish(open_store(), run_id, outcomes, error=error, failures=failures, verdict=verdict)

@@ -104,6 +104,8 @@ def print_view(view: RunView, *, seconds: float | None = None) -> None:
         out.print(crit)
     if view.not_run:
         out.print(not_run_line(view), highlight=False, markup=False)
+    if view.matrix is not None:
+        print_matrix(out, view)
     if view.report:
         out.print(f"report:  {view.report}", highlight=False, markup=False)
     if seconds is not None:
@@ -114,6 +116,23 @@ def not_run_line(view: RunView) -> str:
     """What a partial run did not run: `not run: gpu_train, compare (not selected for this run; no verdict)`."""
     verdict = "" if view.step("compare") is None or "compare" not in view.not_run else "; no verdict"
     return f"not run: {', '.join(view.not_run)} (not selected for this run{verdict})"
+def print_matrix(out: Console, view: RunView) -> None:
+    """The switch matrix of a run: each variant's verdict against what it was expected to show, the report."""
+    assert view.matrix is not None
+    verdict = str(view.matrix.get("verdict") or "none")
+    table = Table(header_style="bold", title=f"matrix: {verdict.upper()}", title_justify="left")
+    for col in ("group", "variant", "verdict", "expected", "status", "run"):
+        table.add_column(col, overflow="fold")
+    for v in view.variants:
+        shown = str(v.get("outcome") or v.get("verdict") or "").upper()
+        good = bool(v.get("as_expected"))
+        table.add_row(str(v.get("group")), str(v.get("name")), f"[{'green' if good else 'bold red'}]{shown}[/]",
+                      str(v.get("expect")), str(v.get("status")), str(v.get("run_id") or ""))
+    out.print(table)
+    for reason in view.matrix.get("reasons") or ():
+        out.print(f"[red]matrix:[/] {escape(str(reason))}", highlight=False)
+    if view.matrix.get("report"):
+        out.print(f"matrix:  {view.matrix['report']}", highlight=False, markup=False)
 
 
 def _when(value: datetime | None) -> str:

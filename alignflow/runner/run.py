@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import JsonValue, ValidationError
@@ -49,7 +49,7 @@ from alignflow.runner.session import (
     prepare_data,
 )
 from alignflow.runner.steps import run_step
-from alignflow.runner.walk import ThreadScheduler, walk
+from alignflow.runner.walk import ThreadScheduler, WalkResult, walk
 from alignflow.runview import NOT_SELECTED, RunView, run_view
 from alignflow.store import Store
 from alignflow.store.params import RunParams
@@ -234,13 +234,14 @@ def failure_status(failures: Sequence[BaseException]) -> tuple[RunStatus, str | 
 
 
 def finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, error: str | None = None,
-           failures: Sequence[BaseException] = ()) -> RunView:
+           failures: Sequence[BaseException] = (), verdict: str | None = None) -> RunView:
     """Close the run: status, verdict, report; steps that never ran are recorded as skipped. `failures`: the
     exceptions behind `error`, which decide between `error` and `failed` (`failure_status`). A run with a step
     cancelled from outside (its job killed by `cancel_run_jobs`) is cancelled, without a verdict, as that cancel
-    records it; when the cancel has recorded the run already, its record stands."""
+    records it; when the cancel has recorded the run already, its record stands. `verdict` is a verdict that does
+    not come from the run's compare step (a matrix's, a variant's against its reference)."""
     try:
-        return _finish(store, run_id, outcomes, error=error, failures=failures)
+        return _finish(store, run_id, outcomes, error=error, failures=failures, verdict=verdict)
     except ImmutableRecord:
         if store.get_run(run_id).status != RunStatus.CANCELLED:
             raise
@@ -248,7 +249,7 @@ def finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, er
 
 
 def _finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, error: str | None,
-            failures: Sequence[BaseException]) -> RunView:
+            failures: Sequence[BaseException], verdict: str | None) -> RunView:
     plan = open_run(store, run_id).plan
     steps = store.steps(run_id)
     recorded = {s.step for s in steps}
@@ -257,7 +258,8 @@ def _finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, e
             store.skip_step(run_id, name, reason="not reached: an earlier step failed" if error and name in plan.steps
                             else NOT_SELECTED)
     compare = outcomes.get("compare")
-    verdict = compare.verdict if compare is not None else None
+    if verdict is None:
+        verdict = compare.verdict if compare is not None else None
     report = None
     if compare is not None and "report" in compare.artifacts:
         report = str(Path(compare.artifacts["report"].path) / "report.html")
@@ -291,15 +293,21 @@ def execute_pipeline(
     except AlignflowError as exc:
         return finish(store, run_id, {}, error=str(exc), failures=(exc,))
 
-    def run_one(step: str, available: Mapping[str, ArtifactRef]) -> StepOutcome:
-        runner = StepRunner(ctx, store=store, state_dir=state_dir, transport_factory=transport_factory,
-                            events=events, controller=controller)
-        try:
-            return run_step(runner, step, available)
-        finally:
-            runner.close()
+    def steps_of(run: str) -> ThreadScheduler:
+        """A scheduler running the steps of run `run` (this one, or a child of its matrix) in threads."""
+        child = ctx if run == run_id else open_run(store, run)
 
-    scheduler = ThreadScheduler(run_one, workers=workers)
+        def run_one(step: str, available: Mapping[str, ArtifactRef]) -> StepOutcome:
+            runner = StepRunner(child, store=store, state_dir=state_dir, transport_factory=transport_factory,
+                                events=events, controller=controller)
+            try:
+                return run_step(runner, step, available)
+            finally:
+                runner.close()
+
+        return ThreadScheduler(run_one, workers=workers)
+
+    scheduler = steps_of(run_id)
     try:
         result = walk(ctx.plan, {"data": data}, scheduler)
     except BaseException as exc:  # interrupted: kill the jobs still running (their threads then end)
@@ -307,5 +315,28 @@ def execute_pipeline(
         raise
     finally:
         scheduler.close()
-    return finish(store, run_id, result.outcomes, error=result.error,
-                  failures=tuple(f.exception for f in result.failures))
+    if ctx.experiment.variants is None or result.error is not None:
+        return finish(store, run_id, result.outcomes, error=result.error,
+                      failures=tuple(f.exception for f in result.failures))
+    try:
+        verdict = matrix_of(run_id, result, {"data": data}, store=store, state_dir=state_dir,
+                            transport_factory=transport_factory, scheduler_for=steps_of, events=events,
+                            controller=controller)
+    except AlignflowError as exc:
+        return finish(store, run_id, result.outcomes, error=f"matrix: {exc}", failures=(exc,))
+    return finish(store, run_id, result.outcomes, verdict=verdict)
+
+
+def matrix_of(run_id: str, result: WalkResult, available: Mapping[str, ArtifactRef], *, store: Store,
+              state_dir: Path, transport_factory: TransportFactory, scheduler_for: Callable[[str], Any],
+              events: Events | None = None, controller: TransportFactory | None = None) -> str:
+    """Train and compare the switch matrix of a run whose pipeline has run (`alignflow.runner.matrix`); the run's
+    verdict: its reference's alignment and the matrix both passing."""
+    from alignflow.runner.matrix import combined_verdict, run_matrix
+
+    artifacts = dict(available)
+    for outcome in result.outcomes.values():
+        artifacts.update(outcome.artifacts)
+    matrix = run_matrix(run_id, artifacts, store=store, state_dir=state_dir, transport_factory=transport_factory,
+                        scheduler_for=scheduler_for, finish=finish, events=events, controller=controller)
+    return combined_verdict(result.outcomes, matrix.result)
