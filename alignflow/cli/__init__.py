@@ -59,7 +59,7 @@ def _root(
 # Command modules, in help order. A module that is not there yet is skipped.
 _COMMAND_MODULES = (
     "validate", "preflight", "render", "hosts", "doctor", "convert", "compare", "data", "twin", "hash", "db",
-    "history", "show", "export", "diagnose", "cancel", "gc",
+    "history", "show", "golden", "export", "diagnose", "cancel", "gc",
 )
 # Commands of other packages (`run`, `rerun`, `reproduce`, `serve`, defined in flows/cli.py): `register(app)`
 # named by entry points of this group, registered first (they are the product's main commands).
