@@ -19,7 +19,7 @@ from alignflow.runner.goldens import check_goldens, record_goldens
 from alignflow.runner.session import open_run
 from alignflow.transport import JobSpec
 from tests.runner.conftest import FakeJob, FakeLab, twin_job
-from tests.runner.test_matrix import VARIANTS, matrix_job, with_variants
+from tests.runner.test_matrix import VARIANTS, with_variants
 
 LOG = "gpu_train"
 
@@ -80,7 +80,8 @@ def test_a_changed_learning_rate_fails_the_golden_check_at_its_first_step(lab: F
     by_side = {s.side: s for s in check.sides}
     for side in ("npu", "gpu"):
         first_out = by_side[side].first
-        assert first_out is not None and (first_out.metric, first_out.step) == ("lm_loss", 2)
+        assert first_out is not None
+        assert (first_out.metric, first_out.step) == ("lm_loss", 2)
     assert check.reasons()[1].startswith(f"tiny gpu: first out of margin: lm_loss at step 2: 4.88 vs golden 4.98 "
                                          f"(deterministic: must be equal); 6 more value(s) out of margin (golden v1 "
                                          f"from run {first.run_id})")
@@ -94,7 +95,8 @@ def test_a_matrix_records_and_checks_its_variants_as_experiments_of_their_own(la
     view = lab.run()
     records = record_goldens(lab.store, view.run_id, runner_for=runners(lab), local_dir=lab.state / "g")
     names = {(r.experiment, r.side) for r in records}
-    assert ("tiny/01_recompute", "gpu") in names and ("tiny", "npu") in names
+    assert ("tiny/01_recompute", "gpu") in names
+    assert ("tiny", "npu") in names
     assert ("tiny/04_capacity", "gpu") not in names  # an OOM has nothing to record
     check = check_goldens(lab.store, view.run_id, runner_for=runners(lab), local_dir=lab.state / "g",
                           margins_for=megatron)
@@ -125,4 +127,5 @@ def test_the_cli_exits_0_1_2(lab: FakeLab, monkeypatch: pytest.MonkeyPatch) -> N
     assert "first out of margin: lm_loss at step 2" in bad.output
     assert cli.invoke(app, ["golden", "check", first.run_id, "--side", "tpu"]).exit_code == 2
     listed = cli.invoke(app, ["golden", "list", "tiny"])
-    assert "tiny gpu v1" in listed.output and "— first" in listed.output
+    assert "tiny gpu v1" in listed.output
+    assert "— first" in listed.output
