@@ -1,9 +1,9 @@
 """A switch matrix in an experiment (`variants:`): a reference configuration and named variants of it, each a patch
 of the experiment, optionally in groups with their own steps and performance windows.
 
-Seed 004's method (docs/seeds.md): a reference configuration B and variants that each change one switch (or
-several), all trained from the same weights on the same data, each compared with B; groups (F200, F500, P32K) with
-their own number of steps and performance window, compared only within the group.
+Seed 004's method (docs/seeds.md#switch-matrix): a reference configuration B and variants that each change one
+switch (or several), all trained from the same weights on the same data, each compared with B; groups (F200, F500,
+P32K) with their own number of steps and performance window, compared only within the group.
 
 ```yaml
 variants:

@@ -1,12 +1,12 @@
 """The matrix comparison: every variant against its reference, per side, by the one criteria engine; pure.
 
-Seed 004's tables (docs/seeds.md), one set per group and side: for each switch, its OFF and ON configs (`00→01`;
-`03→00` when the variant is the OFF side), the loss errors with OFF as the reference (mean relative, max absolute,
-max relative), the grad-norm mean relative error, ms/iter, samples/s and the throughput change OFF→ON over the
-group's performance window, P95/P99, the max-rank and avg-rank allocator peaks OFF→ON and their saving. Definitions
-(seed 004 section 3.3): relative error |test-reference|/(|reference|+1e-8); samples/s = global batch x 1000 /
-mean ms/iter; throughput change = samples/s ON / samples/s OFF - 1; memory saving = (OFF - ON) / OFF, negative when
-ON uses more.
+Seed 004's tables (docs/seeds.md#switch-matrix), one set per group and side: for each switch, its OFF and ON
+configs (`00→01`; `03→00` when the variant is the OFF side), the loss errors with OFF as the reference (mean
+relative, max absolute, max relative), the grad-norm mean relative error, ms/iter, samples/s and the throughput
+change OFF→ON over the group's performance window, P95/P99, the max-rank and avg-rank allocator peaks OFF→ON and
+their saving. Definitions (docs/seeds.md#performance-statistics): relative error |test-reference|/(|reference|+1e-8);
+samples/s = global batch x 1000 / mean ms/iter; throughput change = samples/s ON / samples/s OFF - 1; memory
+saving = (OFF - ON) / OFF, negative when ON uses more.
 
 A side whose training a variant does not change is the reference's own training (reused by its fingerprint): it
 has no row, the variant lists it as shared. Each variant has one verdict — `pass` (every changed side passes the

@@ -10,8 +10,8 @@
   tuning guides). One block per process: the rank is its log's (msrun `worker_<r>.log`) or the line's
   torchrun/srun prefix.
 
-Seed 004's statistics over ranks: max-rank = the largest per-rank peak, avg-rank = their mean (section 3.3), in
-GiB. Each rank's value is its last report (a peak never decreases).
+Seed 004's statistics over ranks (docs/seeds.md#performance-statistics): max-rank = the largest per-rank peak,
+avg-rank = their mean, in GiB. Each rank's value is its last report (a peak never decreases).
 
 TODO(cards, issue 36): the `cards` engineer parses memory lines in `alignflow.logs` as well; once there, this module
 should read its columns instead (the lead unifies them).

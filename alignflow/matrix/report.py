@@ -1,6 +1,6 @@
 """The matrix report: seed 004's tables in markdown and HTML, bar charts of ms/iter and memory, `matrix.json`.
 
-Per group and side (seed 004 sections 4.1, 4.2, 6.4):
+Per group and side (docs/seeds.md#switch-matrix):
 
 1. precision and time, OFF→ON: switch, configs, loss mean relative error, loss max absolute error, ms/iter off→on,
    samples/s off→on, throughput change — with the row's verdict;
@@ -8,8 +8,9 @@ Per group and side (seed 004 sections 4.1, 4.2, 6.4):
 3. per-rank peak memory (GiB, the allocator's peak): max-rank and avg-rank off→on and their saving;
 4. the run status of every training (completed, OOM, failed, exit code unknown) and each variant's verdict.
 
-Bar charts (PNG, matplotlib's object API on Agg): ms/iter per switch, OFF blue and ON orange, as the seed's 4.1
-figure; memory per config, max-rank blue and avg-rank orange, in config order (not paired), as its 4.2 figure.
+Bar charts (PNG, matplotlib's object API on Agg), one image per group and side: ms/iter per switch, OFF blue and
+ON orange, as the seed's 4.1 figure; memory per config, max-rank blue and avg-rank orange, in config order (not
+paired), as its 4.2 figure.
 """
 
 from __future__ import annotations
@@ -192,49 +193,47 @@ def write_matrix_report(result: MatrixResult, directory: str | Path, *, charts: 
 
 
 def draw_charts(result: MatrixResult, directory: Path) -> list[Path]:
-    """One ms/iter chart and one memory chart per group and side that has rows (none without data)."""
+    """One PNG per group and side that has rows: ms/iter OFF → ON per switch (above) and the per-rank peak memory
+    by config (below), as seed 004's two figures. One figure for both: a figure's fixed cost (layout, text, PNG
+    encoding) is most of a small chart's."""
     from matplotlib.figure import Figure
 
     drawn: list[Path] = []
     for group, side, rows in _sections(result):
         tag = f"{group}_{side}" if len(result.groups) > 1 or group != "default" else side
-        label = result.side_labels.get(side, side)
+        label = result.side_labels.get(side, side) + (f" ({group})" if group != "default" else "")
         timed = [r for r in rows if r.perf_off is not None and r.perf_on is not None]
-        if timed:
-            fig = Figure(figsize=(max(6.0, 1.3 * len(timed) + 2), 4.2), dpi=100)
-            ax = fig.add_subplot()
-            x = range(len(timed))
-            off = [r.perf_off.ms_per_iter or 0.0 for r in timed if r.perf_off]
-            on = [r.perf_on.ms_per_iter or 0.0 for r in timed if r.perf_on]
-            ax.bar([i - 0.2 for i in x], off, 0.4, color=OFF_COLOR, label="OFF")
-            ax.bar([i + 0.2 for i in x], on, 0.4, color=ON_COLOR, label="ON")
-            ax.set_xticks(list(x), [f"{r.switch}\n{r.configs}" for r in timed], fontsize=8)
-            ax.set_ylabel("ms/iter (mean after warm-up)")
-            ax.set_title(f"{label}: ms/iter OFF → ON" + (f" ({group})" if group != "default" else ""))
-            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-            fig.subplots_adjust(bottom=0.25, right=0.85)
-            path = directory / f"ms_per_iter_{tag}.png"
-            fig.savefig(path)
-            drawn.append(path)
         configs = [c for c in result.configs if c.group == group and side in c.sides
                    and not c.sides[side].memory.empty]
+        if not timed and not configs:
+            continue
+        fig = Figure(figsize=(max(7.0, 0.8 * max(len(timed), len(configs)) + 2.5), 7.6), dpi=90)
+        left, right = fig.subplots(2, 1)  # ms/iter above, memory below
+        fig.subplots_adjust(left=0.1, right=0.98, top=0.95, bottom=0.06, hspace=0.55)
+        if timed:
+            x = range(len(timed))
+            left.bar([i - 0.2 for i in x], [r.perf_off.ms_per_iter or 0.0 for r in timed if r.perf_off], 0.4,
+                     color=OFF_COLOR, label="OFF")
+            left.bar([i + 0.2 for i in x], [r.perf_on.ms_per_iter or 0.0 for r in timed if r.perf_on], 0.4,
+                     color=ON_COLOR, label="ON")
+            left.set_xticks(list(x), [f"{r.switch}\n{r.configs}" for r in timed], fontsize=7, rotation=20)
+            left.legend(fontsize=8)
+        left.set_ylabel("ms/iter (mean after warm-up)")
+        left.set_title(f"{label}: ms/iter OFF → ON", fontsize=10)
         if configs:
-            fig = Figure(figsize=(max(6.0, 0.9 * len(configs) + 2), 4.2), dpi=100)
-            ax = fig.add_subplot()
             x = range(len(configs))
-            ax.bar([i - 0.2 for i in x], [c.sides[side].memory.max_rank_gib or 0.0 for c in configs], 0.4,
-                   color=OFF_COLOR, label="max-rank")
-            ax.bar([i + 0.2 for i in x], [c.sides[side].memory.avg_rank_gib or 0.0 for c in configs], 0.4,
-                   color=ON_COLOR, label="avg-rank")
-            ax.set_xticks(list(x), [short_name(c.name) if short_name(c.name) != c.name else c.name[:12]
-                                    for c in configs], fontsize=8)
-            ax.set_ylabel("allocator peak (GiB)")
-            ax.set_title(f"{label}: per-rank peak memory by config" + (f" ({group})" if group != "default" else ""))
-            ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-            fig.subplots_adjust(right=0.82)
-            path = directory / f"memory_{tag}.png"
-            fig.savefig(path)
-            drawn.append(path)
+            right.bar([i - 0.2 for i in x], [c.sides[side].memory.max_rank_gib or 0.0 for c in configs], 0.4,
+                      color=OFF_COLOR, label="max-rank")
+            right.bar([i + 0.2 for i in x], [c.sides[side].memory.avg_rank_gib or 0.0 for c in configs], 0.4,
+                      color=ON_COLOR, label="avg-rank")
+            right.set_xticks(list(x), [short_name(c.name) if short_name(c.name) != c.name else c.name[:12]
+                                       for c in configs], fontsize=8)
+            right.legend(fontsize=8)
+        right.set_ylabel("allocator peak (GiB)")
+        right.set_title(f"{label}: per-rank peak memory by config", fontsize=10)
+        path = directory / f"matrix_{tag}.png"
+        fig.savefig(path)
+        drawn.append(path)
     return drawn
 
 

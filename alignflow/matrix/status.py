@@ -94,6 +94,6 @@ def classify(*, step_status: str | None, exit_code: int | None, error: str | Non
     why = (error or "").strip().splitlines()[0][:300] if error else step_status
     if exit_code is None:
         # the process is gone without an exit-code file (a lost job, a replaced container): whatever its log says,
-        # its exit is not known to be normal (seed 004, section 6.4)
+        # its exit is not known to be normal (docs/seeds.md#switch-matrix)
         return TrainingStatus("exit code unknown", None, why, step_run_id=step_run_id)
     return TrainingStatus("failed", exit_code, why, step_run_id=step_run_id)
