@@ -42,7 +42,7 @@ class SideTraining:
     status: TrainingStatus
     parsed: ParsedLog | None = None
     memory: MemoryReport = field(default_factory=MemoryReport)
-    identity: str | None = None  # the log's sha256 (or the origin step run): equal = the same training
+    identity: str | None = None  # the step run that trained it (a cached step's origin): equal = the same training
     run_id: str | None = None
 
 
@@ -284,7 +284,7 @@ def _sides(*configs: ConfigTrainings) -> list[str]:
 
 
 def _same(a: SideTraining, b: SideTraining) -> bool:
-    """The same training: both completed and their logs (or origin step runs) are one."""
+    """The same training: both completed by one step run (a variant's side reused from the reference)."""
     return a.status.completed and b.status.completed and a.identity is not None and a.identity == b.identity
 
 

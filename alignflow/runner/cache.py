@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 
 
 def cache_key(
@@ -30,3 +32,18 @@ def cache_key(
     }
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hashlib.sha256(blob).hexdigest()
+
+
+_guard = threading.Lock()
+_executing: dict[str, threading.Lock] = {}
+
+
+@contextmanager
+def one_at_a_time(key: str) -> Iterator[None]:
+    """Held while a step with cache key `key` looks for a cached result and, finding none, executes: a second step
+    of this process with the same key (two runs of a switch matrix whose trainings are one) waits, then finds the
+    first one's result in the cache instead of training again."""
+    with _guard:
+        lock = _executing.setdefault(key, threading.Lock())
+    with lock:
+        yield

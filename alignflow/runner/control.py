@@ -18,11 +18,15 @@ def cancel_run_jobs(store: Store, run_id: str, *, transport_factory: TransportFa
                     why: str = "the run was cancelled") -> list[str]:
     """Kill the process group of every job of `run_id` still recorded as running, record those steps (`why` in
     their error) and the run cancelled; returns the job dirs. A run no longer running has nothing to cancel (its
-    controller may have cancelled it as it stopped, between a caller's look and this call): []."""
+    controller may have cancelled it as it stopped, between a caller's look and this call): []. The runs of its
+    switch matrix (children with trigger `matrix`) are cancelled with it."""
     if store.get_run(run_id).status != RunStatus.RUNNING:
         return []
     inventory = open_run(store, run_id).inventory
     killed = []
+    for child in store.children(run_id):
+        if child.trigger == "matrix" and child.status == RunStatus.RUNNING:
+            killed += cancel_run_jobs(store, child.id, transport_factory=transport_factory, why=why)
     for sr in store.steps(run_id):
         jobs = recorded_jobs(sr)
         if sr.status != StepStatus.RUNNING or jobs is None:

@@ -17,7 +17,7 @@ from alignflow.backends.launch import failed_rank
 from alignflow.config.hosts import Host
 from alignflow.errors import AlignflowError, CommandTimeout, PathMissing, PipelineError, RemoteJobError, SentinelError
 from alignflow.runner.artifacts import ArtifactRef, declared_inputs
-from alignflow.runner.cache import cache_key
+from alignflow.runner.cache import cache_key, one_at_a_time
 from alignflow.runner.engine import StepRunner
 from alignflow.runner.placeholders import fill_all
 from alignflow.runner.recording import StepRecord, recorded_jobs, recording
@@ -41,6 +41,13 @@ def run_job_step(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping
     key = cache_key(step=spec.name, argv=template.argv, files=template.files, env=template.env,
                     code_version=runner.code_version(template, host),
                     inputs={n: ref.sha256 for n, ref in inputs.items()})
+    with one_at_a_time(key):  # the same training asked for twice at once (a matrix's runs) executes once
+        return _run_or_reuse(runner, spec, host, transport, command, inputs, key)
+
+
+def _run_or_reuse(runner: StepRunner, spec: pipeline.StepSpec, host: Host, transport: Transport,
+                  command: StepCommand, inputs: Mapping[str, ArtifactRef], key: str) -> StepOutcome:
+    template = command.template
     reused = runner.reused(spec.name, key)
     if reused is not None:
         return reused

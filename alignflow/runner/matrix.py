@@ -129,15 +129,18 @@ def start_children(store: Store, ctx: RunContext, *, state_dir: Path) -> list[Ma
 
 
 def walk_children(children: list[MatrixTraining], available: Mapping[str, ArtifactRef], *,
-                  scheduler_for: SchedulerFor, store: Store) -> dict[str, WalkResult]:
+                  scheduler_for: SchedulerFor, store: Store, on_interrupt: Callable[[BaseException], None]
+                  ) -> dict[str, WalkResult]:
     """Walk every child's plan at once (one thread per child, each submitting its steps through its scheduler);
-    the walks' results by run id. An interruption is left to the caller (it cancels the children's jobs)."""
+    the walks' results by run id. Interrupted (Ctrl-C, a cancelled flow run), `on_interrupt` kills the children's
+    jobs first, so that their walks end and the threads can be joined."""
     start = {k: v for k, v in available.items() if k in STARTING_POINT}
     todo = [c for c in children if not c.own]
     results: dict[str, WalkResult] = {}
     if not todo:
         return results
-    with ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="alignflow-matrix") as pool:
+    pool = ThreadPoolExecutor(max_workers=len(todo), thread_name_prefix="alignflow-matrix")
+    try:
         futures: dict[Future[WalkResult], MatrixTraining] = {}
         for child in todo:
             plan = open_run(store, child.run_id).plan
@@ -146,6 +149,11 @@ def walk_children(children: list[MatrixTraining], available: Mapping[str, Artifa
             futures[pool.submit(ctx.run, walk, plan, dict(start), scheduler_for(child.run_id))] = child
         for future, child in futures.items():
             results[child.run_id] = future.result()
+    except BaseException as exc:
+        on_interrupt(exc)
+        raise
+    finally:
+        pool.shutdown(wait=True)
     return results
 
 
@@ -168,13 +176,13 @@ def run_matrix(run_id: str, available: Mapping[str, ArtifactRef], *, store: Stor
     assert matrix is not None, f"run {run_id} has no matrix"
     say(f"matrix: {len(children) - sum(c.own for c in children)} run(s) for {len(matrix.configs)} variant(s) and "
         f"the reference{'s' if matrix.groups else ''}")
-    try:
-        walks = walk_children(children, available, scheduler_for=scheduler_for, store=store)
-    except BaseException as exc:
+
+    def interrupted(exc: BaseException) -> None:
         for child in children:
             if not child.own:
                 cancel_interrupted(store, child.run_id, exc, transport_factory=transport_factory, what="the matrix")
-        raise
+
+    walks = walk_children(children, available, scheduler_for=scheduler_for, store=store, on_interrupt=interrupted)
     runner = StepRunner(ctx, store=store, state_dir=state_dir, transport_factory=transport_factory, events=events,
                         controller=controller)
     try:
@@ -224,7 +232,8 @@ def collect(children: list[MatrixTraining], *, store: Store, runner: StepRunner,
                 except AlignflowError:  # no step lines (an OOM before step 1): the status says why
                     parsed = None
             sides[side] = SideTraining(status=status, parsed=parsed, memory=parse_memory(found.text.splitlines()),
-                                       identity=found.sha256 if status.completed else None, run_id=child.run_id)
+                                       identity=found.origin_step_run if status.completed else None,
+                                       run_id=child.run_id)
         out.setdefault(child.group, {})[child.config] = ConfigTrainings(child.config, sides, child.run_id)
     return out
 

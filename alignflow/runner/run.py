@@ -293,6 +293,8 @@ def execute_pipeline(
     except AlignflowError as exc:
         return finish(store, run_id, {}, error=str(exc), failures=(exc,))
 
+    schedulers: list[ThreadScheduler] = []
+
     def steps_of(run: str) -> ThreadScheduler:
         """A scheduler running the steps of run `run` (this one, or a child of its matrix) in threads."""
         child = ctx if run == run_id else open_run(store, run)
@@ -305,7 +307,8 @@ def execute_pipeline(
             finally:
                 runner.close()
 
-        return ThreadScheduler(run_one, workers=workers)
+        schedulers.append(ThreadScheduler(run_one, workers=workers))
+        return schedulers[-1]
 
     scheduler = steps_of(run_id)
     try:
@@ -324,6 +327,12 @@ def execute_pipeline(
                             controller=controller)
     except AlignflowError as exc:
         return finish(store, run_id, result.outcomes, error=f"matrix: {exc}", failures=(exc,))
+    except BaseException as exc:  # interrupted during the matrix: its runs' jobs are killed, the run cancelled
+        cancel_interrupted(store, run_id, exc, transport_factory=transport_factory)
+        raise
+    finally:
+        for each in schedulers:
+            each.close()
     return finish(store, run_id, result.outcomes, verdict=verdict)
 
 

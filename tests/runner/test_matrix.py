@@ -4,8 +4,11 @@ before anything starts."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
+import pytest
 import yaml
 
 from alignflow.runview import run_view
@@ -35,11 +38,12 @@ def matrix_job(spec: JobSpec) -> FakeJob:
     if "torch_train" in argv:
         if spec.env.get("ALIGNFLOW_TWIN_DEVICE_MEMORY_MB"):
             return FakeJob(exit_code=1, stderr=OOM)
-        return FakeJob(stdout=gpu_log(8, loss=5.01 if "--bf16" in argv else 5.0))
+        steps = int(spec.argv[list(spec.argv).index("--train-iters") + 1])
+        return FakeJob(stdout=gpu_log(steps, loss=5.01 if "--bf16" in argv else 5.0))
     if "mindspore_train" in argv and not spec.name.endswith("npu_base_train"):
         config = yaml.safe_load((Path(spec.cwd or "") / "config.yaml").read_text())
         bf16 = config["model"]["model_config"]["params_dtype"] == "bfloat16"
-        return FakeJob(stdout=npu_log(8, loss=5.01 if bf16 else 5.0, loaded=True))
+        return FakeJob(stdout=npu_log(config["training"]["steps"], loss=5.01 if bf16 else 5.0, loaded=True))
     return twin_job(spec)
 
 
@@ -119,3 +123,76 @@ def test_an_unexpected_outcome_fails_the_matrix_and_names_the_variant(lab: FakeL
     assert view.matrix is not None
     assert view.matrix["verdict"] == "fail"
     assert any(r.startswith("03_bf16: fail, expected pass") for r in view.matrix["reasons"])
+
+
+def test_an_interrupted_matrix_kills_its_variants_jobs_and_records_every_run_cancelled(lab: FakeLab) -> None:
+    from alignflow.runner.run import execute_pipeline
+    from alignflow.testing import Command
+    from alignflow.transport import Transport
+    from tests.runner.hosts import DirHost, dir_transport
+
+    with_variants(lab, {"configs": {"01_recompute": {"patch": {"training": {"recompute": "full"}}}}})
+    run_id = lab.start()
+    handlers: dict[str, DirHost] = {}
+
+    def variant_hangs(spec: JobSpec) -> FakeJob:
+        job = matrix_job(spec)
+        return job if spec.name.startswith(run_id) else FakeJob(stdout=job.stdout, running_polls=None)
+
+    pressed: list[bool] = []
+
+    def interrupted(command: Command) -> None:
+        """Ctrl-C once a variant's job is running: SIGINT to this process, which Python delivers to the main thread
+        (blocked on the variants' walks), as a terminal's Ctrl-C."""
+        if command.name == "status" and not pressed and any(
+                not s.name.startswith(run_id) for h in handlers.values() for s in h.launched):
+            pressed.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def factory(host: object) -> Transport:
+        from alignflow.config.hosts import Host
+
+        assert isinstance(host, Host)
+        handler = handlers.get(host.name)
+        if handler is None:
+            handler = handlers[host.name] = DirHost(host, script=variant_hangs)
+            handler.before = interrupted
+        return dir_transport(host, handler, controller=lab.controller_transport, clock=lab.clock)
+
+    with pytest.raises(KeyboardInterrupt):
+        execute_pipeline(run_id, store=lab.store, state_dir=lab.state, transport_factory=factory,
+                         controller=lab.controller)
+    assert handlers["cuda"].cancelled or handlers["ascend"].cancelled  # the variant's job was killed
+    (child,) = lab.store.children(run_id)
+    assert lab.store.get_run(child.id).status == "cancelled"
+    assert lab.store.get_run(run_id).status == "cancelled"
+    # killed at once, not left to run into its time limit
+    trainings = [s for s in lab.store.steps(child.id) if s.step in ("gpu_train", "npu_reload_train")]
+    assert trainings
+    assert all(s.status == "cancelled" for s in trainings), [(s.step, s.status, s.error) for s in trainings]
+
+
+def test_groups_train_their_own_reference_with_their_steps(lab: FakeLab) -> None:
+    with_variants(lab, {"reference": "00_B", "groups": {"S8": {"steps": 8, "warmup_steps": 2},
+                                                        "S12": {"steps": 12, "warmup_steps": 4}},
+                        "configs": {"01_recompute": {"patch": {"training": {"recompute": "full"}}},
+                                    "02_gpu": {"patch": {"gpu": {"env": {"NCCL_DEBUG": "INFO"}}}, "groups": ["S12"]}}})
+    view = lab.run()
+    assert view.verdict == "pass", view.matrix
+    names = sorted(c.experiment for c in lab.store.children(view.run_id))
+    assert names == ["tiny/S12/00_B", "tiny/S12/01_recompute", "tiny/S12/02_gpu", "tiny/S8/00_B",
+                     "tiny/S8/01_recompute"]
+    # the run's own trainings (8 steps) are S8's reference: that group's reference reuses them
+    children = {c.experiment: c.id for c in lab.store.children(view.run_id)}
+    s8_ref = run_view(lab.store, children["tiny/S8/00_B"]).step("gpu_train")
+    assert s8_ref is not None
+    assert s8_ref.status == "cached"
+    s12_ref = run_view(lab.store, children["tiny/S12/00_B"]).step("gpu_train")
+    assert s12_ref is not None
+    assert s12_ref.status == "ran"
+    record = lab.store.matrix(view.run_id)
+    assert record is not None
+    assert [(g["name"], g["warmup_steps"]) for g in record.summary["groups"]] == [("S8", 2), ("S12", 4)]
+    rows = {(r["group"], r["variant"], r["side"]) for r in record.summary["rows"]}
+    assert rows == {("S8", "01_recompute", "npu"), ("S8", "01_recompute", "gpu"), ("S12", "01_recompute", "npu"),
+                    ("S12", "01_recompute", "gpu"), ("S12", "02_gpu", "gpu")}
