@@ -5,13 +5,15 @@ This is the question the frameworks' own CI asks of every configuration — not 
 frameworks' test harnesses:
 
 - `megatron` — Megatron-LM's functional tests (`tests/functional_tests/python_test_utils/test_regular_pipeline.py`,
-  `CHECK_THRESHOLDS`, and `common.pipeline`): `lm loss` and `mtp_1 loss` deterministic (equal at every step; the
-  approximate alternative is rtol 5 %), `iteration-time` within rtol 5 % at every step after dropping the first 3
-  and the last value, `mem-allocated-bytes` and `mem-max-allocated-bytes` within rtol 5 % (np.allclose with atol 0);
+  `CHECK_THRESHOLDS`, and `common.pipeline`): `lm loss`, `mtp_1 loss` and `num-zeros` deterministic (equal at
+  every step; the approximate alternative is rtol 5 %), `iteration-time` within rtol 5 % at every step after
+  dropping the first 3 and the last value, `mem-allocated-bytes` and `mem-max-allocated-bytes` within rtol 5 %
+  (np.allclose with atol 0). A test checks what its `METRICS` lists, by default `lm loss` and `num-zeros`: so does
+  this set (list the others in `golden.metrics`);
 - `mindspeed` — MindSpeed-LLM's CI (`tests/test_tools/test_ci_st.py`, `TestMargin`, `WARM_UP = 5`): `lm loss`
   within 2 % relative and `grad norm` within 10 % at every step; time per iteration and throughput as the mean
   after 5 warm-up steps, at most 5 % slower or lower; allocated and max allocated memory at most 10 % higher
-  (less time or memory never fails).
+  (less time or memory never fails); every one of them by default.
 
 An experiment picks a set and may change a metric's margin or the metrics checked:
 
@@ -69,6 +71,7 @@ DEFAULT_MARGINS: dict[MarginSet, dict[str, Margin]] = {
     "megatron": {
         "lm_loss": Margin(deterministic=True, source=_MEGATRON),
         "mtp_1_loss": Margin(deterministic=True, source=_MEGATRON),
+        "num_zeros": Margin(deterministic=True, source=_MEGATRON),
         "step_time_ms": Margin(rtol=0.05, warmup_steps=3, skip_last=True,
                                source=f"{_MEGATRON}; iteration-time drops the first 3 and the last value"),
         "mem_allocated_mb": Margin(rtol=0.05, source=_MEGATRON),
@@ -86,6 +89,14 @@ DEFAULT_MARGINS: dict[MarginSet, dict[str, Margin]] = {
 }
 
 
+# What each set checks unless `golden.metrics` says otherwise: Megatron's `METRICS` default (test_regular_pipeline.py:
+# `model_config["METRICS"] if "METRICS" in model_config else ["lm loss", "num-zeros"]`), every metric MindSpeed's.
+DEFAULT_METRICS: dict[MarginSet, tuple[str, ...]] = {
+    "megatron": ("lm_loss", "num_zeros"),
+    "mindspeed": tuple(DEFAULT_MARGINS["mindspeed"]),
+}
+
+
 class GoldenConfig(BaseModel):
     """`golden:` of an experiment: the margins its goldens are checked with."""
 
@@ -94,13 +105,17 @@ class GoldenConfig(BaseModel):
     defaults: MarginSet = Field("megatron", description="The default margin set: megatron (its functional tests) "
                                 "or mindspeed (MindSpeed-LLM's CI).")
     margins: dict[str, Margin] = Field(default_factory=dict, description="Per-metric margins replacing the set's.")
-    metrics: list[str] | None = Field(None, description="Metrics checked; default: every metric of the margins.")
+    metrics: list[str] | None = Field(None, description="Metrics checked; default: the set's (megatron: lm_loss and "
+                                      "num_zeros, as its tests' METRICS default; mindspeed: all of its metrics), plus "
+                                      "every metric given a margin here.")
 
     def resolved(self) -> dict[str, Margin]:
         """Every checked metric with its margin (a listed metric without one is an error)."""
         margins = {**DEFAULT_MARGINS[self.defaults], **self.margins}
         if self.metrics is None:
-            return margins
+            chosen = [*DEFAULT_METRICS[self.defaults], *(m for m in self.margins
+                                                          if m not in DEFAULT_METRICS[self.defaults])]
+            return {m: margins[m] for m in chosen}
         missing = [m for m in self.metrics if m not in margins]
         if missing:
             raise ValueError(f"golden.metrics: no margin for {', '.join(missing)}; give one in golden.margins "

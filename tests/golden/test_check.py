@@ -26,7 +26,7 @@ def test_megatron_defaults_want_equal_losses_and_name_the_first_step_out() -> No
     same = check(golden, golden, DEFAULT_MARGINS["megatron"])
     assert same.status == "pass"
     assert same.checked == ("lm_loss", "step_time_ms", "mem_allocated_mb", "mem_max_allocated_mb")
-    assert same.skipped == ("mtp_1_loss: in neither log",)
+    assert same.skipped == ("mtp_1_loss: in neither log", "num_zeros: in neither log")
     moved = check(golden, values([5.0, 4.9, 4.8001, 4.7002, 4.6], time=[300, 100, 100, 100, 100], mem=80.0),
                   DEFAULT_MARGINS["megatron"])
     assert moved.status == "fail"
@@ -69,6 +69,13 @@ def test_a_missing_step_or_metric_is_out_of_margin() -> None:
     new_metric = check(values([5.0]), {"metrics": {"lm_loss": {"1": 5.0}, "grad_norm": {"1": 1.0}}},
                        {"grad_norm": Margin(rtol=0.1)})
     assert new_metric.status == "fail"
+
+
+def test_the_megatron_set_checks_what_megatrons_tests_check_by_default() -> None:
+    assert list(GoldenConfig().resolved()) == ["lm_loss", "num_zeros"]  # test_regular_pipeline's METRICS default
+    assert list(GoldenConfig(defaults="mindspeed").resolved()) == list(DEFAULT_MARGINS["mindspeed"])
+    with_time = GoldenConfig.model_validate({"margins": {"step_time_ms": {"rtol": 0.5}}}).resolved()
+    assert list(with_time) == ["lm_loss", "num_zeros", "step_time_ms"]
 
 
 def test_golden_config_overrides_and_refuses_metrics_without_margins() -> None:
