@@ -129,3 +129,18 @@ def test_the_cli_exits_0_1_2(lab: FakeLab, monkeypatch: pytest.MonkeyPatch) -> N
     listed = cli.invoke(app, ["golden", "list", "tiny"])
     assert "tiny gpu v1" in listed.output
     assert "— first" in listed.output
+
+
+def test_the_nightlys_golden_check_runs_only_where_goldens_exist(lab: FakeLab) -> None:
+    from alignflow.runner.goldens import check_run_goldens
+
+    lab.script = lr_job
+    first = lab.run()
+    assert check_run_goldens(lab.store, first.run_id, state_dir=lab.state, transport_factory=lab.transport) is None
+    record_goldens(lab.store, first.run_id, runner_for=runners(lab), local_dir=lab.state / "g")
+    lab.edit(training__lr=2.0e-3)
+    moved = lab.run()
+    check = check_run_goldens(lab.store, moved.run_id, state_dir=lab.state, transport_factory=lab.transport)
+    assert check is not None
+    assert check.verdict == "fail"
+    assert "lm_loss at step 2" in check.reasons()[0]
