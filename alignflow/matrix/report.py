@@ -207,16 +207,16 @@ def draw_charts(result: MatrixResult, directory: Path) -> list[Path]:
                    and not c.sides[side].memory.empty]
         if not timed and not configs:
             continue
-        fig = Figure(figsize=(max(7.0, 0.8 * max(len(timed), len(configs)) + 2.5), 7.6), dpi=90)
+        fig = Figure(figsize=(max(7.0, 0.7 * max(len(timed), len(configs)) + 2.5), 7.0), dpi=80)
         left, right = fig.subplots(2, 1)  # ms/iter above, memory below
-        fig.subplots_adjust(left=0.1, right=0.98, top=0.95, bottom=0.06, hspace=0.55)
+        fig.subplots_adjust(left=0.1, right=0.98, top=0.95, bottom=0.06, hspace=0.35)
         if timed:
             x = range(len(timed))
             left.bar([i - 0.2 for i in x], [r.perf_off.ms_per_iter or 0.0 for r in timed if r.perf_off], 0.4,
                      color=OFF_COLOR, label="OFF")
             left.bar([i + 0.2 for i in x], [r.perf_on.ms_per_iter or 0.0 for r in timed if r.perf_on], 0.4,
                      color=ON_COLOR, label="ON")
-            left.set_xticks(list(x), [f"{r.switch}\n{r.configs}" for r in timed], fontsize=7, rotation=20)
+            left.set_xticks(list(x), [r.configs for r in timed], fontsize=8)  # the tables name each switch
             left.legend(fontsize=8)
         left.set_ylabel("ms/iter (mean after warm-up)")
         left.set_title(f"{label}: ms/iter OFF → ON", fontsize=10)
