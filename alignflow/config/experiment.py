@@ -10,7 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from alignflow import pipeline
 from alignflow.config.criteria import Criterion, default_criteria, load_criteria
@@ -265,6 +274,18 @@ class Experiment(_Strict):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_unset_sections(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """`variants` and `golden` are left out of the mapping while unset: an experiment without them records the
+        same configuration (and fingerprint) as before they existed, so the nightly's like-with-like baseline
+        (the last passing run of the same configuration fingerprint) holds across the upgrade."""
+        data: dict[str, Any] = handler(self)
+        if self.variants is None:
+            data.pop("variants", None)
+        if self.golden == GoldenConfig():
+            data.pop("golden", None)
+        return data
 
     def parallel(self, side: Literal["npu", "gpu"]) -> ParallelConfig:
         """The side's parallel layout: `npu.parallel` / `gpu.parallel`, else `training.parallel`."""

@@ -7,9 +7,9 @@ reads both renderings back to prove they agree).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from alignflow.config.parallel import ParallelConfig
 
@@ -198,6 +198,17 @@ class TrainingConfig(_Strict):
                                       "only at the end.")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallel layout of both sides' "
                                      "trainings (tp, pp, ep, dp); a side may differ with npu.parallel / gpu.parallel.")
+
+    @model_serializer(mode="wrap")
+    def _without_unset_switches(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The computation switches are left out while off: a training without them records the configuration (and
+        fingerprint) it recorded before they existed (the nightly's baseline is the last pass of the same one)."""
+        data: dict[str, Any] = handler(self)
+        if self.recompute == "none":
+            data.pop("recompute", None)
+        if not self.bias_swiglu_fusion:
+            data.pop("bias_swiglu_fusion", None)
+        return data
 
     @model_validator(mode="after")
     def _checks(self) -> TrainingConfig:

@@ -130,3 +130,18 @@ def test_a_rule_of_the_whole_experiment_broken_by_a_patch_points_at_the_patch(tm
     assert line == path.read_text().splitlines().index("      patch: {gpu: {parallel: {dp: 4}}}") + 1
     assert message.startswith("variants.configs.04_dp4.patch: gpu layout: training.global_batch_size 4 is not a "
                               "multiple of micro_batch_size 2 x dp 4")
+
+
+def test_an_experiment_without_the_new_sections_records_what_it_recorded_before(repo_root: Path) -> None:
+    """The nightly's baseline is the last pass of the same configuration fingerprint: unset, the matrix, the
+    goldens and the computation switches are not in the recorded mapping, so no fingerprint moved with them."""
+    doc = load_experiment(repo_root / "experiments" / "demo.yaml").model_dump(mode="json")
+    assert "variants" not in doc
+    assert "golden" not in doc
+    assert "recompute" not in doc["training"]
+    assert "bias_swiglu_fusion" not in doc["training"]
+    matrix = load_experiment(repo_root / "experiments" / "demo-matrix.yaml")
+    assert "variants" in matrix.model_dump(mode="json")
+    assert "golden" in matrix.model_dump(mode="json")
+    assert variant_experiment(matrix, "default", "01_recompute").model_dump(mode="json")["training"][
+        "recompute"] == "full"
