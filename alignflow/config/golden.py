@@ -36,6 +36,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from alignflow.config.yamlsource import at_key
+from alignflow.errors import did_you_mean
+
 MarginSet = Literal["megatron", "mindspeed"]
 MEMORY_METRICS = ("mem_allocated_mb", "mem_max_allocated_mb")
 
@@ -116,10 +119,11 @@ class GoldenConfig(BaseModel):
             chosen = [*DEFAULT_METRICS[self.defaults], *(m for m in self.margins
                                                           if m not in DEFAULT_METRICS[self.defaults])]
             return {m: margins[m] for m in chosen}
-        missing = [m for m in self.metrics if m not in margins]
-        if missing:
-            raise ValueError(f"golden.metrics: no margin for {', '.join(missing)}; give one in golden.margins "
-                             f"(the {self.defaults} set has {', '.join(DEFAULT_MARGINS[self.defaults])})")
+        for i, metric in enumerate(self.metrics):
+            if metric not in margins:
+                raise at_key(("metrics", i), f"no margin for {metric!r}{did_you_mean(metric, list(margins))}; give "
+                             f"one in golden.margins (the {self.defaults} set has "
+                             f"{', '.join(DEFAULT_MARGINS[self.defaults])})")
         return {m: margins[m] for m in self.metrics}
 
     @model_validator(mode="after")

@@ -46,6 +46,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from alignflow.config.criteria import Criterion
+from alignflow.config.yamlsource import at_key
 from alignflow.errors import did_you_mean
 
 DEFAULT_GROUP = "default"
@@ -148,27 +149,31 @@ class Matrix(_Strict):
 
     @model_validator(mode="after")
     def _references(self) -> Matrix:
+        """Every name the matrix refers to exists; a wrong one is located at the key that writes it."""
         if self.reference in self.configs:
-            raise ValueError(f"configs: {self.reference!r} is the reference's name")
+            raise at_key(("configs", self.reference), f"{self.reference!r} is the reference's name")
         groups = list(self.groups)
+        declared = f"groups are: {', '.join(groups) or 'none declared'}"
         for name, config in self.configs.items():
-            for group in config.groups or ():
+            for i, group in enumerate(config.groups or ()):
                 if group not in self.groups:
-                    raise ValueError(f"configs.{name}.groups: unknown group {group!r}{did_you_mean(group, groups)}; "
-                                     f"groups are: {', '.join(groups) or 'none declared'}")
+                    raise at_key(("configs", name, "groups", i),
+                                 f"unknown group {group!r}{did_you_mean(group, groups)}; {declared}")
             for key in _FORBIDDEN_PATCH_KEYS & set(config.patch):
-                raise ValueError(f"configs.{name}.patch.{key}: a variant cannot change the experiment's {key}")
-        for name, declared in self.groups.items():
-            for key in _FORBIDDEN_PATCH_KEYS & set(declared.patch):
-                raise ValueError(f"groups.{name}.patch.{key}: a group cannot change the experiment's {key}")
+                raise at_key(("configs", name, "patch", key), f"a variant cannot change the experiment's {key}")
+        for name, group_ in self.groups.items():
+            for key in _FORBIDDEN_PATCH_KEYS & set(group_.patch):
+                raise at_key(("groups", name, "patch", key), f"a group cannot change the experiment's {key}")
         known = [self.reference, *self.configs]
         for i, pair in enumerate(self.pairs):
-            for side in (pair.off, pair.on):
+            for j, side in enumerate(pair.configs):
                 if side not in known:
-                    raise ValueError(f"pairs.{i}: unknown config {side!r}{did_you_mean(side, known)}")
-            for group in pair.groups or ():
+                    raise at_key(("pairs", i, "configs", j), f"unknown config {side!r}{did_you_mean(side, known)}; "
+                                 f"configs are: {', '.join(known)}")
+            for k, group in enumerate(pair.groups or ()):
                 if group not in self.groups:
-                    raise ValueError(f"pairs.{i}.groups: unknown group {group!r}")
+                    raise at_key(("pairs", i, "groups", k),
+                                 f"unknown group {group!r}{did_you_mean(group, groups)}; {declared}")
         return self
 
     @property

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticCustomError
 from yaml.events import Event
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
@@ -216,11 +217,22 @@ def problems_from_validation(exc: ValidationError, doc: YamlDocument,
     return [problem_from_error(err, doc, model=model) for err in exc.errors(include_url=False)]
 
 
+_AT_KEY = "at_key"
+
+
+def at_key(at: KeyPath, message: str) -> PydanticCustomError:
+    """An error for a model validator to raise about the key `at` below its model (`configs.X.groups`), so that the
+    problem is named and located at that key's line, not at the model's."""
+    return PydanticCustomError(_AT_KEY, "{message}", {"at": tuple(at), "message": message})
+
+
 def problem_from_error(err: Any, doc: YamlDocument, *, model: type[BaseModel] | None = None,
                        prefix: KeyPath = ()) -> tuple[str, int | None, str]:
     """One pydantic error as a located problem. `prefix`: where the validated mapping sits in `doc` (a patch
     inside the file), so that its line is found and its key is named in full."""
     loc = tuple(p for p in err["loc"] if not _is_union_tag(p))
+    if err["type"] == _AT_KEY:  # a model's own rule naming the key below it that is wrong (`at_key`)
+        loc = (*loc, *err["ctx"]["at"])
     dotted = ".".join(str(p) for p in (*prefix, *loc)) or "(top level)"
     message = _humanize(err)
     if err["type"] == "extra_forbidden" and model is not None and loc:

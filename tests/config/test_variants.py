@@ -102,6 +102,32 @@ def test_malformed_matrices_are_refused(tmp_path: Path, repo_root: Path, variant
         load_experiment(_write(tmp_path, repo_root, variants))
 
 
+@pytest.mark.parametrize(("variants", "marked", "expected"), [
+    ("variants:\n  configs:\n    01_recompute: {patch: {}}\n    02_fusion: {patch: {}}\n  pairs:\n"
+     "    - {switch: s, configs: [01_recompte, 02_fusion]}\n",
+     "    - {switch: s", "variants.pairs.0.configs.0: unknown config '01_recompte' (did you mean '01_recompute'?)"),
+    ("variants:\n  groups: {F200: {steps: 4}}\n  configs:\n    a:\n      patch: {}\n      groups: [F20]\n",
+     "      groups: [F20]", "variants.configs.a.groups.0: unknown group 'F20' (did you mean 'F200'?)"),
+    ("variants:\n  groups: {F200: {steps: 4}}\n  configs:\n    a: {patch: {}}\n    b: {patch: {}}\n  pairs:\n"
+     "    - configs: [a, b]\n      groups: [F2000]\n",
+     "      groups: [F2000]", "variants.pairs.0.groups.0: unknown group 'F2000' (did you mean 'F200'?)"),
+    ("variants:\n  reference: a\n  configs:\n    b: {patch: {}}\n    a: {patch: {}}\n",
+     "    a: {patch: {}}", "variants.configs.a: 'a' is the reference's name"),
+    ("variants:\n  configs:\n    a: {patch: {}}\ngolden:\n  metrics:\n    - lm_los\n    - lm_loss\n",
+     "    - lm_los", "golden.metrics.0: no margin for 'lm_los' (did you mean 'lm_loss'?)"),
+])
+def test_a_wrong_name_is_reported_at_its_own_line_with_the_closest_name(tmp_path: Path, repo_root: Path,
+                                                                        variants: str, marked: str,
+                                                                        expected: str) -> None:
+    path = _write(tmp_path, repo_root, variants)
+    with pytest.raises(ConfigError) as caught:
+        load_experiment(path)
+    (problem,) = caught.value.problems
+    _file, line, message = problem
+    assert message.startswith(expected)
+    assert line == next(i for i, text in enumerate(path.read_text().splitlines(), 1) if text.startswith(marked))
+
+
 def test_deep_merge_merges_mappings_and_replaces_the_rest() -> None:
     base = {"training": {"lr": 1.0, "steps": 3}, "gpu": {"extra_args": ["--a"]}}
     merged = deep_merge(base, {"training": {"lr": 2.0}, "gpu": {"extra_args": ["--b"]}})

@@ -83,7 +83,7 @@ def test_golden_config_overrides_and_refuses_metrics_without_margins() -> None:
                                          "metrics": ["lm_loss", "grad_norm"]})
     assert config.resolved() == {"lm_loss": Margin(deterministic=True), "grad_norm": DEFAULT_MARGINS["mindspeed"][
         "grad_norm"]}
-    with pytest.raises(ValueError, match="no margin for iteration_time"):
+    with pytest.raises(ValueError, match="no margin for 'iteration_time'"):
         GoldenConfig.model_validate({"metrics": ["iteration_time"]})
     with pytest.raises(ValueError, match="a margin needs"):
         Margin()
