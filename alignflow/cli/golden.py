@@ -100,7 +100,12 @@ def register(app: typer.Typer) -> None:
                 config = open_run(store, rid).experiment.golden
                 if defaults is not None:
                     config = config.model_copy(update={"defaults": defaults})
-                return config.resolved()
+                try:
+                    return config.resolved()
+                except ValueError as exc:  # golden.metrics names a metric the other set has no margin for
+                    typer.echo(f"error: --defaults {defaults}: golden.metrics of run {rid}'s experiment: {exc}",
+                               err=True)
+                    raise typer.Exit(2) from None
 
             check = check_goldens(store, run_id, sides=sides, runner_for=_runner_for(store, state),
                                   local_dir=state / "goldens", margins_for=margins_for)
@@ -132,15 +137,23 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Every recorded version of an experiment's golden values, newest first."""
         from alignflow.cli.runs import open_store
+        from alignflow.errors import RecordNotFound, did_you_mean
 
         with open_store(existing=True) as store:
-            records = store.goldens(experiment)
+            known = store.golden_experiments()
+            try:
+                records = store.goldens(experiment)
+            except RecordNotFound:  # a name no run was recorded under: a typo, most likely
+                records = []
+        if not records:
+            hint = did_you_mean(experiment, known)
+            typer.echo(f"error: {experiment!r}: no golden values recorded{hint}; experiments with golden values: "
+                       f"{', '.join(known) or 'none yet (alignflow golden record RUN)'}", err=True)
+            raise typer.Exit(2)
         if as_json:
             typer.echo(json.dumps([{k: v for k, v in r.to_json().items() if k != "values"} for r in records],
                                   indent=2))
             return
-        if not records:
-            typer.echo(f"{experiment}: no golden values recorded")
         for r in records:
             typer.echo(f"{r.experiment} {r.side} v{r.version}  run {r.run_id}  {r.created_at:%Y-%m-%d %H:%M}  "
                        f"{len(r.values.get('steps') or [])} steps" + (f"  — {r.note}" if r.note else ""))

@@ -129,6 +129,16 @@ def test_the_cli_exits_0_1_2(lab: FakeLab, monkeypatch: pytest.MonkeyPatch) -> N
     listed = cli.invoke(app, ["golden", "list", "tiny"])
     assert "tiny gpu v1" in listed.output
     assert "— first" in listed.output
+    typo = cli.invoke(app, ["golden", "list", "tiyn"])
+    assert typo.exit_code == 2, typo.output
+    assert "'tiyn': no golden values recorded (did you mean 'tiny'?)" in typo.output
+    assert typo.exception is None or isinstance(typo.exception, SystemExit)
+    # golden.metrics names num_zeros, which MindSpeed's set has no margin for: --defaults mindspeed is refused
+    lab.edit(golden__metrics=["lm_loss", "num_zeros"])
+    other = cli.invoke(app, ["golden", "check", lab.run().run_id, "--defaults", "mindspeed"])
+    assert other.exit_code == 2, other.output
+    assert "no margin for 'num_zeros'" in other.output
+    assert isinstance(other.exception, SystemExit)
 
 
 def test_the_nightlys_golden_check_runs_only_where_goldens_exist(lab: FakeLab) -> None:
