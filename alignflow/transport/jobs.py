@@ -125,7 +125,27 @@ def error_line(*tails: str) -> str | None:
     a step error should show next to `exited(1)` (issue 16) when the job printed its error on stdout only.
     """
     for tail in tails:
-        for line in reversed(tail.splitlines()):
+        lines = tail.splitlines()
+        for i in range(len(lines) - 1, -1, -1):
+            line = lines[i]
             if _ERROR_LINE.match(line) and not line.lstrip().startswith("Traceback"):
-                return line.strip()[:500]
+                return _framed_message(line.strip(), lines[i + 1:])[:500]
     return None
+
+
+_RULE = re.compile(r"^\s*-{10,}\s*$")
+_FRAME_HEADER = re.compile(r"^\s*- [\w+ ]*(?:Error Message|Call Stack)\b.*$")
+
+
+def _framed_message(line: str, after: list[str]) -> str:
+    """MindSpore frames its errors: `RuntimeError: ---...---`, `- Framework Error Message:`, `---...---`, then the
+    message (`- Framework Error Message: (For framework developers)` in MindSpore's own reports). Such a line is
+    shown with the message's first line (`RuntimeError: Out of Memory!!! Request memory size: ...`), not the rule."""
+    head, sep, rest = line.partition(":")
+    if not sep or not (_RULE.match(rest) or not rest.strip()):
+        return line
+    for text in after:
+        if _RULE.match(text) or _FRAME_HEADER.match(text) or not text.strip():
+            continue
+        return f"{head}: {text.strip()}"
+    return line

@@ -17,7 +17,7 @@ from alignflow.errors import PathNotAllowed
 from alignflow.fingerprint import Fingerprint, fingerprint
 from alignflow.transport import JobHandle, JobSpec, JobState, follow_hash
 from alignflow.transport.commands import render_job_script, render_prologue, wrap_command
-from alignflow.transport.jobs import new_job_id
+from alignflow.transport.jobs import error_line, new_job_id
 from alignflow.transport.jobs_direct import parse_status
 from alignflow.transport.openssh import known_host_name, render_config
 from alignflow.transport.paths import confine
@@ -169,3 +169,17 @@ def test_rsync_progress2_lines_become_progress_calls(tmp_path: Path) -> None:
     with open(tmp_path / "out", "rb") as fh:  # no callback: the stream is still read to its end
         _feed_progress(fh, None, 104_857_600)
         assert fh.read() == b""
+
+
+def test_a_mindspore_framed_error_shows_its_message_not_the_rule() -> None:
+    """MindSpore's reports open with a rule after the exception type (its own layout: a rule, `- Framework Error
+    Message: (For framework developers)`, a rule, the message); the step error names the message."""
+    rule = "-" * 52
+    framed = (f"Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\nRuntimeError: {rule}\n"
+              f"- Framework Error Message: (For framework developers)\n{rule}\n"
+              "Out of Memory!!! Request memory size: 2892288B, Memory Statistic:\nDevice HBM memory size: 62432M\n")
+    assert error_line(framed) == "RuntimeError: Out of Memory!!! Request memory size: 2892288B, Memory Statistic:"
+    empty_head = f"RuntimeError: \n\n{rule}\n- Framework Error Message:\n{rule}\nInit hccl graph adapter failed.\n"
+    assert error_line(empty_head) == "RuntimeError: Init hccl graph adapter failed."
+    assert error_line("ValueError: bad shape\n") == "ValueError: bad shape"
+    assert error_line(f"RuntimeError: {rule}\n") == f"RuntimeError: {rule}"  # nothing after the frame: as it is
