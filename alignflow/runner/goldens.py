@@ -16,7 +16,8 @@ from alignflow.golden import GoldenCheck, OutOfMargin, SideCheck, Values, check_
 from alignflow.matrix.memory import parse_memory
 from alignflow.runner.engine import StepRunner, TransportFactory
 from alignflow.runner.session import open_run
-from alignflow.runner.trainings import SIDES, TrainingLog, training_log
+from alignflow.runner.trainings import SIDE_STEP, SIDES, TrainingLog, training_log
+from alignflow.store.records import StepStatus
 
 if TYPE_CHECKING:
     from alignflow.store import Store
@@ -79,8 +80,7 @@ def check_goldens(store: Store, run_id: str, *, sides: Sequence[str] = SIDES,
         for side in sides:
             golden = store.golden(experiment, side) if _has_experiment(store, experiment) else None
             if golden is None:  # nothing to compare with: the log is not even fetched
-                checks.append(SideCheck(experiment, side, rid, None, None, note="no golden values recorded: "
-                                        f"`alignflow golden record {rid}`"))
+                checks.append(SideCheck(experiment, side, rid, None, None, note=_no_golden(store, rid, side)))
             else:
                 wanted.append((side, golden))
         if not wanted:
@@ -93,6 +93,20 @@ def check_goldens(store: Store, run_id: str, *, sides: Sequence[str] = SIDES,
         finally:
             runner.close()
     return GoldenCheck(run_id, tuple(checks))
+
+
+def _no_golden(store: Store, run_id: str, side: str) -> str:
+    """Why a side has nothing to check against, and what records it: only a completed training can be recorded
+    (a capacity probe that ran out of memory never can)."""
+    trained = [s for s in store.steps(run_id) if s.step == SIDE_STEP[side].name]
+    if trained and trained[-1].status in (StepStatus.RAN, StepStatus.CACHED):
+        return f"no golden values recorded: `alignflow golden record {run_id}`"
+    if not trained:
+        how = "it has no training"
+    else:
+        error = (trained[-1].error or "").strip().splitlines()
+        how = f"its training {trained[-1].status.value}" + (f" ({error[0][:160]})" if error else "")
+    return f"no golden values recorded, and none can be from run {run_id}: {how}"
 
 
 def _check_one(t: TrainingLog, golden: GoldenRecord, margins: Mapping[str, Margin], *, experiment: str,

@@ -104,6 +104,10 @@ def test_a_matrix_records_and_checks_its_variants_as_experiments_of_their_own(la
     status = {(s.experiment, s.side): s.status for s in check.sides}
     assert status[("tiny/03_bf16", "npu")] == "pass"
     assert status[("tiny/04_capacity", "gpu")] == "no golden"  # its OOM had nothing to record
+    note = next(s.note for s in check.sides if (s.experiment, s.side) == ("tiny/04_capacity", "gpu"))
+    assert note.startswith("no golden values recorded, and none can be from run ")  # not "golden record RUN"
+    assert "its training failed (" in note
+    assert "out of memory" in note.lower()
 
 
 def test_the_cli_exits_0_1_2(lab: FakeLab, monkeypatch: pytest.MonkeyPatch) -> None:
