@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from alignflow.compare.formatting import criterion_label
 from alignflow.matrix.compare import MatrixResult, Row, SidePerf, short_name
 
 OFF_COLOR, ON_COLOR = "#1f77b4", "#ff7f0e"  # the seed's blue OFF / orange ON
@@ -138,7 +139,7 @@ def markdown(result: MatrixResult, *, charts: Iterable[str] = ()) -> str:
     parts += [f"- {r}" for r in result.reasons]
     if result.reasons:
         parts.append("")
-    parts += ["Criteria of each OFF→ON comparison: " + "; ".join(c.label for c in result.criteria), ""]
+    parts += ["Criteria of each OFF→ON comparison: " + "; ".join(criterion_label(c) for c in result.criteria), ""]
     for title, header, rows in tables(result):
         parts += [f"## {title}", "", _md_row(header), _md_row(["---"] * len(header))]
         parts += [_md_row(r) for r in rows]
@@ -160,7 +161,8 @@ def html_page(result: MatrixResult, *, charts: Iterable[str] = ()) -> str:
             f"<code>{esc(result.reference)}</code>, {len(result.variants)} variant(s)</p>"]
     if result.reasons:
         body.append("<ul>" + "".join(f"<li>{esc(r)}</li>" for r in result.reasons) + "</ul>")
-    body.append("<p>Criteria of each OFF→ON comparison: " + esc("; ".join(c.label for c in result.criteria)) + "</p>")
+    body.append("<p>Criteria of each OFF→ON comparison: "
+                + esc("; ".join(criterion_label(c) for c in result.criteria)) + "</p>")
     for title, header, rows in tables(result):
         body.append(f"<h2>{esc(title)}</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
         for row in rows:

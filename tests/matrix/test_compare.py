@@ -136,6 +136,8 @@ def test_the_report_has_the_seeds_tables_charts_and_json(trainings: dict, tmp_pa
     assert row in md
     assert "| Recompute off→on | 00→01 | 0.683594 → 0.488281 | 0.678711 → 0.483398 | +28.57% | +28.78% |" in md
     assert "| 06_oom | GPU | oom | 1 | 0 |" in md
+    # the criteria in the notation the threshold was written in (and the tables and reasons use), not 1e-05
+    assert "Criteria of each OFF→ON comparison: |mean_rel(lm_loss)| < 0.001%" in md
     doc = json.loads(files.json.read_text())
     assert [v["name"] for v in doc["variants"]] == ["01_recompute", "02_gpu_only", "03_ep1", "05_bf16", "06_oom"]
     rows = artifact_rows(doc)
