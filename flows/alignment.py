@@ -30,7 +30,7 @@ from alignflow.runner.walk import WalkResult, walk
 from flows.artifacts import publish_matrix_artifacts, publish_run_artifacts
 from flows.hooks import kill_remote_jobs, remember_run
 from flows.states import flow_run_name, name_current_flow_run, not_started_state, run_state
-from tasks.context import open_store, run_context, transport_factory
+from tasks.context import open_store, run_context, step_label, transport_factory
 from tasks.matrix import matrix_verdict
 from tasks.progress import announce_flow_run
 from tasks.steps import data_task, finish_task, preflight_task, record_run, step_task
@@ -58,7 +58,7 @@ class TaskScheduler:
     def submit(self, step: str, available: Mapping[str, ArtifactRef]) -> PrefectFuture[StepOutcome]:
         ctx = run_context(self.run_id)
         host = ctx.placement.host(step).name
-        future = step_task.with_options(name=step, task_run_name=f"{step} @ {host}").submit(
+        future = step_task.with_options(name=step, task_run_name=f"{step_label(self.run_id, step)} @ {host}").submit(
             self.run_id, step, dict(available))
         # The task returns a `Cached` state for a reused step; the future's result is the state's data either way.
         return cast(PrefectFuture[StepOutcome], future)

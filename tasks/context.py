@@ -52,6 +52,15 @@ def run_context(run_id: str) -> RunContext:
     return ctx
 
 
+def step_label(run_id: str, step: str) -> str:
+    """`step` as the terminal's rows and the UI's task runs name it: prefixed with the variant for a training of a
+    switch matrix (`06_capacity/gpu_train`), whose trainings run side by side with the same step names."""
+    ctx = run_context(run_id)
+    if ctx.options.trigger != "matrix" or "/" not in ctx.experiment.name:
+        return step
+    return f"{ctx.experiment.name.split('/', 1)[1]}/{step}"
+
+
 def transport_factory() -> TransportFactory:
     return open_transport
 

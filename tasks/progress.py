@@ -9,6 +9,7 @@ must not keep a bar stuck at "step 29/30").
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -101,6 +102,8 @@ class TaskReporter:
             observer.step_ended(self.step, status, detail)
 
     def progress(self, p: StepProgress) -> None:
+        if p.step != self.step:  # the runner's step name; the reporter's label tells a matrix's variants apart
+            p = dataclasses.replace(p, step=self.step)
         for observer in _each():
             observer.progress(p)
         self._last = p

@@ -22,7 +22,7 @@ from alignflow.runner.session import RunOptions, StepOutcome
 from alignflow.runner.steps import run_step
 from alignflow.runview import RunView
 from alignflow.store.records import RunStatus, StepStatus
-from tasks.context import open_store, run_context, runner_for, state_dir
+from tasks.context import open_store, run_context, runner_for, state_dir, step_label
 from tasks.progress import TaskReporter
 
 PROGRESS_EVERY_S = 0.0  # every poll of a running job (the runner's 2 s): the terminal's display stays current
@@ -93,7 +93,7 @@ def step_task(run_id: str, step: str, available: Mapping[str, ArtifactRef]) -> S
     """Run (or reuse) one pipeline step on its host; messages and progress go to the task log, a progress
     artifact and the process's observers (`tasks.progress`). A reused step ends in Prefect's `Cached` state
     naming the run it came from (`flows.states.step_state`); the task's result is the `StepOutcome` either way."""
-    reporter = TaskReporter(get_run_logger(), step)
+    reporter = TaskReporter(get_run_logger(), step_label(run_id, step))
     try:
         with runner_for(run_id, events=reporter.message, progress=reporter.progress,
                         progress_every_s=PROGRESS_EVERY_S) as runner:

@@ -96,6 +96,27 @@ def test_the_matrix_is_one_table_artifact(record: dict[str, Any]) -> None:
         ("01_recompute", "NPU", "PASS"), ("01_recompute", "GPU", "PASS"), ("02_capacity", "GPU", "OOM")}
 
 
+def test_each_variants_task_runs_are_named_with_the_variant(record: dict[str, Any]) -> None:
+    """Twelve `gpu_train @ cuda` task runs could not be told apart in the UI: a matrix training's carries its
+    variant."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    async def read() -> list[str]:
+        async with get_client() as client:
+            runs = await client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(like_=record[
+                "run_id"])))
+            tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id={"any_": [r.id for r in runs]}))
+            return [t.name for t in tasks]
+
+    names = asyncio.run(read())
+    assert "gpu_train @ cuda" in names  # the reference's own
+    assert "01_recompute/gpu_train @ cuda" in names
+    assert "02_capacity/gpu_train @ cuda" in names
+
+
 def test_goldens_of_the_matrix_record_and_check_through_the_cli(env: FlowEnv, record: dict[str, Any]) -> None:
     cli = CliRunner()
     recorded = cli.invoke(app, ["golden", "record", record["run_id"], "--json"])

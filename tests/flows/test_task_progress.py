@@ -3,6 +3,7 @@ run kept a progress artifact stuck at "step 29/30")."""
 
 from __future__ import annotations
 
+import io
 import logging
 from typing import Any
 from uuid import UUID, uuid4
@@ -66,3 +67,20 @@ def test_a_cancelled_step_leaves_its_bar_where_the_training_stopped(monkeypatch:
     reporter.failed(KeyboardInterrupt())
     (bar,) = artifacts.bars.values()
     assert bar[-1] == (40.0, "gpu_train: cancelled at step 12 of 30")
+
+
+def test_a_matrix_trainings_rows_are_labelled_with_its_variant(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two variants' gpu_train run side by side: the terminal keeps a row for each, named by its variant (the
+    runner reports the bare step name)."""
+    from rich.console import Console
+
+    from alignflow.cli.progress import ConsoleProgress
+    from tasks.progress import observing
+
+    Artifacts(monkeypatch)
+    display = ConsoleProgress(Console(file=io.StringIO(), width=100))
+    log = logging.getLogger("tests.task_progress")
+    with observing(display):
+        for variant in ("01_recompute", "06_capacity"):
+            TaskReporter(log, f"{variant}/gpu_train").progress(_at(3))
+    assert set(display.rows) == {"01_recompute/gpu_train", "06_capacity/gpu_train"}
