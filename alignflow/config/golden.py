@@ -121,7 +121,9 @@ class GoldenConfig(BaseModel):
             return {m: margins[m] for m in chosen}
         for i, metric in enumerate(self.metrics):
             if metric not in margins:
-                raise at_key(("metrics", i), f"no margin for {metric!r}{did_you_mean(metric, list(margins))}; give "
+                known = {m for margin_set in DEFAULT_MARGINS.values() for m in margin_set}
+                hint = "" if metric in known else did_you_mean(metric, list(margins))  # a typo, not another set's
+                raise at_key(("metrics", i), f"no margin for {metric!r}{hint}; give "
                              f"one in golden.margins (the {self.defaults} set has "
                              f"{', '.join(DEFAULT_MARGINS[self.defaults])})")
         return {m: margins[m] for m in self.metrics}
