@@ -22,9 +22,7 @@ from pydantic import (
     Field,
     JsonValue,
     PlainSerializer,
-    SerializerFunctionWrapHandler,
     computed_field,
-    model_serializer,
 )
 
 from alignflow import pipeline
@@ -108,17 +106,10 @@ class RunView(_View):
     snapshots: dict[str, dict[str, JsonValue]] = Field(exclude=True)
     config_sha256: str | None = None  # the experiment's configuration this run ran (its fingerprint)
     experiment_file: str | None = None  # the file that configuration was read from
-    matrix: Mapping[str, Any] | None = None  # the switch matrix of a run with `variants:` (verdict, report)
-    variants: tuple[Mapping[str, Any], ...] = ()  # each variant: name, group, verdict, outcome, expect, status
-
-    @model_serializer(mode="wrap")
-    def _matrix_only_when_there_is_one(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """`matrix` and `variants` are in the document of a matrix run only (a run without one keeps its schema)."""
-        data: dict[str, Any] = handler(self)
-        if self.matrix is None:
-            data.pop("matrix", None)
-            data.pop("variants", None)
-        return data
+    # the switch matrix of a run with `variants:` (verdict, report) and each variant (name, group, verdict, outcome,
+    # expect, status): in the documents of matrix runs only
+    matrix: Mapping[str, Any] | None = Field(None, exclude_if=lambda v: v is None)
+    variants: tuple[Mapping[str, Any], ...] = Field((), exclude_if=lambda v: not v)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

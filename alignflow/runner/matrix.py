@@ -32,12 +32,14 @@ from typing import Any
 from alignflow.codeversion import alignflow_version
 from alignflow.config.criteria import Criterion
 from alignflow.config.experiment import Experiment, variant_experiment
+from alignflow.config.placement import place
 from alignflow.config.variants import DEFAULT_GROUP
 from alignflow.errors import AlignflowError, ConfigError
 from alignflow.matrix.compare import ConfigTrainings, MatrixResult, SideTraining, compare_matrix
 from alignflow.matrix.memory import parse_memory
 from alignflow.matrix.report import MatrixFiles, write_matrix_report
 from alignflow.matrix.status import classify
+from alignflow.pipeline import Plan
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.engine import StepRunner, TransportFactory
 from alignflow.runner.session import Events, RunContext, RunOptions, StepOutcome, open_run
@@ -88,7 +90,6 @@ def check_trainings(ctx: RunContext, trainings: list[tuple[str, str, Experiment 
     """Render every training's command on its host before any starts: a variant whose layout the host cannot hold
     (dp 2 on a host of 1 device), or whose flags its side refuses, fails the matrix now, every problem listed."""
     from alignflow.backends.commands import step_command
-    from alignflow.config.placement import resolve_host
 
     problems = []
     for group, config, experiment in trainings:
@@ -96,8 +97,8 @@ def check_trainings(ctx: RunContext, trainings: list[tuple[str, str, Experiment 
             continue
         for step in TRAININGS:
             try:
-                step_command(experiment, step, data_sha256="", host=resolve_host(experiment, ctx.inventory, step,
-                                                                                   state_dir))
+                host = place(experiment, ctx.inventory, state_dir=state_dir, steps=(step,)).host(step)
+                step_command(experiment, step, data_sha256="", host=host)
             except AlignflowError as exc:
                 where = f" in group {group}" if group != DEFAULT_GROUP else ""
                 problems.append(f"{config}{where}: {step}: {exc}")
@@ -108,7 +109,7 @@ def check_trainings(ctx: RunContext, trainings: list[tuple[str, str, Experiment 
 def start_children(store: Store, ctx: RunContext, *, state_dir: Path) -> list[MatrixTraining]:
     """Record the child run of every training of the matrix (before any of them starts)."""
     out = []
-    plan = {"steps": list(TRAININGS), "forced": [], "reuse_only": []}
+    plan = Plan(steps=tuple(TRAININGS), forced=frozenset())
     options = RunOptions(parent=ctx.run_id, trigger="matrix", reuse_parent=True)
     trainings = matrix_trainings(ctx)
     check_trainings(ctx, trainings, state_dir=state_dir)
@@ -119,11 +120,12 @@ def start_children(store: Store, ctx: RunContext, *, state_dir: Path) -> list[Ma
         doc = experiment.model_dump(mode="json")
         sha = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
         store.ensure_experiment(experiment.name, config=doc, config_sha256=sha)
-        params = {"experiment_path": ctx.experiment_path, "hosts_path": ctx.hosts_path, "experiment": doc,
-                  "inventory": ctx.inventory.model_dump(mode="json"), "options": options.to_dict(), "plan": plan,
-                  "state_dir": str(state_dir), "matrix": {"run": ctx.run_id, "group": group, "config": config}}
+        # the child's parent, trigger and experiment name (`<matrix>/<config>`) tell which training it is
+        params = ctx.params.model_copy(update={
+            "experiment": experiment, "options": options, "plan": plan, "state_dir": str(state_dir),
+            "placement": place(experiment, ctx.inventory, state_dir=state_dir)})
         run = store.create_run(experiment.name, parent_id=ctx.run_id, trigger="matrix",
-                               code_version=f"alignflow {alignflow_version()}", params=params)
+                               code_version=f"alignflow {alignflow_version()}", params=params, config_sha256=sha)
         out.append(MatrixTraining(group, config, run.id))
     return out
 

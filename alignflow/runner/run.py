@@ -10,8 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import JsonValue, ValidationError
 
@@ -54,6 +55,9 @@ from alignflow.runview import NOT_SELECTED, RunView, run_view
 from alignflow.store import Store
 from alignflow.store.params import RunParams
 from alignflow.store.records import RunStatus, StepStatus
+
+if TYPE_CHECKING:
+    from alignflow.runner.matrix import SchedulerFor
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +341,7 @@ def execute_pipeline(
 
 
 def matrix_of(run_id: str, result: WalkResult, available: Mapping[str, ArtifactRef], *, store: Store,
-              state_dir: Path, transport_factory: TransportFactory, scheduler_for: Callable[[str], Any],
+              state_dir: Path, transport_factory: TransportFactory, scheduler_for: SchedulerFor,
               events: Events | None = None, controller: TransportFactory | None = None) -> str:
     """Train and compare the switch matrix of a run whose pipeline has run (`alignflow.runner.matrix`); the run's
     verdict: its reference's alignment and the matrix both passing."""

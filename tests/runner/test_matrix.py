@@ -62,7 +62,7 @@ def test_a_matrix_trains_the_reference_once_and_judges_each_variant(lab: FakeLab
     with_variants(lab, VARIANTS)
     view = lab.run()
     assert (view.status, view.verdict) == ("completed", "pass"), (view.error, view.matrix)
-    doc = view.to_json()
+    doc = view.model_dump(mode="json")
     assert [(v["name"], v["outcome"], v["as_expected"]) for v in doc["variants"]] == [
         ("01_recompute", "pass", True), ("02_gpu_only", "pass", True), ("03_bf16", "fail", True),
         ("04_capacity", "oom", True)]

@@ -7,12 +7,12 @@ import pytest
 from alignflow.errors import ImmutableRecord, RecordNotFound, StoreError
 from alignflow.store import Store
 from alignflow.store.records import RunStatus
-from tests.store.sample import CONFIG, CONFIG_SHA, SHA_B, SHA_C
+from tests.store.sample import CONFIG, CONFIG_SHA, SHA_B, SHA_C, run_params
 
 
 def _run(store: Store, experiment: str = "demo") -> str:
     store.ensure_experiment(experiment, config=CONFIG, config_sha256=CONFIG_SHA)
-    return store.create_run(experiment, trigger="cli", code_version="v", params={}).id
+    return store.create_run(experiment, trigger="cli", code_version="v", params=run_params(experiment)).id
 
 
 def test_goldens_are_versioned_per_experiment_and_side_and_never_overwritten(store: Store) -> None:
