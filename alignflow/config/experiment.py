@@ -14,10 +14,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
@@ -175,6 +173,14 @@ class GateConfig(_Strict):
     metrics: list[str] = Field(default_factory=lambda: ["lm_loss", "mtp_1_loss"], description="Metrics checked.")
 
 
+def _unset(value: object) -> bool:
+    return value is None
+
+
+def _default_golden(value: object) -> bool:
+    return value == GoldenConfig()
+
+
 class Experiment(_Strict):
     """A whole experiment file."""
 
@@ -204,10 +210,15 @@ class Experiment(_Strict):
         "only for experiments whose training commands preflight cannot read (replaced commands, benchmarks); "
         "the run records that it was not checked."
     )
-    variants: Matrix | None = Field(None, description="A switch matrix: a reference and named variants (patches of "
+    # `variants` and `golden` are left out of the recorded configuration while unset: an experiment without them
+    # keeps the configuration (and fingerprint) it recorded before they existed (`exclude_if`, not a model
+    # serializer: pydantic's model serializers turn a NaN into null, which would let a NaN past the store's JSON check)
+    variants: Matrix | None = Field(None, exclude_if=_unset,
+                                    description="A switch matrix: a reference and named variants (patches of "
                                     "this experiment), each trained and compared with its reference, side by side "
                                     "(alignflow.config.variants).")
-    golden: GoldenConfig = Field(default_factory=GoldenConfig, description="Margins of `alignflow golden check`: "
+    golden: GoldenConfig = Field(default_factory=GoldenConfig, exclude_if=_default_golden,
+                                 description="Margins of `alignflow golden check`: "
                                  "each side against its own golden values (alignflow.config.golden).")
     source: str | None = Field(None, exclude=True, description="File the experiment was read from.")
 
@@ -274,18 +285,6 @@ class Experiment(_Strict):
         if problems:
             raise ValueError("; ".join(problems))
         return self
-
-    @model_serializer(mode="wrap")
-    def _without_unset_sections(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """`variants` and `golden` are left out of the mapping while unset: an experiment without them records the
-        same configuration (and fingerprint) as before they existed, so the nightly's like-with-like baseline
-        (the last passing run of the same configuration fingerprint) holds across the upgrade."""
-        data: dict[str, Any] = handler(self)
-        if self.variants is None:
-            data.pop("variants", None)
-        if self.golden == GoldenConfig():
-            data.pop("golden", None)
-        return data
 
     def parallel(self, side: Literal["npu", "gpu"]) -> ParallelConfig:
         """The side's parallel layout: `npu.parallel` / `gpu.parallel`, else `training.parallel`."""

@@ -7,9 +7,9 @@ reads both renderings back to prove they agree).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from alignflow.config.parallel import ParallelConfig
 
@@ -186,29 +186,23 @@ class TrainingConfig(_Strict):
     global_batch_size: int = Field(1, ge=1, description="Samples per step.")
     deterministic: bool = Field(True, description="Deterministic kernels on both sides.")
     bf16: bool = Field(True, description="bf16 compute (the twin computes in fp32 on CPU regardless).")
+    # the computation switches are left out of the recorded configuration while off: a training without them keeps
+    # the configuration (and fingerprint) it recorded before they existed (the nightly's baseline: the last pass of
+    # the same one)
     recompute: Literal["none", "full"] = Field(
-        "none", description="Activation recomputation: `full` recomputes every decoder layer in the backward pass "
+        "none", exclude_if=lambda v: v == "none",
+        description="Activation recomputation: `full` recomputes every decoder layer in the backward pass "
         "(Megatron `--recompute-granularity full --recompute-method uniform --recompute-num-layers 1`, MindFormers "
         "`recompute: {mode: full}`). The same mathematics in another order: less activation memory, more time.")
     bias_swiglu_fusion: bool = Field(
-        False, description="Fused SwiGLU kernel (Megatron without `--no-bias-swiglu-fusion`: its `SwiGLUFunction` "
+        False, exclude_if=lambda v: not v,
+        description="Fused SwiGLU kernel (Megatron without `--no-bias-swiglu-fusion`: its `SwiGLUFunction` "
         "with the hand-written backward; MindFormers `model_config.bias_swiglu_fusion`). The same mathematics, "
         "other roundings in the backward pass.")
     save_interval: int | None = Field(None, ge=1, description="Checkpoint interval of the base training; default: "
                                       "only at the end.")
     parallel: ParallelConfig = Field(default_factory=ParallelConfig, description="Parallel layout of both sides' "
                                      "trainings (tp, pp, ep, dp); a side may differ with npu.parallel / gpu.parallel.")
-
-    @model_serializer(mode="wrap")
-    def _without_unset_switches(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """The computation switches are left out while off: a training without them records the configuration (and
-        fingerprint) it recorded before they existed (the nightly's baseline is the last pass of the same one)."""
-        data: dict[str, Any] = handler(self)
-        if self.recompute == "none":
-            data.pop("recompute", None)
-        if not self.bias_swiglu_fusion:
-            data.pop("bias_swiglu_fusion", None)
-        return data
 
     @model_validator(mode="after")
     def _checks(self) -> TrainingConfig:
