@@ -93,3 +93,21 @@ def test_a_torch_format_run_refuses_a_distributed_checkpoint(world: dict) -> Non
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 2
     assert "Detected load from a distributed checkpoint, but neither --use-dist-ckpt nor" in done.stderr
+
+
+def test_tp2_pp2_with_full_recomputation_logs_what_one_process_logs(world: dict, reference: object) -> None:
+    """Recomputation (each layer rerun in the backward pass) at tp 2 x pp 2: the tensor-parallel collectives run
+    again in the recomputed forward, and the first stage reports its MoE layer's aux loss and router counts from
+    the forward only (the recomputation appends its own to the same list)."""
+    recomputing = {**world, "training": world["training"].model_copy(update={"recompute": "full"})}
+    out, got = _train(recomputing, "shards", "torch", tp=2, pp=2)
+    ref = reference
+    assert list(got.frame.index) == list(range(1, 7))
+    for column in COLUMNS:
+        resolution = ref.resolution[column]
+        for step in ref.frame.index:
+            a, b = float(ref.frame.loc[step, column]), float(got.frame.loc[step, column])
+            assert abs(a - b) <= resolution.quantum(a) * 1.0001, (column, step, a, b)
+    # every rank of data-parallel rank 0 reports its memory, in Megatron's format
+    for rank in range(4):
+        assert f"[{rank}]:[Rank {rank}] (after 1 iterations) memory (MB) | allocated: " in out
