@@ -4,12 +4,14 @@
   first iterations (and around checkpoint saves), every rank of data-parallel rank 0 prints
   `[Rank N] (after K iterations) memory (MB) | allocated: X | max allocated: X | reserved: X | max reserved: X`
   (`{}` of the float, MB = 2**20 bytes of `torch.cuda.memory_allocated()` etc.; `| device usage: X` on torch >= 2.6,
-  `| total device memory used: X` with `--log-device-memory-used`).
+  `| total device memory used: X` with `--log-device-memory-used`; early Megatron-LM `cached` / `max cached` for
+  reserved).
 - **MindSpore** (MindFormers logs no memory of its own; MindSpore's Ascend memory adapter prints its pool at the
   end of a run with `GLOG_v=1` or `MS_MEMORY_STATISTIC=1`, `AscendMemAdapter::DevMemStatistics`): `Device MOC|HBM
   memory size: NM`, `MindSpore Used memory size: NM`, `Used peak memory usage (without fragments): NM` (the
   allocator's peak: taken as max allocated) and `Actual peak memory usage (with fragments): NM` (with fragmentation:
-  taken as max reserved); M = 2**20 bytes (`kMBToByte`).
+  taken as max reserved); M = 2**20 bytes (`kMBToByte`). A launcher's rank prefix (torchrun `--tee`, srun
+  `--label`) names the block's rank in a merged log.
 - **NeMo 2** `MemoryMonitor` (nemo/lightning/pytorch/callbacks/memory_callback.py) logs `memory/peak_allocated_mem`,
   `memory/peak_reserved_mem`, ... in GB (10**9 bytes) into the step line: columns of the parsed step frame.
 - **ms-swift** logs `memory(GiB)` (`max_memory_reserved`, 2 decimals; its Megatron trainer the maximum over the
@@ -31,8 +33,12 @@ MIB = 2**20
 _NUM = r"[\d.]+(?:e[-+]?\d+)?"  # str.format's `{}` of a float
 _MEGATRON = re.compile(
     rf"\[Rank (?P<rank>\d+)\] (?P<label>.*?)\s*memory \(MB\) \| allocated: (?P<allocated>{_NUM}) \| max allocated: "
-    rf"(?P<max_allocated>{_NUM}) \| reserved: (?P<reserved>{_NUM}) \| max reserved: (?P<max_reserved>{_NUM})"
+    rf"(?P<max_allocated>{_NUM}) \| (?:reserved|cached): (?P<reserved>{_NUM}) \| max (?:reserved|cached): "
+    rf"(?P<max_reserved>{_NUM})"
     rf"(?: \| (?:total device memory used|device usage): (?P<device>{_NUM}))?")
+# the rank a launcher put before a line: torchrun's `--tee` (`[default3]:`, or `[3]:` with alignflow's prefix
+# template) and srun's `--label` (`3: `)
+_PREFIX = re.compile(r"^(?:\[[A-Za-z_]*(\d+)\]:|\s*(\d+): )")
 _AFTER = re.compile(r"after (\d+) iterations?|for iteration (\d+)")
 _MINDSPORE = re.compile(r"(?P<what>Device (?:MOC|HBM) memory size|MindSpore Used memory size|Used peak memory usage "
                         r"\(without fragments\)|Actual peak memory usage \(with fragments\)): (?P<value>\d+)M\b")
@@ -77,8 +83,8 @@ def memory_lines(lines: Iterable[str], *, rank: int | None = None) -> list[Memor
     """The memory reports of a log (Megatron's per-rank lines, MindSpore's end-of-run statistics); `rank` is the
     log's rank where its lines do not say (MindSpore's; msrun writes one `worker_<rank>.log` per rank)."""
     out: list[MemoryRecord] = []
-    ms: dict[str, float] = {}
-    ms_line = 0
+    ms: dict[int | None, dict[str, float]] = {}  # the open MindSpore block of each rank, and its first line
+    ms_line: dict[int | None, int] = {}
     for n, text in enumerate(lines, start=1):
         if "memory (MB)" in text:
             m = _MEGATRON.search(text)
@@ -95,14 +101,19 @@ def memory_lines(lines: Iterable[str], *, rank: int | None = None) -> list[Memor
         if "memory" in text and "M" in text:
             m = _MINDSPORE.search(text)
             if m is not None:
+                prefix = _PREFIX.match(text)
+                own = int(prefix.group(1) or prefix.group(2)) if prefix else rank
                 what, value = m.group("what"), float(m.group("value"))
-                if what.startswith("Device") and ms:  # a new block starts: close the previous one
-                    out.append(_mindspore_record(ms, rank, ms_line))
-                    ms = {}
-                ms["device_mb" if what.startswith("Device") else _MS_FIELD[what]] = value
-                ms_line = ms_line if len(ms) > 1 else n
-    if ms:
-        out.append(_mindspore_record(ms, rank, ms_line))
+                block = ms.setdefault(own, {})
+                if what.startswith("Device") and block:  # a new block starts: close the previous one
+                    out.append(_mindspore_record(block, own, ms_line[own]))
+                    block = ms[own] = {}
+                if not block:
+                    ms_line[own] = n
+                block["device_mb" if what.startswith("Device") else _MS_FIELD[what]] = value
+    for own, block in ms.items():
+        if block:
+            out.append(_mindspore_record(block, own, ms_line[own]))
     return out
 
 

@@ -1,41 +1,28 @@
-"""Per-rank device memory from a training log, in the frameworks' own lines.
+"""Per-rank device memory of one training, as the matrix tables and the goldens read it.
 
-- megatron's `report_memory` (`megatron/training/utils.py`), printed by each rank of data-parallel rank 0 after
-  the first iterations: `[Rank R] (after N iterations) memory (MB) | allocated: A | max allocated: M |
-  reserved: X | max reserved: Y` (floats; megatron-core 0.19 prints 2 decimals, older ones Python's repr).
-  MindSpeed-LLM's CI reads the same line (`tests/test_tools/acquire_json.py`, `memory_pattern`).
-- MindSpore's memory statistics at the end of a run (with `MS_MEMORY_STATISTIC=1`, or GLOG_v=1 on Ascend):
-  `Used peak memory usage (without fragments): NM` — the peak of what tensors held, megatron's max allocated —
-  and `Actual peak memory usage (with fragments): NM` — the peak the pool reserved (MindSpore's dry-run and
-  tuning guides). One block per process: the rank is its log's (msrun `worker_<r>.log`) or the line's
-  torchrun/srun prefix.
-
-Seed 004's statistics over ranks (docs/seeds.md#performance-statistics): max-rank = the largest per-rank peak,
-avg-rank = their mean, in GiB. Each rank's value is its last report (a peak never decreases).
-
-TODO(cards, issue 36): the `cards` engineer parses memory lines in `alignflow.logs` as well; once there, this module
-should read its columns instead (the lead unifies them).
+The lines are read by `alignflow.logs.memory` (megatron's `report_memory` per rank, MindSpore's end-of-run
+statistics with `MS_MEMORY_STATISTIC=1`, a launcher's rank prefix) and the statistics over ranks are
+`alignflow.compare.memory`'s (each rank's allocator peak, max-rank, avg-rank): one place each, shared with the pair
+comparison. This module keeps only the matrix's view of them: each rank's last report (what a golden stores per
+rank) and seed 004's max-rank / avg-rank of the allocator peak (`max allocated`, MindSpore's `Used peak memory
+usage (without fragments)`) in GiB (docs/seeds.md#performance-statistics).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-_PREFIX = re.compile(r"^(?:\[[A-Za-z_]*(\d+)\]:|\s*(\d+): )")
-_MEGATRON = re.compile(
-    r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \| allocated: ([0-9.eE+-]+) \| "
-    r"max allocated: ([0-9.eE+-]+)(?: \| (?:reserved|cached): ([0-9.eE+-]+) \| max (?:reserved|cached): "
-    r"([0-9.eE+-]+))?")
-_MS_USED = re.compile(r"Used peak memory usage \(without fragments\): (\d+)M")
-_MS_ACTUAL = re.compile(r"Actual peak memory usage \(with fragments\): (\d+)M")
+from alignflow.compare.memory import MemorySummary, memory_summary
+from alignflow.logs.memory import MemoryRecord, memory_lines
+
 MIB_PER_GIB = 1024.0
+PEAK = "max_allocated_mb"  # seed 004's figure: the allocator's peak
 
 
 @dataclass(frozen=True, slots=True)
 class RankMemory:
-    """One rank's memory in MiB (what the line printed: `MB` in both frameworks means MiB)."""
+    """One rank's last memory report in MiB (what the line printed: `MB` in both frameworks means MiB)."""
 
     rank: int
     max_allocated_mb: float
@@ -54,9 +41,10 @@ class RankMemory:
 
 @dataclass(frozen=True, slots=True)
 class MemoryReport:
-    """Every rank's last memory report of one log."""
+    """Every rank's last memory report of one log, and the allocator peaks over ranks."""
 
     ranks: dict[int, RankMemory] = field(default_factory=dict)
+    summary: MemorySummary | None = None  # `alignflow.compare.memory` of the allocator peak
 
     @property
     def empty(self) -> bool:
@@ -65,49 +53,31 @@ class MemoryReport:
     @property
     def max_rank_gib(self) -> float | None:
         """Seed 004's max-rank: the largest per-rank allocator peak, GiB."""
-        return max(r.max_allocated_mb for r in self.ranks.values()) / MIB_PER_GIB if self.ranks else None
+        return self.summary.max_rank / MIB_PER_GIB if self.summary is not None else None
 
     @property
     def avg_rank_gib(self) -> float | None:
         """Seed 004's avg-rank: the mean of the per-rank allocator peaks, GiB."""
-        if not self.ranks:
-            return None
-        return sum(r.max_allocated_mb for r in self.ranks.values()) / len(self.ranks) / MIB_PER_GIB
+        return self.summary.avg_rank / MIB_PER_GIB if self.summary is not None else None
 
     def to_json(self) -> dict[str, object]:
         return {"ranks": [r.to_json() for r in sorted(self.ranks.values(), key=lambda r: r.rank)],
                 "max_rank_gib": self.max_rank_gib, "avg_rank_gib": self.avg_rank_gib}
 
 
+def memory_report(records: Iterable[MemoryRecord], *, default_rank: int = 0) -> MemoryReport:
+    """The matrix's view of parsed records (`alignflow.logs.memory`); a record without a rank is `default_rank`'s."""
+    recs = [r for r in records if r.max_allocated_mb is not None]
+    ranks: dict[int, RankMemory] = {}
+    for r in recs:  # in log order: the last report of a rank wins (a peak never decreases)
+        rank = r.rank if r.rank is not None else default_rank
+        assert r.max_allocated_mb is not None
+        ranks[rank] = RankMemory(rank=rank, max_allocated_mb=r.max_allocated_mb, allocated_mb=r.allocated_mb,
+                                 reserved_mb=r.reserved_mb, max_reserved_mb=r.max_reserved_mb, iteration=r.step,
+                                 source=r.source, line_no=r.line)
+    return MemoryReport(ranks, memory_summary(recs, metric=PEAK, default_rank=default_rank))
+
+
 def parse_memory(lines: Iterable[str], *, rank: int | None = None) -> MemoryReport:
     """The memory reports of a log (`rank`: the rank of a log without rank prefixes, e.g. msrun's worker_3.log)."""
-    ranks: dict[int, RankMemory] = {}
-    ms_used: dict[int, tuple[float, int]] = {}
-    ms_actual: dict[int, float] = {}
-    for line_no, raw in enumerate(lines, 1):
-        if "memory" not in raw:
-            continue
-        text = raw.rstrip("\r\n")
-        prefix = _PREFIX.match(text)
-        line_rank = int(prefix.group(1) or prefix.group(2)) if prefix else None
-        m = _MEGATRON.search(text)
-        if m is not None:
-            r = int(m.group(1))
-            ranks[r] = RankMemory(
-                rank=r, allocated_mb=float(m.group(3)), max_allocated_mb=float(m.group(4)),
-                reserved_mb=float(m.group(5)) if m.group(5) else None,
-                max_reserved_mb=float(m.group(6)) if m.group(6) else None, iteration=int(m.group(2)),
-                source="megatron", line_no=line_no)
-            continue
-        own = line_rank if line_rank is not None else (rank if rank is not None else 0)
-        used = _MS_USED.search(text)
-        if used is not None:
-            ms_used[own] = (float(used.group(1)), line_no)
-            continue
-        actual = _MS_ACTUAL.search(text)
-        if actual is not None:
-            ms_actual[own] = float(actual.group(1))
-    for r, (used_mb, line_no) in ms_used.items():
-        ranks.setdefault(r, RankMemory(rank=r, max_allocated_mb=used_mb, max_reserved_mb=ms_actual.get(r),
-                                       source="mindspore", line_no=line_no))
-    return MemoryReport(ranks)
+    return memory_report(memory_lines(lines, rank=rank), default_rank=rank if rank is not None else 0)

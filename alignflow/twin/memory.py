@@ -17,9 +17,9 @@ a plausible size:
 - a smaller micro-batch (the same global batch in more micro-batches) shrinks every activation;
 - data parallelism leaves a rank's memory as it was (no distributed optimizer in the twin).
 
-The lines are the frameworks' own: megatron's `report_memory` (`megatron/training/utils.py`,
-`[Rank R] (after N iterations) memory (MB) | allocated: ... | max allocated: ... | reserved: ... | max reserved:
-...`) and MindSpore's memory statistics at the end of a run (`Used peak memory usage (without fragments): NM`,
+The lines are the frameworks' own: megatron's `report_memory` (`megatron/training/utils.py`, printed by
+`alignflow.twin.logformats.megatron_memory_line` with the PyTorch twin's figures, `torch_train._Memory`) and
+MindSpore's memory statistics at the end of a run (`Used peak memory usage (without fragments): NM`,
 `Actual peak memory usage (with fragments): NM`, printed with `MS_MEMORY_STATISTIC=1`, MindSpore's dry-run and
 tuning guides). An out-of-memory is raised with each framework's own message (`oom_message_*`), so that the
 matrix recognises a twin's OOM exactly as it recognises a real one.
@@ -122,15 +122,6 @@ def twin_memory(spec: TwinSpec, *, micro_batch_size: int, recompute_num_layers: 
         + 4 * tokens * spec.hidden_size + 2 * tokens * spec.vocab_size)
     params = parameter_count(spec)
     return TwinMemory(static=4 * FP32 * params, activations=FP32 * (decoder + head + mtp))
-
-
-def megatron_report_memory_line(rank: int, iteration: int, *, allocated: float, max_allocated: float,
-                                reserved: float, max_reserved: float) -> str:
-    """megatron's `report_memory(f'(after {iteration} iterations)')` line (bytes in, MB printed with 2 decimals as
-    megatron-core 0.19 prints them)."""
-    return (f"[Rank {rank}] (after {iteration} iterations) memory (MB) | allocated: {allocated / MIB:.2f} | "
-            f"max allocated: {max_allocated / MIB:.2f} | reserved: {reserved / MIB:.2f} | "
-            f"max reserved: {max_reserved / MIB:.2f}")
 
 
 def mindspore_memory_statistic(memory: TwinMemory, *, max_device_memory_mb: int) -> list[str]:

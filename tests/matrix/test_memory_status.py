@@ -8,8 +8,8 @@ import pytest
 
 from alignflow.matrix.memory import parse_memory
 from alignflow.matrix.status import classify, oom_line
+from alignflow.twin.logformats import megatron_memory_line
 from alignflow.twin.memory import (
-    megatron_report_memory_line,
     mindspore_memory_statistic,
     mindspore_oom_message,
     torch_oom_message,
@@ -68,9 +68,10 @@ def spec(repo_root: Path) -> TwinSpec:
 
 def test_the_twins_lines_read_back_as_their_model(spec: TwinSpec) -> None:
     m = twin_memory(spec, micro_batch_size=2)
-    line = megatron_report_memory_line(0, 1, allocated=m.static, max_allocated=m.peak, reserved=m.reserved,
-                                       max_reserved=m.reserved)
-    assert parse_memory([line]).ranks[0].max_allocated_mb == pytest.approx(m.peak / 2**20, abs=0.005)
+    mib = 2**20
+    line = megatron_memory_line(0, 1, allocated=m.static / mib, max_allocated=m.peak / mib,
+                                reserved=m.reserved / mib, max_reserved=m.reserved / mib)
+    assert parse_memory([line]).ranks[0].max_allocated_mb == pytest.approx(m.peak / mib)
     stats = parse_memory(mindspore_memory_statistic(m, max_device_memory_mb=59392))
     assert stats.ranks[0].max_allocated_mb >= m.peak / 2**20
 
