@@ -99,11 +99,13 @@ def megatron_timestamp(now: datetime, *, microseconds: bool) -> str:
 
 
 def megatron_memory_line(rank: int, iteration: int, *, allocated: float, max_allocated: float, reserved: float,
-                         max_reserved: float) -> str:
-    """Megatron-LM's `report_memory(f'(after {iteration} iterations)')` (megatron/training/utils.py): MiB figures
-    printed with `str.format`'s `{}` (no rounding), `[Rank N]` the global rank."""
-    return (f"[Rank {rank}] (after {iteration} iterations) memory (MB) | allocated: {allocated} | max allocated: "
-            f"{max_allocated} | reserved: {reserved} | max reserved: {max_reserved}")
+                         max_reserved: float, two_decimals: bool = False) -> str:
+    """Megatron-LM's `report_memory(f'(after {iteration} iterations)')`, `[Rank N]` the global rank: MiB figures
+    printed with `str.format`'s `{}` (no rounding; megatron/training/utils.py up to core_v0.18) or, with
+    `two_decimals`, `{:.2f}` (core_v0.19's utils/common_utils.py; docs/megatron.md#memory-report-line)."""
+    figures = [f"{v:.2f}" if two_decimals else f"{v}" for v in (allocated, max_allocated, reserved, max_reserved)]
+    return (f"[Rank {rank}] (after {iteration} iterations) memory (MB) | allocated: {figures[0]} | max allocated: "
+            f"{figures[1]} | reserved: {figures[2]} | max reserved: {figures[3]}")
 
 
 def megatron_padded_vocab_line(orig: int, padded: int) -> str:

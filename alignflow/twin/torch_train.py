@@ -288,9 +288,10 @@ def train(ns: argparse.Namespace, twin: TwinSettings | None = None, *,
 
 
 class _Memory:
-    """Megatron's memory reporting of one rank (`report_memory`, megatron/training/utils.py): after the first
-    printed iterations (megatron-core 0.19's `training_log`: while `iteration <= loaded iteration + 1`, then once
-    more), by every rank of data-parallel rank 0, in `logformats.megatron_memory_line`'s format.
+    """Megatron's memory reporting of one rank (`report_memory`, docs/megatron.md#memory-report-line), by every
+    rank of data-parallel rank 0 in `logformats.megatron_memory_line`'s format: megatron-core 0.19 (`{:.2f}`)
+    after the first printed iterations (`training_log`: while `iteration <= loaded iteration + 1`, then once
+    more); before 0.19 (`{}`) once, after the first printed iteration (`report_memory_flag`).
 
     On CUDA the figures are the caching allocator's, exactly what `report_memory` prints. On a CPU no allocator
     keeps them (a stand-in for what cannot exist here): allocated is the bytes of the rank's training state
@@ -302,6 +303,7 @@ class _Memory:
 
     def __init__(self, spec: Any, ns: argparse.Namespace, twin: TwinSettings, device: Any, *, reports: bool,
                  rank: int) -> None:
+        from alignflow.twin.flavours import parse_version
         from alignflow.twin.memory import twin_memory
 
         self.model = twin_memory(spec, micro_batch_size=ns.micro_batch_size,
@@ -311,6 +313,7 @@ class _Memory:
         self.cuda = device.type == "cuda"
         self.capacity = twin.device_memory_mb * 1024 * 1024 if twin.device_memory_mb else None
         self.reports, self.rank = reports, rank
+        self.core_0_19 = parse_version(twin.megatron_version) >= (0, 19)
         self.loaded_iteration = 0
         self.reporting = True
 
@@ -329,7 +332,7 @@ class _Memory:
     def report(self, iteration: int, optimizer: Any) -> None:
         if not self.reporting:
             return
-        if iteration > self.loaded_iteration + 1:
+        if iteration > self.loaded_iteration + 1 or not self.core_0_19:
             self.reporting = False
         if not self.reports:
             return
@@ -338,7 +341,7 @@ class _Memory:
         figures = memory_mib(optimizer, self.device)
         if not self.cuda:
             figures["max_allocated"] = figures["allocated"] + self.model.activations / MIB
-        log.info(fmt.megatron_memory_line(self.rank, iteration, **figures))
+        log.info(fmt.megatron_memory_line(self.rank, iteration, **figures, two_decimals=self.core_0_19))
 
 
 def memory_mib(optimizer: Any, device: Any) -> dict[str, float]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from datetime import datetime
+from pathlib import Path
 
 from alignflow.logs.render import megatron_line, mindformers_pynative_line
 from alignflow.twin import logformats as fmt
@@ -84,3 +85,14 @@ def test_megatron_checkpoint_lines() -> None:
     assert fmt.megatron_loaded_line("/c", 0) == (
         "  successfully loaded checkpoint from /c [ t 1/1, gtp_remat 1/1, p 1/1 ] at iteration 0")
     assert fmt.megatron_padded_vocab_line(256, 256) == " > padded vocab (size: 256) with 0 dummy tokens (new size: 256)"
+
+
+def test_report_memory_line_in_each_megatron_format(repo_root: Path) -> None:
+    """core_v0.19 prints `{:.2f}` (the real H200 log's line, figure for figure); earlier releases `{}`."""
+    real = (repo_root / "tests" / "data" / "logs" / "megatron_core_v0.19_h200.log").read_text().splitlines()
+    line = fmt.megatron_memory_line(0, 1, allocated=78.4149, max_allocated=81.9612, reserved=100.0,
+                                    max_reserved=100.0, two_decimals=True)
+    assert line in real
+    assert fmt.megatron_memory_line(3, 2, allocated=1.5, max_allocated=2.25, reserved=4.0, max_reserved=4.0) == (
+        "[Rank 3] (after 2 iterations) memory (MB) | allocated: 1.5 | max allocated: 2.25 | reserved: 4.0 | "
+        "max reserved: 4.0")
