@@ -37,15 +37,16 @@ from typing import TYPE_CHECKING, Any
 
 from alignflow import controller
 from alignflow.errors import AlignflowError, ConfigError
+from alignflow.pipeline import REFERENCE, TEST, SideDef
+from alignflow.pipeline import SIDES as PIPELINE_SIDES
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from alignflow.runview import RunView
 
-# side label -> (the step that trains it, the metrics source its log is recorded under, its experiment section)
-SIDES: dict[str, tuple[str, str, str]] = {"NPU": ("npu_reload_train", "npu", "npu"),
-                                          "GPU": ("gpu_train", "gpu", "gpu")}
+# side label -> the side (the step that trains it, its metrics source and experiment section are its name)
+SIDES: dict[str, SideDef] = {s.label: s for s in PIPELINE_SIDES}
 ERROR_RUN = "error"  # the TensorBoard run of the per-step error NPU - GPU
 MLFLOW_BATCH = 1000  # MLflow's limit of metrics per log_batch call
 MLFLOW_PARAM_BATCH = 100  # and of params (and of tags)
@@ -94,7 +95,8 @@ def run_series(store: Any, run_id: str) -> RunSeries:
     view = run_view(store, run_id)
     sides: dict[str, pd.DataFrame] = {}
     snapshots: dict[str, Mapping[str, Any]] = {}
-    for label, (step, source, _) in SIDES.items():
+    for label, side in SIDES.items():
+        step, source = side.training, side.name
         sv = view.step(step)
         if sv is None or sv.status not in ("ran", "cached"):
             continue
@@ -109,7 +111,7 @@ def run_series(store: Any, run_id: str) -> RunSeries:
             snapshots[label] = view.snapshots[sv.host]
     if not sides:
         raise NothingToExport(f"run {view.run_id}: no training metrics recorded (steps "
-                              f"{', '.join(s for s, _, _ in SIDES.values())} did not run); nothing to export")
+                              f"{', '.join(s.training for s in SIDES.values())} did not run); nothing to export")
     run = store.get_run(view.run_id)
     try:
         recorded = store.experiment_config(run.experiment, run.config_sha256)
@@ -194,10 +196,10 @@ def _tb_series(series: RunSeries, metrics: list[str]
     """(TensorBoard run, [(tag, [(step, value)])]): each side's metrics under their own names, then the error."""
     for label, frame in series.sides.items():
         yield label, [(m, _finite(frame[m])) for m in metrics if m in frame.columns]
-    if {"NPU", "GPU"} <= set(series.sides):
-        npu, gpu = series.sides["NPU"], series.sides["GPU"]
-        both = [m for m in metrics if m in npu.columns and m in gpu.columns]
-        yield ERROR_RUN, [(f"error/{m}", _finite((npu[m] - gpu[m]).dropna())) for m in both]
+    if {TEST.label, REFERENCE.label} <= set(series.sides):
+        test, ref = series.sides[TEST.label], series.sides[REFERENCE.label]
+        both = [m for m in metrics if m in test.columns and m in ref.columns]
+        yield ERROR_RUN, [(f"error/{m}", _finite((test[m] - ref[m]).dropna())) for m in both]
 
 
 def _tb_runs(out: Path) -> list[Path]:
@@ -380,11 +382,11 @@ def _run_metrics(series: RunSeries, timestamp_ms: int) -> list[tuple[str, int, f
         if c.value is not None and math.isfinite(c.value):
             out.append((f"criterion/{key}", 0, float(c.value)))
         out.append((f"criterion_passed/{key}", 0, 1.0 if c.passed else 0.0))
-    if {"NPU", "GPU"} <= set(series.sides):
-        npu, gpu = series.sides["NPU"], series.sides["GPU"]
+    if {TEST.label, REFERENCE.label} <= set(series.sides):
+        test, ref = series.sides[TEST.label], series.sides[REFERENCE.label]
         for m in _metric_order(series):
-            if m in npu.columns and m in gpu.columns:
-                out += [(f"error/{m}", step, v) for step, v in _finite((npu[m] - gpu[m]).dropna())]
+            if m in test.columns and m in ref.columns:
+                out += [(f"error/{m}", step, v) for step, v in _finite((test[m] - ref[m]).dropna())]
     return out
 
 
@@ -397,7 +399,7 @@ def criterion_key(label: str) -> str:
 
 def _side_params(series: RunSeries, label: str) -> dict[str, str]:
     """The side's training settings and the host it trained on: device, framework versions, host name."""
-    step, _, section = SIDES[label]
+    step, section = SIDES[label].training, SIDES[label].name
     params = {"alignflow.run_id": series.view.run_id, "alignflow.side": label, "step": step}
     sv = series.view.step(step)
     if sv is not None and sv.host:

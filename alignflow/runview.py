@@ -197,7 +197,8 @@ def criterion_view(doc: Mapping[str, Any]) -> CriterionView:
         source=str(doc.get("source") or ""))
 
 
-DEFAULT_SIDES = {"NPU": "npu_reload_train", "GPU": "gpu_train"}
+DEFAULT_SIDES = {s.label: s.training for s in pipeline.SIDES}
+"""Report label -> the step whose host is that side (its compared training)."""
 
 
 def report_context(view: RunView, *, sides: Mapping[str, str] | None = None, description: str | None = None,

@@ -81,11 +81,11 @@ class RenderedStep:
 def render_step(experiment: Experiment, step: str, *, inventory: Inventory | None = None,
                 values: Mapping[str, str] | None = None, data_sha256: str | None = None) -> RenderedStep:
     """The command `step` of `experiment` would run (on its host, when `inventory` is given)."""
-    from alignflow import pipeline
     from alignflow.backends.commands import step_command
+    from alignflow.backends.registry import pipeline_for
     from alignflow.runner.placeholders import fill
 
-    pipeline.step(step)  # an unknown name is refused with the list of steps
+    pipeline_for(experiment).step(step)  # an unknown name, or one this experiment has not, is refused with its steps
     sha = data_sha256 or experiment.data.sha256 or _data_sha256(experiment)
     command = step_command(experiment, step, data_sha256=sha or DATA_SHA_UNKNOWN)
     template = command.template
@@ -128,3 +128,49 @@ def _data_sha256(experiment: Experiment) -> str | None:
         return None
     check_data_dir(path, experiment.data.prefix or "", where=f"{experiment.source}: data")
     return fingerprint(path).sha256
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineView:
+    """An experiment's steps as derived from its checkpoint formats: what `alignflow render EXPERIMENT` prints."""
+
+    experiment: str
+    sides: dict[str, dict[str, object]]  # side -> backend, host role, what it loads
+    base: str
+    steps: tuple[dict[str, object], ...]
+
+    def text(self) -> str:
+        lines = [f"# pipeline of {self.experiment}: base {self.base}"]
+        for name, side in self.sides.items():
+            lines.append(f"#   {name} side: {side['kind']} on a {side['role']} host, loads {side['loads']} "
+                         f"({side['format']})")
+        width = max(len(str(s["name"])) for s in self.steps)
+        for s in self.steps:
+            ins = ", ".join(map(str, s["inputs"])) or "-"  # type: ignore[call-overload]
+            outs = ", ".join(map(str, s["outputs"]))  # type: ignore[call-overload]
+            optional = " (optional)" if s["optional"] else ""
+            lines.append(f"{str(s['name']).ljust(width)}  {str(s['role']).ljust(10)}  {ins} -> {outs}{optional}"
+                         f"  # {s['description']}")
+        return "\n".join(lines) + "\n"
+
+    def to_json(self) -> dict[str, object]:
+        return {"experiment": self.experiment, "base": self.base, "sides": self.sides, "steps": list(self.steps)}
+
+
+def pipeline_view(experiment: Experiment) -> PipelineView:
+    """The experiment's derived pipeline, for people (`alignflow render EXPERIMENT`) and the UI."""
+    from alignflow.backends.registry import pipeline_for
+    from alignflow.pipeline import SIDES
+
+    pipe = pipeline_for(experiment)
+    assert pipe.formats is not None
+    base = (f"{experiment.base.format} checkpoint {experiment.base.path}" if experiment.base is not None else
+            f"{pipe.formats.base} checkpoint trained by npu_base_train")
+    sides: dict[str, dict[str, object]] = {
+        s.name: {"kind": experiment.side(s.name).kind, "role": s.role, "loads": pipe.load(s.name),
+                 "format": pipe.load_format(s.name)} for s in SIDES}
+    steps: tuple[dict[str, object], ...] = tuple({
+        "name": s.name, "role": s.role, "inputs": list(s.inputs), "outputs": list(s.output_names),
+        "optional": s.optional, "description": s.description, "converts": list(s.converts) if s.converts else None,
+        "side": s.side} for s in pipe.steps)
+    return PipelineView(experiment.name, sides, base, steps)

@@ -8,8 +8,9 @@ parameters are:
   server refuses any other value because the deployment enforces its parameter schema); `demo`, the experiment
   `make demo` runs, comes first and is pre-selected when the catalog has it;
 - `steps`: a `StepSelection` (re-execute from, only, force) whose step names are the steps a launch can select for
-  at least one served experiment, as the planner says (`runnable_steps`; today every step: an optional step a
-  launch names is enabled for that run, `alignflow.pipeline.plan`). The names are inline enums (`Literal`), so
+  at least one served experiment, as the planner says (`runnable_steps`: the steps each experiment's pipeline has,
+  derived from its checkpoint formats, `alignflow.backends.pipeline_for`; an optional step a launch names is enabled
+  for that run, `Pipeline.plan`). The names are inline enums (`Literal`), so
   each dropdown is labelled with its own field's title: the UI names a select after the title of its item schema,
   which for a shared enum definition was `StepName` twice (`Select StepName`);
 - `parent`: a `ParentRun` (a run id whose artifacts the new run may reuse; empty for none). The id is checked

@@ -1,4 +1,5 @@
-"""Megatron-LM backend: `pretrain_gpt.py` flags generated from the experiment's model and training sections.
+"""Megatron-LM backend: `pretrain_gpt.py` flags generated from the experiment's model and training sections, on
+either side — on a GPU host, or on an Ascend host through MindSpeed.
 
 The flags that decide alignment are not left to templates: the model shape comes from `ModelConfig`, the
 optimisation from `TrainingConfig`, and the load path is pinned with `--finetune --no-load-optim --no-load-rng
@@ -19,26 +20,47 @@ is the data's sha256).
 there *replaces* the generated one instead of being appended after it, so the command line states every setting
 once — and preflight reads the result with Megatron's own semantics either way.
 
-The twin's PyTorch side takes exactly these flags (`alignflow.backends.twin`): a command line that trains the
+On an Ascend host (`alignflow.frameworks.ascend`) the entry is MindSpeed-LLM's `pretrain_gpt.py`, which imports
+`mindspeed_llm.megatron_adaptor` before Megatron; a plain Megatron-LM entry gets `<side>.adaptor`
+(`mindspeed.megatron_adaptor`) imported first by a short launcher the step writes into its directory. Determinism
+there is MindSpeed's switch (`--use-deter-comp` / `--npu-deterministic`) with HCCL's deterministic collectives, not
+`--deterministic-mode` (which checks CUDA's NCCL and NVTE settings); `devices` renders `ASCEND_RT_VISIBLE_DEVICES`
+(`CUDA_VISIBLE_DEVICES` on a GPU host).
+
+The PyTorch twin takes exactly these flags (`alignflow.backends.twin`): a command line that trains the
 twin is one that real Megatron-LM accepts, and the twin's own settings travel in its environment.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import Field
 
 from alignflow.backends.launch import layout_for, parallel_flags, torchrun
-from alignflow.backends.template import CommandTemplate, TrainSpec
+from alignflow.backends.registry import Backend, SideFormats, megatron_load_format, own_config, register
+from alignflow.backends.template import CommandTemplate, MegatronArgs, TrainSpec
 from alignflow.config.experiment import Experiment
+from alignflow.config.hosts import CudaExtension
 from alignflow.config.model import ModelConfig, TrainingConfig
-from alignflow.convert.layout import megatron_checkpoint_layout
+from alignflow.config.sides import SideConfig
 from alignflow.errors import ConfigError
+from alignflow.frameworks.ascend import (
+    DEVICE_VARIABLE,
+    HCCL_DETERMINISM_ENV,
+    MINDSPEED_ADAPTOR,
+    MINDSPEED_LLM_ADAPTOR,
+    adaptor_bootstrap,
+    deterministic_flag,
+)
 from alignflow.frameworks.megatron_versions import (
     accepted_problem,
     determinism_env,
     kernel_flags,
     null_tokenizer,
 )
+from alignflow.pipeline import side
 
 
 def _num(value: float) -> str:
@@ -247,30 +269,107 @@ def pretrain_flags(
     return merge_flags(f, extra_args)
 
 
-def gpu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
-    """`pretrain_gpt.py <flags>` for one GPU-side training: under torchrun for more than one process (from the
-    layout, `alignflow.backends.launch`) or when `gpu.torchrun` asks for it."""
-    gpu = experiment.gpu
-    assert gpu.entry is not None
-    assert spec.load is not None
-    problem = accepted_problem(gpu.megatron_version)  # real Megatron-LM only on a checked release (the twin mimics)
+class MegatronConfig(SideConfig):
+    """Megatron-LM's `pretrain_gpt.py` — on a GPU host, or on an Ascend host through MindSpeed (MindSpeed-LLM's
+    `pretrain_gpt.py`, or a plain Megatron-LM entry with MindSpeed's adaptor imported first)."""
+
+    kind: Literal["megatron"] = Field("megatron", description="Megatron-LM (MindSpeed on an NPU host).")
+    entry: str = Field(description="Path of pretrain_gpt.py on the host: Megatron-LM's, or MindSpeed-LLM's on an "
+                       "Ascend host.")
+    adaptor: str | None = Field(
+        None, description="Ascend host only: a module imported before Megatron's, for an entry that does not import "
+        f"one itself (MindSpeed core: `{MINDSPEED_ADAPTOR}` with Megatron-LM's pretrain_gpt.py). Left out, the entry "
+        f"is MindSpeed-LLM's, which imports `{MINDSPEED_LLM_ADAPTOR}` itself.")
+    torchrun: dict[str, Any] | None = Field(
+        None, description="Run under torchrun with these options (nproc_per_node, master_port).")
+    transformer_impl: Literal["local", "transformer_engine"] = Field(
+        "local", description="`--transformer-impl`; also picks the converted checkpoint's flavour.")
+    megatron_version: str = Field("0.16", description="megatron-core version on the host: the flags it accepts, "
+                                  "NullTokenizer's vocabulary and EOD id, the MTP layer's name.")
+    extensions: list[CudaExtension] | None = Field(
+        None, description="What the GPU host has besides PyTorch (transformer_engine, apex): picks Megatron's fused "
+        "kernels. Left out, it is filled in from hosts.yaml (`cuda_extensions` of the side's training host) when the "
+        "experiment is loaded with an inventory, and recorded with the run; without either, none.")
+    devices: list[int] | None = Field(
+        None, description="Accelerator ids the training may use (CUDA_VISIBLE_DEVICES on a GPU host, "
+        "ASCEND_RT_VISIBLE_DEVICES on an Ascend host); left out: every device of the host.")
+    extra_args: list[str] = Field(default_factory=list, description="Flags appended to the generated ones (a flag "
+                                  "given here replaces the generated one).")
+    repo: str | None = Field("megatron-lm", description="Name under the host's `repos:` whose git commit versions "
+                             "the side (part of each step's cache key).")
+
+
+def _command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
+    """`pretrain_gpt.py <flags>` for one training: under torchrun for more than one process (from the layout,
+    `alignflow.backends.launch`) or when `<side>.torchrun` asks for it; on an Ascend host with MindSpeed's adaptor
+    and NPU determinism."""
+    cfg = own_config(experiment, spec.side, MegatronConfig)
+    problem = accepted_problem(cfg.megatron_version)  # real Megatron-LM only on a checked release (the twin mimics)
     if problem is not None:
-        raise ConfigError(f"gpu.megatron_version: {problem}")
-    layout = spec.layout or layout_for(experiment.parallel("gpu"), None, side="gpu")
-    ckpt_format, _ = megatron_checkpoint_layout(experiment.conversion.format, layout.parallel)
+        raise ConfigError(f"{spec.side}.megatron_version: {problem}")
+    role = spec.role or side(spec.side).role
+    layout = spec.layout or layout_for(experiment.parallel(spec.side), None, side=spec.side)
+    npu = role == "ascend"
+    extra = [*parallel_flags(layout.parallel), *cfg.extra_args]
+    if npu and experiment.training.deterministic and "--deterministic-mode" not in cfg.extra_args:
+        # MindSpeed's own switch; Megatron's --deterministic-mode checks CUDA's NCCL/NVTE settings
+        extra = [deterministic_flag(cfg.adaptor or MINDSPEED_LLM_ADAPTOR), *extra]
     flags = pretrain_flags(experiment.model, experiment.training, steps=spec.steps, data_path=spec.data,
-                           load=spec.load, transformer_impl=gpu.transformer_impl,
-                           megatron_version=gpu.megatron_version, extensions=gpu.extensions,
-                           extra_args=[*parallel_flags(layout.parallel), *gpu.extra_args], ckpt_format=ckpt_format)
-    argv, launch_env = torchrun(layout, [gpu.entry, *flags], gpu.torchrun)
+                           load=spec.load, transformer_impl=cfg.transformer_impl,
+                           megatron_version=cfg.megatron_version, extensions=cfg.extensions,
+                           save=spec.save, save_interval=experiment.training.save_interval if spec.save else None,
+                           extra_args=extra,
+                           ckpt_format=megatron_load_format(experiment, spec, layout.parallel))
+    if npu:
+        flags = [f for f in flags if f != "--deterministic-mode"]
+    files: dict[str, str] = {}
+    entry = cfg.entry
+    if npu and cfg.adaptor is not None:
+        files[ADAPTOR_LAUNCHER] = adaptor_bootstrap(cfg.adaptor, cfg.entry)
+        entry = f"{{out}}/{ADAPTOR_LAUNCHER}"
+    elif cfg.adaptor is not None:
+        raise ConfigError(f"{spec.side}.adaptor {cfg.adaptor}: an adaptor is for an Ascend host; {spec.step} runs on a "
+                          f"{role} host")
+    argv, launch_env = torchrun(layout, [entry, *flags], cfg.torchrun)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", **launch_env}
+    if cfg.devices is not None:
+        if len(cfg.devices) < layout.per_node:
+            raise ConfigError(f"{spec.side}.devices {cfg.devices}: {layout.per_node} process(es) per node need as "
+                              "many devices")
+        env[DEVICE_VARIABLE[role]] = ",".join(str(d) for d in cfg.devices)
     if experiment.training.deterministic:
-        env |= determinism_env()
+        env |= HCCL_DETERMINISM_ENV if npu else determinism_env()
     return CommandTemplate(
         argv=tuple(argv),
         log_format="megatron",
-        code_version=f"entry {gpu.entry}",
-        env={**env, **gpu.env},
-        required_lines=("successfully loaded checkpoint from",),
-        code_repo=gpu.repo,
+        code_version=f"entry {cfg.entry}" + (f" adaptor {cfg.adaptor}" if cfg.adaptor else ""),
+        files=files,
+        env={**env, **cfg.env},
+        checkpoint="checkpoint" if spec.save else None,
+        required_lines=("successfully loaded checkpoint from",) if spec.load else (),
+        code_repo=cfg.repo,
     )
+
+
+ADAPTOR_LAUNCHER = "mindspeed_launch.py"
+
+
+def _settings(experiment: Experiment, spec: TrainSpec, template: CommandTemplate) -> MegatronArgs:
+    cfg = own_config(experiment, spec.side, MegatronConfig)
+    entry = f"{{out}}/{ADAPTOR_LAUNCHER}" if ADAPTOR_LAUNCHER in template.files else cfg.entry
+    argv = template.argv
+    if entry not in argv:
+        raise ConfigError(f"{experiment.source or experiment.name}: the {spec.step} command does not run {entry} "
+                          f"(steps.{spec.step}.command replaces it?): preflight cannot read its Megatron flags")
+    role = spec.role or side(spec.side).role
+    return MegatronArgs(argv[argv.index(entry) + 1:], cfg.megatron_version,
+                        tuple(cfg.extensions) if cfg.extensions is not None else None, real=True, entry=cfg.entry,
+                        role=role, adaptor=cfg.adaptor)
+
+
+MEGATRON = register(Backend(
+    kind="megatron", title="Megatron-LM (MindSpeed on an Ascend host)", config=MegatronConfig,
+    roles=frozenset({"ascend", "cuda"}),
+    formats=lambda cfg: SideFormats(log="megatron", loads=("megatron", "torch_dist"), saves="megatron"),
+    render=_command, settings=_settings, dumps="msprobe",
+))

@@ -26,14 +26,35 @@ docs/mindformers.md#npu-side-checklist-per-pipeline-step):
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field
 
 from alignflow.backends.launch import layout_for, mindformers_parallel, msrun
 from alignflow.backends.quoting import yaml_text
-from alignflow.backends.template import CommandTemplate, TrainSpec
+from alignflow.backends.registry import Backend, SideFormats, own_config, register
+from alignflow.backends.template import CommandTemplate, MindFormersYaml, TrainSpec
 from alignflow.config.experiment import Experiment
+from alignflow.config.sides import SideConfig
 from alignflow.config.yamlsource import load_yaml
 from alignflow.errors import ConfigError
+
+
+class MindFormersConfig(SideConfig):
+    """MindFormers `run_mindformer.py` with a YAML template (PyNative), optionally under msrun."""
+
+    kind: Literal["mindformers"] = Field("mindformers", description="MindFormers.")
+    template: str = Field(description="MindFormers YAML template (relative to the experiment file); alignflow "
+                          "overrides load/save paths, steps, seed and determinism in it.")
+    overrides: dict[str, Any] = Field(default_factory=dict, description="Dotted-key overrides applied last to the "
+                                      "rendered YAML.")
+    entry: str = Field(description="Path of run_mindformer.py on the host, or `-m <module>` to run a module (the "
+                       "CPU lab: `-m alignflow.labs.mindformers_cpu.launcher`).")
+    msrun: dict[str, Any] | None = Field(
+        None, description="Run under msrun with these options (worker_num, local_worker_num, master_port, log_dir).")
+    repo: str | None = Field("mindformers", description="Name under the host's `repos:` whose git commit versions "
+                             "the side (part of each step's cache key).")
 
 
 def set_dotted(config: dict[str, Any], dotted: str, value: Any) -> None:
@@ -71,8 +92,7 @@ def get_dotted(config: dict[str, Any], dotted: str, default: Any = None) -> Any:
 
 def render_config(experiment: Experiment, spec: TrainSpec) -> dict[str, Any]:
     """The template with alignflow's overrides, then the experiment's own `npu.overrides` last."""
-    npu = experiment.npu
-    assert npu.template is not None
+    npu = own_config(experiment, spec.side, MindFormersConfig)
     doc = load_yaml(experiment.resolve_path(npu.template))
     if not isinstance(doc.data, dict):
         raise ConfigError(f"{doc.path}: a MindFormers YAML must be a mapping")
@@ -97,7 +117,7 @@ def render_config(experiment: Experiment, spec: TrainSpec) -> dict[str, Any]:
     sizes = get_dotted(config, "train_dataset.dataloader.sizes")
     overrides["train_dataset.dataloader.sizes"] = [spec.steps * gbs, *(list(sizes[1:]) if isinstance(sizes, list)
                                                                      else [0, 0])]
-    layout = spec.layout or layout_for(experiment.parallel("npu"), None, side="npu")
+    layout = spec.layout or layout_for(experiment.parallel(spec.side), None, side=spec.side)
     overrides |= mindformers_parallel(layout.parallel)
     if get_dotted(config, "parallelism.data_parallel_shard") not in (None, -1):  # -1: derived from the world size
         overrides["parallelism.data_parallel_shard"] = layout.parallel.dp
@@ -106,16 +126,17 @@ def render_config(experiment: Experiment, spec: TrainSpec) -> dict[str, Any]:
     return config
 
 
-def npu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
-    npu = experiment.npu
-    assert npu.entry is not None
+def _command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
+    npu = own_config(experiment, spec.side, MindFormersConfig)
+    if spec.role not in (None, "ascend"):
+        raise ConfigError(f"{spec.step}: MindFormers trains on an Ascend host (role ascend), not on a {spec.role} host")
     config = render_config(experiment, spec)
     # `entry: -m <module>` runs a module instead of a script (the CPU lab's launcher, which stands in for the
     # run_mindformer.py the MindFormers wheel does not ship)
     entry = ["-m", npu.entry.removeprefix("-m ").strip()] if npu.entry.startswith("-m ") else [npu.entry]
     script = [*entry, "--config", "{out}/config.yaml", "--mode", "1"]
     log = "stdout"
-    layout = spec.layout or layout_for(experiment.parallel("npu"), None, side="npu")
+    layout = spec.layout or layout_for(experiment.parallel(spec.side), None, side=spec.side)
     if npu.msrun is not None or layout.world > 1:
         # PyNative prints real losses on the last pipeline stage only: the last rank's worker log is parsed
         argv, log = msrun(layout, script, npu.msrun)
@@ -137,3 +158,22 @@ def npu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
         required_lines=required,
         code_repo=npu.repo,
     )
+
+
+def _settings(experiment: Experiment, spec: TrainSpec, template: CommandTemplate) -> MindFormersYaml:
+    text = template.files.get("config.yaml")
+    if text is None:
+        raise ConfigError(f"{experiment.source or experiment.name}: {spec.step} renders no config.yaml; preflight "
+                          "has nothing to read")
+    config = yaml.safe_load(text)
+    if not isinstance(config, dict):
+        raise ConfigError(f"{experiment.source or experiment.name}: the rendered MindFormers config is not a mapping")
+    return MindFormersYaml(config, "mindformers", own_config(experiment, spec.side, MindFormersConfig).template)
+
+
+MINDFORMERS = register(Backend(
+    kind="mindformers", title="MindFormers (run_mindformer.py, PyNative)", config=MindFormersConfig,
+    roles=frozenset({"ascend"}),
+    formats=lambda cfg: SideFormats(log="mindformers", loads=("mindformers",), saves="mindformers"),
+    render=_command, settings=_settings, dumps="msprobe",
+))

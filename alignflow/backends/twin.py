@@ -1,41 +1,81 @@
-"""Reference-twin backend: the MindSpore twin plays the NPU side, the PyTorch twin the GPU side.
+"""The reference twins as backends: `twin-mindspore` (MindFormers-kind) and `twin-torch` (Megatron-kind).
 
 Their command lines mirror `run_mindformer.py --config X.yaml --mode 1` and `pretrain_gpt.py <flags>`, so the
 rest of the pipeline (conversion, log parsing, sentinels, comparison) meets exactly the formats it meets in
-production.
+production. Either twin may play either side: the PyTorch twin on both hosts stands in for a Megatron-on-NPU
+(MindSpeed) against Megatron-on-GPU alignment, where both sides load the same checkpoint with no conversion.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field
 
 from alignflow.backends.launch import layout_for, msrun, parallel_flags, torchrun
 from alignflow.backends.megatron import pretrain_flags
 from alignflow.backends.mindformers import set_dotted
 from alignflow.backends.quoting import yaml_text
-from alignflow.backends.template import CommandTemplate, TrainSpec
+from alignflow.backends.registry import Backend, SideFormats, megatron_load_format, own_config, register
+from alignflow.backends.template import CommandTemplate, MegatronArgs, MindFormersYaml, TrainSpec
 from alignflow.codeversion import code_version_for
 from alignflow.config.experiment import Experiment
+from alignflow.config.hosts import CudaExtension
 from alignflow.config.model import ModelConfig, TrainingConfig
-from alignflow.convert.layout import megatron_checkpoint_layout
+from alignflow.config.sides import SideConfig
 from alignflow.errors import ConfigError
 from alignflow.twin.flavours import Flavour
 from alignflow.twin.memory import MS_MEMORY_STATISTIC
 from alignflow.twin.render import mindformers_config, twin_env
 
 _CODE = ("twin", "config", "frameworks")  # the twin reads msprobe dumps and megatron-core facts from frameworks
+TORCH_MODULE = "alignflow.twin.torch_train"
+MINDSPORE_MODULE = "alignflow.twin.mindspore_train"
 
 
-def npu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
+class TwinMindSporeConfig(SideConfig):
+    """The MindSpore twin: MindFormers' YAML, checkpoints and log lines; data-parallel ranks under msrun."""
+
+    kind: Literal["twin-mindspore"] = Field("twin-mindspore", description="The MindSpore twin.")
+    msrun: dict[str, Any] | None = Field(
+        None, description="Run under msrun with these options (worker_num, local_worker_num, master_port, log_dir).")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Dotted-key overrides applied last to the rendered MindFormers YAML (as "
+        "for MindFormers: `context.max_device_memory`, a recompute switch).")
+
+
+class TwinTorchConfig(SideConfig):
+    """The PyTorch twin: Megatron-LM's flags, checkpoints (legacy or torch_dist) and `training_log` lines; tensor,
+    pipeline and data parallelism under torchrun."""
+
+    kind: Literal["twin-torch"] = Field("twin-torch", description="The PyTorch twin.")
+    torchrun: dict[str, Any] | None = Field(
+        None, description="Run under torchrun with these options (nproc_per_node, master_port).")
+    transformer_impl: Literal["local", "transformer_engine"] = Field(
+        "local", description="`--transformer-impl`; also picks the converted checkpoint's flavour.")
+    megatron_version: str = Field("0.16", description="megatron-core version whose flags and formats the twin "
+                                  "reproduces: the flags it accepts, NullTokenizer's vocabulary and EOD id, the MTP "
+                                  "layer's name.")
+    extensions: list[CudaExtension] | None = Field(
+        None, description="What the host has besides PyTorch (transformer_engine, apex): picks Megatron's fused "
+        "kernels. Left out, it is filled in from hosts.yaml (`cuda_extensions` of the side's training host).")
+    extra_args: list[str] = Field(default_factory=list, description="Flags appended to the generated ones.")
+
+
+def _mindspore_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
     """`python -m alignflow.twin.mindspore_train --config {out}/config.yaml --mode 1`; with data-parallel ranks,
     under msrun (which runs `python <script>` with the `python` of the host's PATH, as it does run_mindformer.py:
     the script is a two-line launcher written into {out})."""
-    layout = spec.layout or layout_for(experiment.parallel("npu"), None, side="npu")
+    cfg = own_config(experiment, spec.side, TwinMindSporeConfig)
+    layout = spec.layout or layout_for(experiment.parallel(spec.side), None, side=spec.side)
     p = layout.parallel
     if (p.tp, p.pp, p.ep) != (1, 1, 1):
-        raise ConfigError(f"npu layout tp {p.tp} x pp {p.pp} x ep {p.ep}: the MindSpore twin is data-parallel only "
-                          "(MindSpore's CPU build compiles no sharded graph); set npu.parallel to dp only, or use "
-                          "npu.kind mindformers")
+        raise ConfigError(f"{spec.side} layout tp {p.tp} x pp {p.pp} x ep {p.ep}: the MindSpore twin is "
+                          "data-parallel only (MindSpore's CPU build compiles no sharded graph); set "
+                          f"{spec.side}.parallel to dp only (the sides may differ in layout), or use {spec.side}.kind "
+                          "mindformers")
     config = mindformers_config(
         experiment.model,
         experiment.training,
@@ -46,16 +86,15 @@ def npu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
         steps=spec.steps,
         save_interval=experiment.training.save_interval or spec.steps,
     )
-    for key, value in experiment.npu.overrides.items():  # the user's MindFormers keys last, as for MindFormers
+    for key, value in cfg.overrides.items():  # the user's MindFormers keys last, as for MindFormers
         set_dotted(config, key, value)
     files = {"config.yaml": yaml_text(config)}
     required = ("All Network parameters are loaded.",) if spec.load else ()
-    argv: tuple[str, ...] = ("{python}", "-m", "alignflow.twin.mindspore_train", "--config", "{out}/config.yaml",
-                             "--mode", "1")
+    argv: tuple[str, ...] = ("{python}", "-m", MINDSPORE_MODULE, "--config", "{out}/config.yaml", "--mode", "1")
     log = "stdout"
-    if layout.world > 1 or experiment.npu.msrun is not None:
-        files[TWIN_MSRUN_SCRIPT] = "from alignflow.twin.mindspore_train import main\nraise SystemExit(main())\n"
-        launched, log = msrun(layout, [f"{{out}}/{TWIN_MSRUN_SCRIPT}", *argv[3:]], experiment.npu.msrun)
+    if layout.world > 1 or cfg.msrun is not None:
+        files[TWIN_MSRUN_SCRIPT] = f"from {MINDSPORE_MODULE} import main\nraise SystemExit(main())\n"
+        launched, log = msrun(layout, [f"{{out}}/{TWIN_MSRUN_SCRIPT}", *argv[3:]], cfg.msrun)
         argv = tuple(launched)
     return CommandTemplate(
         argv=argv,
@@ -63,7 +102,7 @@ def npu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
         code_version=code_version_for(_CODE),
         files=files,
         # MindSpore prints its peak device memory at the end of a run with this set (the twin: its allocator model)
-        env={MS_MEMORY_STATISTIC: "1", **experiment.npu.env},
+        env={MS_MEMORY_STATISTIC: "1", **cfg.env},
         log=log,
         checkpoint="checkpoint" if spec.save else None,
         required_lines=required,
@@ -73,17 +112,15 @@ def npu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
 TWIN_MSRUN_SCRIPT = "mindspore_train.py"
 
 
-def gpu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
+def _torch_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
     """`python -m alignflow.twin.torch_train <Megatron flags>`: the flags real Megatron-LM would get; the twin's
     own settings (the data's sha256, the megatron-core version it mimics) in its environment."""
-    assert spec.load is not None, "the GPU side always trains from the converted checkpoint"
-    gpu = experiment.gpu
-    layout = spec.layout or layout_for(experiment.parallel("gpu"), None, side="gpu")
+    cfg = own_config(experiment, spec.side, TwinTorchConfig)
+    layout = spec.layout or layout_for(experiment.parallel(spec.side), None, side=spec.side)
     p = layout.parallel
     if p.ep != 1:
-        raise ConfigError(f"gpu layout ep {p.ep}: the PyTorch twin has tensor, pipeline and data parallelism, not "
-                          "expert parallelism; use gpu.kind megatron for ep > 1")
-    ckpt_format, _ = megatron_checkpoint_layout(experiment.conversion.format, p)
+        raise ConfigError(f"{spec.side} layout ep {p.ep}: the PyTorch twin has tensor, pipeline and data parallelism, "
+                          f"not expert parallelism; use {spec.side}.kind megatron for ep > 1")
     args = megatron_args(
         experiment.model,
         experiment.training,
@@ -91,21 +128,23 @@ def gpu_command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
         load=spec.load,
         save=spec.save,
         steps=spec.steps,
-        transformer_impl=gpu.transformer_impl,
-        megatron_version=gpu.megatron_version,
-        extensions=gpu.extensions,
+        transformer_impl=cfg.transformer_impl,
+        megatron_version=cfg.megatron_version,
+        extensions=cfg.extensions,
+        save_interval=experiment.training.save_interval if spec.save else None,
         data_cache_path="{out}/data_cache",
-        extra_args=[*parallel_flags(p), *gpu.extra_args],
-        ckpt_format=ckpt_format,
+        extra_args=[*parallel_flags(p), *cfg.extra_args],
+        ckpt_format=megatron_load_format(experiment, spec, p),
     )
-    env = twin_env(data_sha256=spec.data_sha256, megatron_version=gpu.megatron_version)
-    argv, launch_env = torchrun(layout, ["-m", "alignflow.twin.torch_train", *args], gpu.torchrun)
+    env = twin_env(data_sha256=spec.data_sha256, megatron_version=cfg.megatron_version)
+    argv, launch_env = torchrun(layout, ["-m", TORCH_MODULE, *args], cfg.torchrun)
     return CommandTemplate(
         argv=tuple(argv),
         log_format="megatron",
         code_version=code_version_for(_CODE),
-        env={**env, **launch_env, **gpu.env},
-        required_lines=("successfully loaded checkpoint from",),
+        env={**env, **launch_env, **cfg.env},
+        checkpoint="checkpoint" if spec.save else None,
+        required_lines=("successfully loaded checkpoint from",) if spec.load else (),
     )
 
 
@@ -131,3 +170,33 @@ def megatron_args(
                           transformer_impl=transformer_impl, megatron_version=megatron_version, extensions=extensions,
                           data_cache_path=data_cache_path, save=save, save_interval=save_interval,
                           extra_args=extra_args, ckpt_format=ckpt_format)
+
+
+def _mindspore_settings(experiment: Experiment, spec: TrainSpec, template: CommandTemplate) -> MindFormersYaml:
+    config = yaml.safe_load(template.files["config.yaml"])
+    return MindFormersYaml(config, "twin", "the twin's renderer")
+
+
+def _torch_settings(experiment: Experiment, spec: TrainSpec, template: CommandTemplate) -> MegatronArgs:
+    cfg = own_config(experiment, spec.side, TwinTorchConfig)
+    argv = template.argv
+    if TORCH_MODULE not in argv:
+        raise ConfigError(f"{experiment.source or experiment.name}: the {spec.step} command does not run "
+                          f"{TORCH_MODULE} (steps.{spec.step}.command replaces it?): preflight cannot read its "
+                          "Megatron flags")
+    return MegatronArgs(argv[argv.index(TORCH_MODULE) + 1:], cfg.megatron_version,
+                        tuple(cfg.extensions) if cfg.extensions is not None else None, real=False)
+
+
+TWIN_MINDSPORE = register(Backend(
+    kind="twin-mindspore", title="MindSpore twin (MindFormers formats)", config=TwinMindSporeConfig,
+    roles=frozenset({"ascend", "cuda"}),
+    formats=lambda cfg: SideFormats(log="mindformers", loads=("mindformers",), saves="mindformers"),
+    render=_mindspore_command, settings=_mindspore_settings, dumps="native", real=False,
+))
+TWIN_TORCH = register(Backend(
+    kind="twin-torch", title="PyTorch twin (Megatron formats)", config=TwinTorchConfig,
+    roles=frozenset({"ascend", "cuda"}),
+    formats=lambda cfg: SideFormats(log="megatron", loads=("megatron", "torch_dist"), saves="megatron"),
+    render=_torch_command, settings=_torch_settings, dumps="native", real=False,
+))

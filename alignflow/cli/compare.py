@@ -306,15 +306,15 @@ def _run_log(store: Any, ident: str, step: str) -> tuple[Path, str]:
     from alignflow.fingerprint import Fingerprinter
     from alignflow.state import state_dir
 
-    spec = pipeline.step(step)
+    spec = pipeline.known_step(step)
     if spec.log_source is None:
-        trainings = ", ".join(s.name for s in pipeline.STEPS if s.log_source)
+        trainings = ", ".join(n for n in pipeline.STEP_NAMES if pipeline.known_step(n).log_source)
         raise ConfigError(f"{ident}:{step}: {step} writes no training log; a run's logs are those of {trainings}")
     run_id, _ = run_of(store, ident)
     done = [s for s in store.steps(run_id) if s.step == step and s.status in ("ran", "cached")]
     if not done:
         have = sorted({s.step for s in store.steps(run_id) if s.status in ("ran", "cached")
-                       and pipeline.step(s.step).log_source})
+                       and s.step in pipeline.STEP_NAMES and pipeline.known_step(s.step).log_source})
         raise ConfigError(f"run {run_id}: {step} did not run in it (its training logs: {', '.join(have) or 'none'})")
     origin = store.get_step(done[-1].reused_from) if done[-1].reused_from else done[-1]
     log_name = next(o.artifact for o in spec.outputs if o.path == "train.log")

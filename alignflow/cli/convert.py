@@ -178,6 +178,10 @@ def register(app: typer.Typer) -> None:
         ep: int = typer.Option(1, "--ep", min=1, help="Legacy files for this expert-parallel size."),
         workers: int | None = typer.Option(None, "--workers", min=1,
                                            help="torch_dist writer processes (default: one per core)."),
+        source: str = typer.Option("mindformers", "--from", help="Format of the source checkpoint (mindformers)."),
+        source_dtype: str = typer.Option("bfloat16", "--source-dtype", help="Refuse a source tensor of another "
+                                         "dtype where no rule names one (bfloat16: the bf16 export); any: one per "
+                                         "rule."),
         as_json: bool = _JSON,
     ) -> None:
         """bf16 MindFormers checkpoint -> Megatron checkpoint: legacy (iter_N/mp_rank_TT[_PPP][_EEE]/
@@ -185,15 +189,18 @@ def register(app: typer.Typer) -> None:
         from alignflow.config.parallel import ParallelConfig
         from alignflow.convert import convert_to_megatron
 
+        if source != "mindformers":
+            raise ConfigError(f"convert megatron --from {source}: only mindformers")
         if ckpt_format is CkptFormatChoice.torch_dist and (tp, pp, ep) != (1, 1, 1):
             typer.echo("error: --tp/--pp/--ep lay out legacy files; a torch_dist checkpoint loads at any layout",
                        err=True)
             raise typer.Exit(2)
         layout = ParallelConfig(tp=tp, pp=pp, ep=ep, dp=ep)
+        dtype = None if source_dtype == "any" else source_dtype
         _run("megatron", dst, lambda progress: convert_to_megatron(
             src, dst, spec=spec, flavor=flavor.value, model=_model(model), megatron_version=megatron_version,
             iteration=iteration, progress=progress, skeleton=skeleton, ckpt_format=ckpt_format.value,
-            parallel=layout, workers=workers), as_json)
+            parallel=layout, workers=workers, source_dtype=dtype), as_json)
 
     @convert_app.command("mindformers")
     def mindformers_cmd(

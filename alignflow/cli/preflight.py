@@ -23,13 +23,14 @@ def register(app: typer.Typer) -> None:
         experiment: str = typer.Argument(..., help="Experiment file, or a name under experiments/."),
         hosts: Path | None = typer.Option(None, "--hosts", help="Inventory: checks host names and adds each "
                                           "training host's env (HCCL/NVTE determinism) to the comparison."),
-        check_hosts: bool = typer.Option(False, "--check-hosts", help="With --hosts: probe the GPU host for "
-                                         "Megatron-LM at gpu.entry (version, torch, declared extensions), as a run "
-                                         "does."),
+        check_hosts: bool = typer.Option(False, "--check-hosts", help="With --hosts: probe the host of each "
+                                         "Megatron side for Megatron-LM at its entry (version, torch or torch_npu "
+                                         "and MindSpeed, declared extensions), as a run does."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
         show_all: bool = typer.Option(False, "--all", help="List every checked setting, not only mismatches."),
     ) -> None:
-        """Compare the NPU and GPU sides' alignment-critical settings; exit 1 on any mismatch."""
+        """Compare the NPU and GPU sides' alignment-critical settings, whatever their backends; exit 1 on any
+        mismatch."""
         from alignflow.cli.show import resolve_experiment
         from alignflow.config import load_experiment, load_hosts
         from alignflow.preflight import check_experiment
@@ -58,7 +59,8 @@ def register(app: typer.Typer) -> None:
             for col in ("setting", "NPU (source)", "GPU (source)", "status"):
                 table.add_column(col, overflow="fold")
             for f in report.findings:
-                status = "[green]ok[/]" if f.status == "ok" else "[bold red]" + escape("; ".join(f.problems)) + "[/]"
+                status = ("[green]ok[/]" if f.status == "ok" else "[yellow]not checked[/]" if f.status == "unchecked"
+                          else "[bold red]" + escape("; ".join(f.problems)) + "[/]")
                 table.add_row(escape(f.label), escape(f.npu.show()) if f.npu else "-",
                               escape(f.gpu.show()) if f.gpu else "-", status)
             console.print(table)

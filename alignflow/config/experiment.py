@@ -14,7 +14,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializeAsAny,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -22,12 +24,14 @@ from pydantic import (
 from alignflow import pipeline
 from alignflow.config.criteria import Criterion, default_criteria, load_criteria
 from alignflow.config.golden import GoldenConfig
-from alignflow.config.hosts import CudaExtension, EnvName, Inventory, Role
+from alignflow.config.hosts import EnvName, Inventory, Role
 from alignflow.config.model import ModelConfig, TrainingConfig
 from alignflow.config.parallel import ParallelConfig
+from alignflow.config.sides import SideConfig, parse_side
 from alignflow.config.variants import Matrix, patched_document, run_name
 from alignflow.config.yamlsource import KeyPath, YamlDocument, load_yaml, problem_from_error, validate
 from alignflow.errors import ConfigError, did_you_mean
+from alignflow.pipeline import SIDE_NAMES, SIDES, CheckpointFormat, Side
 from alignflow.state import expand_state_dir
 
 _SHA256_HEX = frozenset("0123456789abcdef")
@@ -35,11 +39,6 @@ _SHA256_HEX = frozenset("0123456789abcdef")
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _twin_kind(value: Any) -> Any:
-    """`reference` was the twin backend's name before it was called `twin`; runs recorded then still reopen."""
-    return "twin" if value == "reference" else value
 
 
 class DataGenerate(_Strict):
@@ -73,63 +72,42 @@ class DataConfig(_Strict):
         return value.lower() if value else value
 
 
-class NpuBackend(_Strict):
-    """How the NPU side runs: the twin (MindSpore) or MindFormers."""
-
-    kind: Literal["twin", "mindformers"] = Field("twin", description="Backend of the NPU side.")
-    _legacy_kind = field_validator("kind", mode="before")(_twin_kind)
-    template: str | None = Field(
-        None, description="MindFormers YAML template (relative to the experiment file); alignflow overrides "
-        "load/save paths, steps, seed and determinism in it."
-    )
-    overrides: dict[str, Any] = Field(
-        default_factory=dict, description="Dotted-key overrides applied last to the rendered YAML."
-    )
-    entry: str | None = Field(None, description="Path of run_mindformer.py on the host, or `-m <module>` to run a "
-                               "module (the CPU lab: `-m alignflow.labs.mindformers_cpu.launcher`); mindformers only.")
-    msrun: dict[str, Any] | None = Field(
-        None, description="Run under msrun with these options (worker_num, local_worker_num, master_port, log_dir)."
-    )
-    env: dict[EnvName, str] = Field(default_factory=dict, description="Extra environment for the NPU trainings.")
-    repo: str = Field("mindformers", description="Name under the host's `repos:` whose git commit versions the NPU "
-                      "side (part of each step's cache key).")
-    parallel: ParallelConfig | None = Field(None, description="The NPU trainings' layout; default: training.parallel.")
-
-
-class GpuBackend(_Strict):
-    """How the GPU side runs: the twin (PyTorch) or Megatron-LM."""
-
-    kind: Literal["twin", "megatron"] = Field("twin", description="Backend of the GPU side.")
-    _legacy_kind = field_validator("kind", mode="before")(_twin_kind)
-    entry: str | None = Field(None, description="Path of pretrain_gpt.py on the host (megatron only).")
-    torchrun: dict[str, Any] | None = Field(
-        None, description="Run under torchrun with these options (nproc_per_node, master_port)."
-    )
-    transformer_impl: Literal["local", "transformer_engine"] = Field(
-        "local", description="`--transformer-impl`; also picks the converted checkpoint's flavour."
-    )
-    megatron_version: str = Field("0.16", description="megatron-core version on the GPU host: the flags it accepts, "
-                                  "NullTokenizer's vocabulary and EOD id, the MTP layer's name.")
-    extensions: list[CudaExtension] | None = Field(
-        None, description="What the GPU host has besides PyTorch (transformer_engine, apex): picks Megatron's fused "
-        "kernels. Left out, it is filled in from hosts.yaml (`cuda_extensions` of the gpu_train host) when the "
-        "experiment is loaded with an inventory, and recorded with the run; without either, none.")
-    extra_args: list[str] = Field(default_factory=list, description="Flags appended to the generated ones.")
-    env: dict[EnvName, str] = Field(default_factory=dict, description="Extra environment for the GPU training.")
-    repo: str = Field("megatron-lm", description="Name under the host's `repos:` whose git commit versions the GPU "
-                      "side (part of each step's cache key).")
-    parallel: ParallelConfig | None = Field(None, description="The GPU training's layout; default: training.parallel.")
-
-
 class ConversionConfig(_Strict):
-    """How the bf16 checkpoint becomes a Megatron checkpoint."""
+    """How checkpoints are converted between the base's format and each side's (the steps `convert_<format>`)."""
 
-    spec: str = Field(description="Conversion spec name (see `alignflow convert specs`).")
-    iteration: int = Field(1, ge=0, description="Iteration written into the Megatron checkpoint.")
+    spec: str = Field(description="Conversion spec of the model family, MindFormers names -> Megatron's (`alignflow "
+                      "convert specs`); the Hugging Face layout is the spec `<spec>-hf` (Hugging Face -> Megatron).")
+    iteration: int = Field(1, ge=0, description="Iteration written into a converted Megatron checkpoint.")
     format: Literal["auto", "torch", "torch_dist"] = Field(
-        "auto", description="Megatron checkpoint format (`--ckpt-format`): torch = legacy files, one per tp/pp/ep "
-        "rank of gpu.parallel; torch_dist = megatron-core's distributed checkpoint, which loads at any layout; auto "
-        "= torch for one GPU rank (tp = pp = ep = 1), torch_dist otherwise.")
+        "auto", description="Layout of a converted Megatron checkpoint (`--ckpt-format`): torch = legacy files, one "
+        "per tp/pp/ep rank of the loading side's parallel layout; torch_dist = megatron-core's distributed "
+        "checkpoint, which loads at any layout; auto = torch for one rank (tp = pp = ep = 1), torch_dist otherwise.")
+
+
+class BaseGenerate(_Strict):
+    """A base checkpoint made with random weights on first use (the `hf` format: by transformers' own class)."""
+
+    seed: int = Field(0, ge=0, description="Seed of the random initialisation.")
+
+
+class BaseCheckpoint(_Strict):
+    """A starting checkpoint both sides load (after conversion where a side loads another format), instead of a
+    base training on the NPU side."""
+
+    path: str = Field(description="Checkpoint directory; relative paths are relative to the experiment file, "
+                      "`{state_dir}/...` is under alignflow's state dir.")
+    format: CheckpointFormat = Field(description="Its format: hf (a save_pretrained directory of safetensors), "
+                                     "mindformers, megatron (legacy), torch_dist, dcp (torch.distributed.checkpoint).")
+    sha256: str | None = Field(None, description="Expected fingerprint (of the directory); another is refused.")
+    generate: BaseGenerate | None = Field(None, description="Make it with random weights when the path is absent "
+                                          "(format hf, for the model families transformers has a class for).")
+
+    @field_validator("sha256")
+    @classmethod
+    def _hex(cls, value: str | None) -> str | None:
+        if value is not None and (len(value) != 64 or not set(value.lower()) <= _SHA256_HEX):
+            raise ValueError("sha256 must be 64 hexadecimal characters")
+        return value.lower() if value else value
 
 
 class StepConfig(_Strict):
@@ -193,9 +171,18 @@ class Experiment(_Strict):
     data: DataConfig = Field(description="The data file both sides read.")
     model: ModelConfig = Field(description="The architecture both sides train.")
     training: TrainingConfig = Field(description="Optimisation and data order.")
-    npu: NpuBackend = Field(default_factory=NpuBackend, description="NPU side.")
-    gpu: GpuBackend = Field(default_factory=GpuBackend, description="GPU side.")
-    conversion: ConversionConfig = Field(description="bf16 -> Megatron conversion.")
+    npu: SerializeAsAny[SideConfig] = Field(
+        default_factory=lambda: parse_side(None, "npu"), description="NPU side (the tested one): its backend "
+        "(`kind`) and that backend's settings.")
+    gpu: SerializeAsAny[SideConfig] = Field(
+        default_factory=lambda: parse_side(None, "gpu"), description="GPU side (the reference): its backend "
+        "(`kind`) and that backend's settings.")
+    base: BaseCheckpoint | None = Field(
+        None, description="A starting checkpoint both sides load; without it the NPU side trains one "
+        "(npu_base_train).")
+    conversion: ConversionConfig | None = Field(
+        None, description="The model family's conversion spec: needed when the pipeline converts a checkpoint "
+        "(the sides load other formats than the base's) or diagnoses one side in the other's names.")
     steps: dict[str, StepConfig] = Field(default_factory=dict, description="Per-step overrides by step name.")
     criteria: list[Criterion] = Field(default_factory=default_criteria, description="Acceptance criteria: a list, "
                                       "or {noise_runs: N, rules: [...]} to measure the reference side's noise floor; "
@@ -250,19 +237,20 @@ class Experiment(_Strict):
         for name, config in value.items():
             # every output of a step is required (the runner fingerprints each one on its host and fails the step
             # when one is missing); a declared name the step never produces is a mistake, not a wish
-            produced = pipeline.step(name).output_names
+            produced = pipeline.known_step(name).output_names
             foreign = sorted(set(config.outputs or ()) - set(produced))
             if foreign:
                 raise ValueError(f"steps.{name}.outputs: {', '.join(foreign)} not produced by {name} (it produces "
                                  f"{', '.join(produced)})")
         return value
 
+    @field_validator("npu", "gpu", mode="before")
+    @classmethod
+    def _side(cls, value: Any, info: ValidationInfo) -> SideConfig:
+        return parse_side(value, str(info.field_name))
+
     @model_validator(mode="after")
-    def _backend_files(self) -> Experiment:
-        if self.npu.kind == "mindformers" and not (self.npu.template and self.npu.entry):
-            raise ValueError("npu: backend mindformers needs template and entry")
-        if self.gpu.kind == "megatron" and not self.gpu.entry:
-            raise ValueError("gpu: backend megatron needs entry (path of pretrain_gpt.py)")
+    def _data_files(self) -> Experiment:
         if self.data.prefix is None:
             raise ValueError(f"data: prefix missing: the data must be a Megatron indexed dataset "
                              f"(<path>/<prefix>.bin + <prefix>.idx) — data.path {self.data.path!r} is its directory; "
@@ -275,8 +263,7 @@ class Experiment(_Strict):
     @model_validator(mode="after")
     def _layouts(self) -> Experiment:
         problems = []
-        sides: tuple[Literal["npu", "gpu"], ...] = ("npu", "gpu")
-        for side in sides:
+        for side in SIDE_NAMES:
             layout = self.parallel(side)
             problems += layout.problems(
                 micro_batch_size=self.training.micro_batch_size, global_batch_size=self.training.global_batch_size,
@@ -286,10 +273,13 @@ class Experiment(_Strict):
             raise ValueError("; ".join(problems))
         return self
 
-    def parallel(self, side: Literal["npu", "gpu"]) -> ParallelConfig:
+    def side(self, name: Side) -> SideConfig:
+        """The section of side `name` (`npu`, `gpu`)."""
+        return self.npu if name == "npu" else self.gpu
+
+    def parallel(self, side: Side) -> ParallelConfig:
         """The side's parallel layout: `npu.parallel` / `gpu.parallel`, else `training.parallel`."""
-        own = self.npu.parallel if side == "npu" else self.gpu.parallel
-        return own or self.training.parallel
+        return self.side(side).parallel or self.training.parallel
 
     @property
     def base_dir(self) -> Path:
@@ -299,6 +289,8 @@ class Experiment(_Strict):
     def spec_ref(self) -> str:
         """`conversion.spec` as every reader must take it: a packaged spec's name as it is, a spec file's absolute
         path (relative to the experiment file, not to the working directory of whoever reads it)."""
+        if self.conversion is None:
+            raise ConfigError(f"{self.source or self.name}: no conversion spec (`conversion: {{spec: ...}}`)")
         spec = self.conversion.spec
         return str(self.resolve_path(spec)) if spec.endswith((".yaml", ".yml")) else spec
 
@@ -361,18 +353,21 @@ def with_criteria_file(doc: YamlDocument) -> YamlDocument:
 
 
 def with_gpu_host_extensions(experiment: Experiment, inventory: Inventory) -> Experiment:
-    """`gpu.extensions` filled in from the gpu_train host's `cuda_extensions` (when the experiment leaves it out
-    and that host is known: `steps.gpu_train.host`, `hosts.cuda`, or the inventory's only cuda host)."""
-    if experiment.gpu.extensions is not None:
-        return experiment
-    override = experiment.steps.get("gpu_train")
-    name = override.host if override is not None and override.host else experiment.hosts.get("cuda")
-    cuda = [h for h in inventory.hosts.values() if h.role == "cuda"]
-    host = inventory.hosts.get(name) if name else (cuda[0] if len(cuda) == 1 else None)
-    if host is None:
-        return experiment
-    gpu = experiment.gpu.model_copy(update={"extensions": list(host.cuda_extensions)})
-    return experiment.model_copy(update={"gpu": gpu})
+    """Each side's `extensions` (a backend that has the field: Megatron, the PyTorch twin) filled in from the
+    `cuda_extensions` of the host its training runs on, when the experiment leaves it out and that host is known
+    (`steps.<training>.host`, `hosts.<role>`, or the inventory's only host of the side's role)."""
+    update: dict[str, SideConfig] = {}
+    for s in SIDES:
+        cfg = experiment.side(s.name)
+        if "extensions" not in type(cfg).model_fields or getattr(cfg, "extensions", None) is not None:
+            continue
+        override = experiment.steps.get(s.training)
+        name = override.host if override is not None and override.host else experiment.hosts.get(s.role)
+        same_role = [h for h in inventory.hosts.values() if h.role == s.role]
+        host = inventory.hosts.get(name) if name else (same_role[0] if len(same_role) == 1 else None)
+        if host is not None:
+            update[s.name] = cfg.model_copy(update={"extensions": list(host.cuda_extensions)})
+    return experiment.model_copy(update=update) if update else experiment
 
 
 def check_hosts(experiment: Experiment, inventory: Inventory, *, doc_lines: dict[Any, int] | None = None) -> None:

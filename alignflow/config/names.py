@@ -9,7 +9,7 @@ alignment"). Hosts are resolved against an inventory (`experiment.check_hosts`);
 Everything here is cheap (a directory listing, a small YAML read): it runs on every `alignflow run` before
 anything heavy is imported, so a spec is not loaded whole (its rules need torch); its own `alignflow convert
 specs` self-check does that. What is checked of a spec here is what an experiment names of it: that it exists
-(a packaged name or a file beside the experiment) and declares the Megatron flavour the GPU side writes.
+(a packaged name or a file beside the experiment) and declares the Megatron flavour each Megatron-kind side loads.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 from alignflow.config.yamlsource import KeyPath, load_yaml
 from alignflow.errors import ConfigError, did_you_mean
+from alignflow.pipeline import SIDE_NAMES
 
 Problem = tuple[str, int | None, str]
 SPEC_SUFFIXES = (".yaml", ".yml")
@@ -53,19 +54,21 @@ def resolve_names(experiment: Any, lines: dict[KeyPath, int] | None = None) -> l
         problems.append((src, line, message))
 
     _check_spec(experiment, problem)
-    npu = experiment.npu
-    if npu.kind == "mindformers" and npu.template:
-        template = experiment.resolve_path(npu.template)
-        if not template.is_file():
-            problem(("npu", "template"), f"npu.template: {npu.template!r} not found ({template})"
-                    + closest_file(template, npu.template))
+    for side in SIDE_NAMES:  # a side whose backend renders a template of the user's (MindFormers' YAML)
+        written = getattr(experiment.side(side), "template", None)
+        if isinstance(written, str):
+            template = experiment.resolve_path(written)
+            if not template.is_file():
+                problem((side, "template"), f"{side}.template: {written!r} not found ({template})"
+                        + closest_file(template, written))
     _check_data(experiment, problem)
     return problems
 
 
 def _check_spec(experiment: Any, problem: Any) -> None:
+    if experiment.conversion is None:  # no conversion spec named (a pipeline that converts is refused when derived)
+        return
     name = experiment.conversion.spec
-    flavour = megatron_flavour(experiment.gpu.transformer_impl)
     if name.endswith(SPEC_SUFFIXES):
         path = Path(experiment.spec_ref)
         if not path.is_file():
@@ -86,10 +89,12 @@ def _check_spec(experiment: Any, problem: Any) -> None:
         for p in exc.problems:
             problem(("conversion", "spec"), f"conversion.spec {name!r}: {ConfigError.format_problem(p)}")
         return
-    if flavours is not None and flavour not in flavours:
-        problem(("gpu", "transformer_impl"),
-                f"gpu.transformer_impl: {experiment.gpu.transformer_impl} needs the {flavour!r} flavour of the "
-                f"converted checkpoint, and conversion.spec {name!r} writes only: {', '.join(flavours)}")
+    for side in SIDE_NAMES:  # a Megatron-kind side (its transformer_impl) loads that flavour of the converted names
+        impl = getattr(experiment.side(side), "transformer_impl", None)
+        if flavours is not None and isinstance(impl, str) and megatron_flavour(impl) not in flavours:
+            problem((side, "transformer_impl"),
+                    f"{side}.transformer_impl: {impl} needs the {megatron_flavour(impl)!r} flavour of the "
+                    f"converted checkpoint, and conversion.spec {name!r} writes only: {', '.join(flavours)}")
 
 
 def _spec_flavours(path: Path, chain: tuple[Path, ...] = ()) -> list[str] | None:

@@ -37,7 +37,7 @@ class Placement(BaseModel):
             return found
         if step in self.unplaced:
             raise ConfigError(self.unplaced[step])
-        pipeline.step(step)  # an unknown name is refused with the list of steps
+        pipeline.known_step(step)  # an unknown name is refused with the list of steps
         raise ConfigError(f"step {step}: not placed (placed: {', '.join(self.hosts) or 'none'})")
 
     def host_names(self) -> Mapping[str, str]:
@@ -73,7 +73,7 @@ def _resolve(experiment: Experiment, inventory: Inventory, step_name: str, state
     override = experiment.steps.get(step_name)
     if override is not None and override.host:
         return inventory.get(override.host)
-    role = pipeline.step(step_name).role
+    role = pipeline.known_step(step_name).role
     if role == "controller":
         return _controller_host(inventory, state_dir)
     if role in experiment.hosts:

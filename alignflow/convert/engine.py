@@ -176,14 +176,15 @@ def convert_to_megatron(src: Path, dst: Path, *, spec: str | Spec, model: ModelC
                         flavor: Flavor = "local", megatron_version: str = "0.16", iteration: int = 1,
                         progress: ProgressFn | None = None, skeleton: Path | None = None,
                         ckpt_format: CkptFormat = "torch", parallel: ParallelConfig | None = None,
-                        workers: int | None = None) -> ConversionSummary:
+                        workers: int | None = None, source_dtype: str | None = "bfloat16") -> ConversionSummary:
     """Convert the MindFormers checkpoint `src` (normally the bf16 one) into a Megatron checkpoint `dst`.
 
     `model` gives the shapes to expect (default: the spec's model); `flavor` picks local or Transformer-Engine
     names; `megatron_version` names the MTP inner layer. `skeleton`, a legacy checkpoint that Megatron itself
     saved for the target model, makes its key set, shapes, dtypes and `_extra_state` entries the contract
-    (docs/megatron.md#target-key-set-from-megatron-itself) instead of the spec's own list. Raises `ConversionError`
-    listing every problem; then nothing is written.
+    (docs/megatron.md#target-key-set-from-megatron-itself) instead of the spec's own list. `source_dtype`: the dtype
+    every source tensor has where its rule names none (the bf16 export's; None: any, one per rule). Raises
+    `ConversionError` listing every problem; then nothing is written.
 
     `ckpt_format="torch_dist"` writes Megatron's distributed checkpoint (loads at any TP / PP / EP;
     `alignflow.convert.torch_dist`), `"torch"` with a `parallel` layout beyond 1 x 1 x 1 one legacy file per
@@ -196,7 +197,8 @@ def convert_to_megatron(src: Path, dst: Path, *, spec: str | Spec, model: ModelC
                               "key set from megatron-core's own GPTModel")
         return _convert_distributed(Path(src), Path(dst), spec=spec, model=model, flavor=flavor,
                                     megatron_version=megatron_version, iteration=iteration, progress=progress,
-                                    ckpt_format=ckpt_format, parallel=parallel or ParallelConfig(), workers=workers)
+                                    ckpt_format=ckpt_format, parallel=parallel or ParallelConfig(), workers=workers,
+                                    source_dtype=source_dtype)
     start = time.perf_counter()
     src, dst = Path(src), Path(dst)
     spec_obj, plan = _plan(spec, model, flavor, megatron_version)
@@ -204,7 +206,7 @@ def convert_to_megatron(src: Path, dst: Path, *, spec: str | Spec, model: ModelC
     header = f"conversion of {src} to Megatron with spec {spec_obj.name} ({flavor}) failed"
     with open_mindformers(src) as ckpt:
         problems, dropped = check_source(steps, ckpt.tensors, side="MindFormers", dropped_on_purpose=_ignored(plan),
-                                         default_dtype="bfloat16")
+                                         default_dtype=source_dtype)
         extra: dict[str, torch.Tensor | None] = dict.fromkeys(plan.extra_state)
         dtypes: dict[str, torch.dtype] = {}
         notes: list[str] = []
@@ -237,7 +239,8 @@ def convert_to_megatron(src: Path, dst: Path, *, spec: str | Spec, model: ModelC
 
 def _convert_distributed(src: Path, dst: Path, *, spec: str | Spec, model: ModelConfig | None, flavor: Flavor,
                          megatron_version: str, iteration: int, progress: ProgressFn | None, ckpt_format: CkptFormat,
-                         parallel: ParallelConfig, workers: int | None) -> ConversionSummary:
+                         parallel: ParallelConfig, workers: int | None,
+                         source_dtype: str | None = "bfloat16") -> ConversionSummary:
     """torch_dist, or legacy files of many ranks: planned with the installed megatron-core's names (local spec)."""
     from alignflow.convert.mcore import megatron_core_version
     from alignflow.convert.megatron_shards import write_shards
@@ -262,7 +265,7 @@ def _convert_distributed(src: Path, dst: Path, *, spec: str | Spec, model: Model
     header = f"conversion of {src} to Megatron {layout_name} with spec {spec_obj.name} failed"
     with open_mindformers(src) as ckpt:
         problems, dropped = check_source(steps, ckpt.tensors, side="MindFormers", dropped_on_purpose=_ignored(plan),
-                                         default_dtype="bfloat16")
+                                         default_dtype=source_dtype)
         if plan.problems or problems:
             raise ConversionError([*plan.problems, *problems], header=header)
         dtypes = _output_dtypes(steps, ckpt.tensors)

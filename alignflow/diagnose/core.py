@@ -1,11 +1,12 @@
 """`run_diagnosis`: re-run one training step on both sides with dumping on, then locate the first divergence.
 
-The pipeline-step core of `alignflow diagnose` (issue 21). Both sides train the requested step from the same
-converted weights (the bf16 MindFormers checkpoint on the NPU side, the Megatron checkpoint converted from it on
-the GPU side) and the same batch, through the same backends as every training (`render_training` ->
-`CommandTemplate`), launched as detached jobs through each side's `Transport` and fetched back verified. The
-twin dumps natively (`ALIGNFLOW_TWIN_DUMP`); the real frameworks dump through msprobe, whose setup
-`alignflow.diagnose.msprobe` renders (`alignflow diagnose-setup`) and whose dumps `diagnose_dumps` reads too.
+The pipeline-step core of `alignflow diagnose` (issue 21). Both sides train the requested step from the weights
+their long trainings load (the bf16 MindFormers checkpoint on the NPU side and the Megatron checkpoint converted
+from it on the GPU side in the classic pipeline; one base for two Megatron sides) and the same batch, through the
+same backends as every training (`render_training` -> `CommandTemplate`), launched as detached jobs through each
+side's `Transport` and fetched back verified. The twin dumps natively (`ALIGNFLOW_TWIN_DUMP`); the real frameworks
+dump through msprobe, whose setup `alignflow.diagnose.msprobe` renders (`alignflow diagnose-setup`) and whose dumps
+`diagnose_dumps` reads too.
 
 Outputs, recorded like any step's: `out_dir/dumps/{npu,gpu}/` (the two dumps), `diagnosis.json`, `diagnosis.html`.
 """
@@ -20,7 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from alignflow.backends import CommandTemplate, Side, TrainSpec, render_training
+from alignflow.backends import CommandTemplate, Side, TrainSpec, render_training, side_backend
+from alignflow.backends.registry import megatron_version_of
 from alignflow.config.experiment import Experiment
 from alignflow.diagnose.compare import Diagnosis, diagnose_dumps
 from alignflow.diagnose.mapping import DumpMapping, mapping_for
@@ -34,11 +36,12 @@ from alignflow.frameworks.dumpfile import (
     budget_text,
     read_dump,
 )
+from alignflow.pipeline import SIDE_NAMES
 from alignflow.transport import JobHandle, JobSpec, Transport
 
 log = logging.getLogger(__name__)
 STEP = "diagnose"
-SIDES: tuple[Side, ...] = ("npu", "gpu")
+SIDES: tuple[Side, ...] = SIDE_NAMES
 _PLACEHOLDER = re.compile(r"\{(python|out|in:[A-Za-z0-9_]+)\}")
 
 
@@ -46,8 +49,8 @@ _PLACEHOLDER = re.compile(r"\{(python|out|in:[A-Za-z0-9_]+)\}")
 class Checkpoints:
     """The converted checkpoints, as paths on each side's host."""
 
-    npu: str  # bf16 MindFormers checkpoint (what npu_reload_train loads)
-    gpu: str  # Megatron checkpoint converted from it (what gpu_train loads)
+    npu: str  # what npu_reload_train loads (the bf16 MindFormers checkpoint in the classic pipeline)
+    gpu: str  # what gpu_train loads (the Megatron checkpoint converted from it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +79,7 @@ def estimate_dump_bytes(mapping: DumpMapping, experiment: Experiment) -> int:
     from alignflow.convert.registry import load_spec
 
     plan = build_plan(load_spec(experiment.spec_ref), experiment.model, flavor="local",
-                      megatron_version=experiment.gpu.megatron_version)
+                      megatron_version=megatron_version_of(experiment))
     elements = 0
     for shape in plan.target_shapes().values():
         n = 1
@@ -103,7 +106,7 @@ def run_diagnosis(
     """Dump step `step` on both sides and diagnose it; raises for a failed job or a refused budget, never for a
     divergence (that is the diagnosis' verdict). `on_launch` receives both sides' job handles once they are
     launched (the pipeline step records them, so that cancelling the run kills them)."""
-    if experiment.npu.kind != "twin" or experiment.gpu.kind != "twin":
+    if any(side_backend(experiment, s).dumps != "native" for s in SIDES):
         raise ConfigError(f"{STEP}: the {experiment.npu.kind}/{experiment.gpu.kind} backends dump through msprobe: "
                           "render their setup with `alignflow diagnose-setup EXPERIMENT`, run the step, then compare "
                           "the dumps with `alignflow diagnose-dumps`")

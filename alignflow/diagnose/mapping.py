@@ -122,17 +122,38 @@ def _renames(pairs: Iterable[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
 
 
 def mapping_for(experiment: Any) -> DumpMapping:
-    """The dump mapping of an experiment: its conversion spec expanded for its model (local names)."""
+    """The dump mapping of an experiment: NPU-side names to GPU-side names, from the names of the checkpoint each
+    side loads (`alignflow.pipeline.NAMING`) and the family's conversion spec expanded for its model (local
+    names). Two sides with the same names map each parameter to itself."""
+    from alignflow.backends.registry import megatron_version_of, pipeline_for
+    from alignflow.convert.ops import inverse_chain
     from alignflow.convert.plan import build_plan
     from alignflow.convert.registry import load_spec
     from alignflow.errors import ConfigError
+    from alignflow.pipeline import NAMING
 
-    spec = load_spec(experiment.spec_ref)
+    pipe = pipeline_for(experiment)
+    npu, gpu = (NAMING[pipe.load_format(side)] for side in ("npu", "gpu"))
+    if experiment.conversion is None:
+        raise ConfigError(f"{experiment.source or experiment.name}: diagnose maps the sides' parameters through the "
+                          "model family's conversion spec: give `conversion: {spec: <family>}`")
+    # the spec whose source side carries the non-Megatron names (`<spec>-hf` for Hugging Face names)
+    other = npu if npu != "megatron" else gpu
+    spec = load_spec(f"{experiment.conversion.spec}-hf") if other == "hf" else load_spec(experiment.spec_ref)
     try:
-        plan = build_plan(spec, experiment.model, flavor="local", megatron_version=experiment.gpu.megatron_version)
+        plan = build_plan(spec, experiment.model, flavor="local", megatron_version=megatron_version_of(experiment))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     if plan.problems:
         raise ConfigError(f"conversion spec {spec.name} does not fit the experiment's model: "
                           + "; ".join(plan.problems))
-    return mapping_from_plan(plan)
+    if npu == gpu:
+        keys = plan.targets if npu == "megatron" else plan.sources
+        return mapping_from_params(spec.name, [ParamMap("same names on both sides", (k,), (k,), ()) for k in keys])
+    if gpu == "megatron":
+        return mapping_from_plan(plan)
+    if npu == "megatron":
+        return mapping_from_params(spec.name, [ParamMap(m.rule, m.targets, m.sources, inverse_chain(m.ops))
+                                               for m in plan.mappings])
+    raise ConfigError(f"diagnose: no mapping from {npu} names (NPU side) to {gpu} names (GPU side); one side "
+                      "must carry Megatron's names, or both the same")

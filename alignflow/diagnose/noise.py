@@ -30,6 +30,7 @@ from alignflow.config.experiment import Experiment
 from alignflow.diagnose.core import fill_placeholders
 from alignflow.errors import ConfigError, PipelineError, RemoteJobError
 from alignflow.logs.schema import ParsedLog
+from alignflow.pipeline import REFERENCE
 from alignflow.store.params import NoiseRunParams
 from alignflow.transport import JobSpec, Transport
 
@@ -118,15 +119,15 @@ def resolve_criteria(criteria: Sequence[Criterion], floor: NoiseFloor | None) ->
 def measure_noise(experiment: Experiment, *, transport: Transport, checkpoint: str, data: str, data_sha256: str,
                   runs: int, work_dir: Path, poll_s: float = 0.5, timeout_s: float | None = 6 * 3600.0
                   ) -> tuple[NoiseFloor, list[ParsedLog]]:
-    """Train the GPU side `runs` times (determinism off) from `checkpoint` on `transport`'s host; the floor."""
+    """Train the reference side `runs` times (determinism off) from `checkpoint` on `transport`'s host; the floor."""
     from alignflow.logs import parse_log
 
     if runs < 2:
         raise ConfigError("--runs must be at least 2")
     loose = experiment.model_copy(update={"training": experiment.training.model_copy(update={"deterministic": False})})
     data_arg = "{in:data}" + (f"/{experiment.data.prefix}" if experiment.data.prefix else "")
-    template = render_training(loose, TrainSpec(TRIGGER, "gpu", experiment.training.steps, data_arg, data_sha256,
-                                                "{in:checkpoint}", None))
+    template = render_training(loose, TrainSpec(TRIGGER, REFERENCE.name, experiment.training.steps, data_arg,
+                                                data_sha256, "{in:checkpoint}", None))
     values = {"python": transport.python(), "in:data": data, "in:checkpoint": checkpoint}
     launched = []
     for i in range(runs):  # one after the other: concurrent runs would contend for the same accelerator
@@ -167,7 +168,8 @@ def record_noise(store: Any, experiment: Experiment, floor: NoiseFloor, logs: Se
                            params=NoiseRunParams(runs=floor.runs))
     try:
         for i, log in enumerate(logs):
-            step = store.start_step(run.id, f"noise_train_{i + 1}", host="gpu", command=log.source, cache_key="-",
+            step = store.start_step(run.id, f"noise_train_{i + 1}", host=REFERENCE.name, command=log.source,
+                                    cache_key="-",
                                     inputs={})
             store.add_metrics(run.id, source=f"noise_run_{i + 1}", frame=log.frame.select_dtypes("number"),
                               step_run_id=step.id)
@@ -195,22 +197,24 @@ def latest_noise_floor(store: Any, experiment: str) -> NoiseFloor | None:
 
 
 def noise_for_run(store: Any, experiment: Experiment, run_id: str, *, runs: int, work_dir: Path) -> NoiseFloor:
-    """Measure and record the floor on the GPU host of a run, from that run's converted checkpoint and data."""
+    """Measure and record the floor on the reference side's host of a run, from the checkpoint that side's training
+    loaded in that run and its data."""
+    from alignflow.backends import pipeline_for
     from alignflow.transport import open_transport
 
     run = store.get_run(run_id)
     inventory = run.alignment_params().inventory
-    artifacts = {a.name: a for a in store.run_artifacts(run.id)}
-    gpu = next((s for s in store.steps(run.id) if s.step == "gpu_train" and s.host), None)
-    if "megatron_ckpt" not in artifacts or gpu is None:
-        raise PipelineError(f"run {run.id}: no megatron_ckpt or gpu_train host recorded")
-    data = (gpu.inputs or {}).get("data") or {}
-    ckpt = artifacts["megatron_ckpt"]
-    if ckpt.host != gpu.host or data.get("host") != gpu.host:
-        raise PipelineError(f"run {run.id}: the checkpoint and data are not on {gpu.host}; noise runs where gpu_train "
-                            "ran")
-    with open_transport(inventory.get(str(gpu.host))) as t:
-        floor, logs = measure_noise(experiment, transport=t, checkpoint=ckpt.path, data=str(data["path"]),
+    training, load = REFERENCE.training, pipeline_for(experiment).load(REFERENCE.name)
+    trained = next((s for s in store.steps(run.id) if s.step == training and s.host), None)
+    if trained is None or load not in (trained.inputs or {}):
+        raise PipelineError(f"run {run.id}: no {training} with its {load} recorded")
+    data = (trained.inputs or {}).get("data") or {}
+    ckpt = trained.inputs[load]
+    if ckpt.get("host") != trained.host or data.get("host") != trained.host:
+        raise PipelineError(f"run {run.id}: the checkpoint and data are not on {trained.host}; noise runs where "
+                            f"{training} ran")
+    with open_transport(inventory.get(str(trained.host))) as t:
+        floor, logs = measure_noise(experiment, transport=t, checkpoint=str(ckpt["path"]), data=str(data["path"]),
                                     data_sha256=str(data["sha256"]), runs=runs, work_dir=work_dir / run.id)
     return record_noise(store, experiment, floor, logs)
 

@@ -22,7 +22,7 @@ from typing import Literal
 from alignflow.errors import LogParseError
 from alignflow.logs.checks import near_misses
 from alignflow.logs.first_interval import ProcessStarts, deaverage
-from alignflow.logs.formats import BY_NAME, FORMAT_NAMES, FORMATS, all_markers, all_rules
+from alignflow.logs.formats import BY_NAME, FORMAT_NAMES, FORMATS, LogFormatSpec, all_markers, all_rules
 from alignflow.logs.lines import StepLine
 from alignflow.logs.schema import FIRST_INTERVAL_CHOICES, FirstIntervalChoice, LogFormat, ParsedLog, Sentinel
 from alignflow.logs.sentinels import SentinelScanner, clip_text
@@ -51,7 +51,7 @@ class _Bad:
 
 
 def parse_log(
-    lines: Iterable[str], *, fmt: FormatChoice = "auto", rank: int | None = None, source: str = "",
+    lines: Iterable[str], *, fmt: FormatChoice | LogFormatSpec = "auto", rank: int | None = None, source: str = "",
     first_interval: FirstIntervalChoice = "auto",
 ) -> ParsedLog:
     """Parse a MindFormers or Megatron training log into a frame indexed by step with canonical columns.
@@ -61,20 +61,26 @@ def parse_log(
     timestamps), `"deaverage"` does so whatever the timestamps say, `"raw"` keeps every value as printed;
     `ParsedLog.first_interval` records what was done and why.
 
+    `fmt` may also be a declared format (`alignflow.logs.declared.regex_format`: a trainer's own step lines).
+
     Raises `LogParseError` when the log has no step lines (for the chosen rank), when it mixes both frameworks'
     step lines under `fmt="auto"`, or when `rank` names a rank that printed no step lines.
     """
-    if fmt != "auto" and fmt not in BY_NAME:
-        raise LogParseError(f"unknown log format {fmt!r}; use auto, {', '.join(FORMAT_NAMES)}", source=source)
+    formats, by_name = FORMATS, BY_NAME
+    name: str = fmt.name if isinstance(fmt, LogFormatSpec) else fmt
+    if isinstance(fmt, LogFormatSpec):  # a declared format: read with it, the known ones still name stray lines
+        formats, by_name = (*FORMATS, fmt), {**BY_NAME, fmt.name: fmt}
+    if name != "auto" and name not in by_name:
+        raise LogParseError(f"unknown log format {name!r}; use auto, {', '.join(FORMAT_NAMES)}", source=source)
     if first_interval not in FIRST_INTERVAL_CHOICES:
         raise LogParseError(f"unknown first_interval {first_interval!r}; use {', '.join(FIRST_INTERVAL_CHOICES)}",
                             source=source)
     where = source or "log"
-    specs = FORMATS if fmt == "auto" else (BY_NAME[fmt],)
-    others = () if fmt == "auto" else tuple(spec for spec in FORMATS if spec.name != fmt)
+    specs = FORMATS if name == "auto" else (by_name[name],)
+    others = () if name == "auto" else tuple(spec for spec in FORMATS if spec.name != name)
     scanner = SentinelScanner(all_rules(), all_markers())
-    steps: dict[LogFormat, dict[int | None, StepRecords]] = {spec.name: {} for spec in FORMATS}
-    bad: dict[LogFormat, list[_Bad]] = {spec.name: [] for spec in FORMATS}
+    steps: dict[LogFormat, dict[int | None, StepRecords]] = {spec.name: {} for spec in formats}
+    bad: dict[LogFormat, list[_Bad]] = {spec.name: [] for spec in formats}
     not_last_stage: dict[int | None, int] = {}
     line_no = 0
     n_step_lines = 0
@@ -122,7 +128,7 @@ def parse_log(
         pending = None
         if isinstance(rec, str):
             bad[which].append(_Bad(line_no, text, r, rec))
-            if BY_NAME[which].continues is not None:
+            if by_name[which].continues is not None:
                 pending = _Pending(which, r, text, not text.rstrip().endswith("|"), read=False)
             continue
         if rec.glued:  # another process's output glued after the last field: its sentinels count
@@ -133,17 +139,17 @@ def parse_log(
         last_step_text = text
         group = steps[which].get(r)
         if group is None:
-            group = steps[which][r] = StepRecords(BY_NAME[which].loss_columns)
+            group = steps[which][r] = StepRecords(by_name[which].loss_columns)
         group.add(line_no, rec, text)
-        if BY_NAME[which].continues is not None:
+        if by_name[which].continues is not None:
             pending = _Pending(which, r, text, rec.cut, read=True)
     scanner.finish()
     fatal = [x for x in scanner.sentinels if x.fatal]
     hint = ""
     if fatal:
         hint = "; fatal line(s) found: " + "; ".join(f"{x.line_no}: {x.text}" for x in fatal[:3])
-    chosen = _choose_format(fmt, steps, bad, where, hint, bool(not_last_stage), other_format_lines)
-    spec = BY_NAME[chosen]
+    chosen = _choose_format(name, steps, bad, where, hint, bool(not_last_stage), other_format_lines, formats)
+    spec = by_name[chosen]
     by_rank = steps[chosen]
     rank_used = _choose_rank(by_rank, rank, not_last_stage, where, chosen, hint)
     records = by_rank[rank_used] if rank_used in by_rank else StepRecords()
@@ -245,19 +251,21 @@ def parse_log_file(path: str | Path, **kwargs: object) -> ParsedLog:
 
 
 def _choose_format(
-    fmt: FormatChoice, steps: dict[LogFormat, dict[int | None, StepRecords]],
+    fmt: str, steps: dict[LogFormat, dict[int | None, StepRecords]],
     bad: dict[LogFormat, list[_Bad]], where: str, fatal_hint: str, mf_not_last_stage: bool,
-    other_lines: dict[str, int],
+    other_lines: dict[str, int], formats: tuple[LogFormatSpec, ...] = FORMATS,
 ) -> LogFormat:
     # Lines of a non-last MindFormers pipeline stage (`loss: N/A`) identify the format even though they are dropped.
-    found = [spec.name for spec in FORMATS if steps[spec.name] or (spec.name == "mindformers" and mf_not_last_stage)]
+    found = [spec.name for spec in formats if steps[spec.name] or (spec.name == "mindformers" and mf_not_last_stage)]
     if fmt != "auto":
-        if fmt in found:
-            return fmt
+        asked = next((spec.name for spec in formats if spec.name == fmt), None)
+        if asked in found:
+            return asked
         hint = "".join(f"; it has {n} {other} step line(s): use format auto or {other}"
                        for other, n in other_lines.items())
-        first_bad = bad[fmt][0].line_no if bad[fmt] else None
-        raise LogParseError(f"no {fmt} step lines{_bad_hint(bad[fmt])}{hint}{fatal_hint}", source=where,
+        unread = bad[asked] if asked is not None else []
+        first_bad = unread[0].line_no if unread else None
+        raise LogParseError(f"no {fmt} step lines{_bad_hint(unread)}{hint}{fatal_hint}", source=where,
                             line=first_bad)
     if not found:
         anchors = next((b for b in bad.values() if b), [])
@@ -268,7 +276,8 @@ def _choose_format(
             line=anchors[0].line_no if anchors else None)
     if len(found) > 1:
         first = {k: min((group.line_nos[0] for group in steps[k].values()), default=0) for k in found}
-        each = [f"{BY_NAME[k].label} (first at line {first[k]})" for k in found]
+        labels = {spec.name: spec.label for spec in formats}
+        each = [f"{labels[k]} (first at line {first[k]})" for k in found]
         which = f"both {each[0]} and {each[1]}" if len(each) == 2 else ", ".join(each[:-1]) + f" and {each[-1]}"
         raise LogParseError(f"{which} step lines; choose one with format {' or '.join(found)}", source=where)
     return found[0]

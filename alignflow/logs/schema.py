@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import pandas as pd
 
-LogFormat = Literal["mindformers", "megatron", "nemo"]
+LogFormat = Literal["mindformers", "megatron", "nemo", "declared"]
 # What to do with Megatron's first printed interval (alignflow.logs.first_interval): decide from the log's evidence,
 # always undo the averaging, or leave every value as printed.
 FirstIntervalChoice = Literal["auto", "deaverage", "raw"]

@@ -1,24 +1,30 @@
-"""The one preflight check that contacts a host: is Megatron-LM where `gpu.entry` says, as declared?
+"""The one preflight check that contacts a host: is Megatron-LM where a Megatron side's `entry` says, as declared?
 
-A GPU host without Megatron-LM at `gpu.entry` would otherwise be found out when gpu_train starts — after the NPU
-base training and both conversions, hours in. Before step 1, a short probe runs with the host's Python (over the
+A host without Megatron-LM at `<side>.entry` would otherwise be found out when the side's training starts — after the
+base training and the conversions, hours in. Before step 1, a short probe runs with the host's Python (over the
 host's transport, with its env and setup lines) and reports: `gpu.entry` is an absolute path to a file; beside it
 is a Megatron-LM tree (`megatron/training/arguments.py`, `megatron/core/package_info.py`); that tree's
 megatron-core version equals `gpu.megatron_version` in every part the declaration gives (`0.19` takes any 0.19.x,
 `0.19.0` only 0.19.0: flags, NullTokenizer, the converted checkpoint and the checked Megatron code all follow it);
 the host's Python has torch, Transformer Engine when the experiment asks for its implementation, and every extension
-the experiment counts on (`gpu.extensions`, from hosts.yaml's `cuda_extensions`). Only for `gpu.kind: megatron`.
+the experiment counts on (`<side>.extensions`, from hosts.yaml's `cuda_extensions`). On an Ascend host (MindSpeed):
+torch_npu and the MindSpeed package whose adaptor patches Megatron, and an entry that imports
+`mindspeed_llm.megatron_adaptor` itself unless `<side>.adaptor` names one. Only for sides of `kind: megatron`.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from alignflow.backends.template import MegatronArgs
 from alignflow.config.experiment import Experiment
 from alignflow.config.hosts import Host
+from alignflow.config.placement import Placement
+from alignflow.frameworks.ascend import MINDSPEED_ADAPTOR, MINDSPEED_LLM_ADAPTOR
 from alignflow.frameworks.megatron_versions import TE
+from alignflow.pipeline import SIDES, Side
 
 PROBE = r'''
 import importlib.util, json, os, re, sys
@@ -39,25 +45,54 @@ for name in req["modules"]:
         out["modules"][name] = importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         out["modules"][name] = False
+adaptor = r"^\s*(from\s+mindspeed_llm\s+import\s+megatron_adaptor|import\s+mindspeed_llm\.megatron_adaptor)"
+out["imports_adaptor"] = bool(out["entry"] and re.search(adaptor, open(entry, encoding="utf-8",
+                                                                         errors="replace").read(), re.M))
 print(json.dumps(out))
 '''
 
 
-def check_gpu_host(experiment: Experiment, host: Host, transport_factory: Callable[[Host], Any]) -> list[str]:
-    """Problems of `host`, where `experiment`'s gpu_train runs (empty: Megatron-LM is there as declared)."""
-    entry = experiment.gpu.entry
-    if experiment.gpu.kind != "megatron" or entry is None:
-        return []
+def check_megatron_hosts(experiment: Experiment, placement: Placement, transport_factory: Callable[[Host], Any], *,
+                         sides: Collection[Side] | None = None) -> dict[Side, list[str]]:
+    """Problems of the hosts (of `placement`) of `experiment`'s real Megatron sides (on a GPU host, or MindSpeed on
+    an Ascend host; of `sides`, default both), by side (an empty list: Megatron-LM is there as declared); sides of
+    other backends are not probed."""
+    from alignflow.backends.commands import step_command, train_spec
+    from alignflow.backends.registry import side_backend
+    from alignflow.backends.template import MegatronArgs
+
+    found: dict[Side, list[str]] = {}
+    for s in SIDES:
+        if sides is not None and s.name not in sides:
+            continue
+        host = placement.host(s.training)
+        template = step_command(experiment, s.training, data_sha256="", host=host).template
+        train = train_spec(experiment, s.training, s.name, experiment.training.steps, None, None, data_sha256="",
+                           host=host)
+        args = side_backend(experiment, s.name).settings(experiment, train, template)
+        if isinstance(args, MegatronArgs) and args.real and args.entry is not None:
+            found[s.name] = check_megatron_host(s.name, args, host, transport_factory,
+                                                te=getattr(experiment.side(s.name), "transformer_impl", "local")
+                                                == "transformer_engine")
+    return found
+
+
+def check_megatron_host(side_name: Side, args: MegatronArgs, host: Host, transport_factory: Callable[[Host], Any],
+                        *, te: bool = False) -> list[str]:
+    """Problems of `host` for one Megatron side rendered as `args` (empty: Megatron-LM is there as declared)."""
     from alignflow.errors import AlignflowError
 
-    gpu = experiment.gpu
-    wanted = ["torch", *(gpu.extensions or ())]
-    if gpu.transformer_impl == "transformer_engine" and TE not in wanted:
+    assert args.entry is not None
+    npu = args.role == "ascend"
+    wanted = ["torch", *(args.extensions or ())]
+    if npu:  # torch_npu, and the MindSpeed package whose adaptor patches Megatron
+        wanted += ["torch_npu", (args.adaptor or MINDSPEED_LLM_ADAPTOR).split(".")[0]]
+    if te and TE not in wanted:
         wanted.append(TE)
     where = f"host {host.name}"
     transport = transport_factory(host)
     try:
-        done = transport.run([transport.python(), "-c", PROBE, json.dumps({"entry": entry, "modules": wanted})],
+        done = transport.run([transport.python(), "-c", PROBE, json.dumps({"entry": args.entry, "modules": wanted})],
                              check=False, timeout_s=120)
     except AlignflowError as exc:
         return [f"{where}: cannot probe for Megatron-LM: {exc}"]
@@ -72,8 +107,13 @@ def check_gpu_host(experiment: Experiment, host: Host, transport_factory: Callab
         found = json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return [f"{where}: unreadable probe output {done.stdout[-200:]!r}"]
-    return _problems(found, where=where, entry=entry, version=gpu.megatron_version, wanted=wanted,
-                     extensions=gpu.extensions)
+    problems = _problems(found, where=where, entry=args.entry, version=args.megatron_version, wanted=wanted,
+                         extensions=args.extensions, side=side_name)
+    if npu and args.adaptor is None and found.get("entry") and not found.get("imports_adaptor"):
+        problems.append(f"{where}: {args.entry} does not import {MINDSPEED_LLM_ADAPTOR} (MindSpeed-LLM's "
+                        f"pretrain_gpt.py does): a plain Megatron-LM entry on an NPU host needs {side_name}.adaptor "
+                        f"({MINDSPEED_ADAPTOR})")
+    return problems
 
 
 def same_version(have: str, declared: str) -> bool:
@@ -90,12 +130,12 @@ def same_version(have: str, declared: str) -> bool:
 
 
 def _problems(found: dict[str, Any], *, where: str, entry: str, version: str, wanted: list[str],
-              extensions: Sequence[str] | None = None) -> list[str]:
+              extensions: Sequence[str] | None = None, side: str = "gpu") -> list[str]:
     if not found["absolute"]:
-        return [f"{where}: gpu.entry {entry!r} must be an absolute path (the job runs in its own output directory)"]
+        return [f"{where}: {side}.entry {entry!r} must be an absolute path (the job runs in its own output directory)"]
     if not found["entry"]:
-        return [f"{where}: gpu.entry {entry} does not exist: no Megatron-LM pretrain_gpt.py there (clone Megatron-LM "
-                f"at core_v{version}.0 there, or point gpu.entry at the checkout's pretrain_gpt.py)"]
+        return [f"{where}: {side}.entry {entry} does not exist: no Megatron-LM pretrain_gpt.py there (clone "
+                f"Megatron-LM at core_v{version}.0 there, or point {side}.entry at the checkout's pretrain_gpt.py)"]
     problems = []
     if not found["arguments"]:
         problems.append(f"{where}: {entry} is not in a Megatron-LM checkout (no megatron/training/arguments.py "
@@ -103,16 +143,18 @@ def _problems(found: dict[str, Any], *, where: str, entry: str, version: str, wa
     have = found["version"]
     if have is None:
         problems.append(f"{where}: no megatron/core/package_info.py beside {entry}: the megatron-core version is "
-                        f"unknown (gpu.megatron_version says {version})")
+                        f"unknown ({side}.megatron_version says {version})")
     elif not same_version(have, version):
-        problems.append(f"{where}: the Megatron-LM beside {entry} is megatron-core {have}, but gpu.megatron_version "
-                        f"is {version}: flags, NullTokenizer, the converted checkpoint and the Megatron code alignflow "
-                        "checked follow the version (set gpu.megatron_version to the host's, or check out the "
-                        "declared release there)")
+        problems.append(f"{where}: the Megatron-LM beside {entry} is megatron-core {have}, but "
+                        f"{side}.megatron_version is {version}: flags, NullTokenizer, the converted checkpoint and "
+                        f"the Megatron code alignflow checked follow the version (set {side}.megatron_version to the "
+                        "host's, or check out the declared release there)")
     for name in wanted:
         if not found["modules"].get(name):
             declared = name in (extensions or ())
-            what = ("needed by pretrain_gpt.py" if name == "torch" else "gpu.transformer_impl transformer_engine"
-                    if name == TE and not declared else "declared in cuda_extensions (gpu.extensions)")
+            what = ("needed by pretrain_gpt.py" if name in ("torch", "torch_npu") else
+                    f"{side}.transformer_impl transformer_engine" if name == TE and not declared else
+                    f"declared in cuda_extensions ({side}.extensions)" if declared else
+                    "MindSpeed, whose adaptor runs Megatron on the NPU")
             problems.append(f"{where}: its Python has no {name} ({what})")
     return problems

@@ -84,7 +84,8 @@ def batch_fits(settings: Mapping[str, Value]) -> Value:
 
 
 def checkpoint_loads(gpu_flags: Sequence[str], convert_argv: Sequence[str] | None, model: ModelConfig) -> Value:
-    """Whether the GPU training's layout loads the checkpoint `convert_megatron` writes for it, read from both
+    """Whether a Megatron-kind training's layout loads the checkpoint it is given (`convert_argv`: the flags of the
+    conversion step that writes it, or `--ckpt-format torch_dist` for a torch_dist base), read from both
     commands (`--ckpt-format`, the parallel sizes) with megatron-core's rules (`alignflow.convert.layout.
     checkpoint_load_problems`, `alignflow.convert.sharding.layout_problems`)."""
     from alignflow.convert.layout import checkpoint_load_problems
@@ -95,7 +96,7 @@ def checkpoint_loads(gpu_flags: Sequence[str], convert_argv: Sequence[str] | Non
                            ep=int(_last(gpu_flags, "--expert-model-parallel-size") or 1))
     train_fmt = _last(gpu_flags, "--ckpt-format") or "torch_dist"  # Megatron-LM's default
     if convert_argv is None:
-        return Value(True, "no convert_megatron step renders the checkpoint (not checked)")
+        return Value(True, "no step of the run lays the checkpoint out (a given or trained legacy base): not checked")
     ckpt_fmt = _last(convert_argv, "--ckpt-format") or "torch"
     ckpt = ParallelConfig(tp=int(_last(convert_argv, "--tp") or 1), pp=int(_last(convert_argv, "--pp") or 1),
                           ep=int(_last(convert_argv, "--ep") or 1))

@@ -1,10 +1,13 @@
 """The alignment-critical settings as a table, and the pure comparison of the two sides over it.
 
-Each row names a setting both readers produce, whether the two sides must agree, and the value each side must
-have regardless of the other (dropout 0, deterministic on). Rows that only make sense for one side (the NPU
-dataloader's second shuffle, Megatron's `--dataloader-type`) or for one kind of model (MoE rows need experts on
-both sides; when only one side has them, the expert-count row says so once instead of every MoE row) carry a
-condition. The comments cite the seed or reference section that made each row necessary.
+Each row names a setting the readers produce, whether the two sides must agree, and the value each side must
+have regardless of the other (dropout 0, deterministic on). Rows that only one framework's reader produces (the
+MindFormers dataloader's second shuffle, Megatron's `--dataloader-type`, Megatron-LM's parser, the host's HCCL or TE
+determinism) are checked on whichever side reports them (`per_side`), so any pair of backends is compared by the
+same table. Rows that only make sense for one kind of model (MoE rows need experts on both sides; when only one side
+has them, the expert-count row says so once instead of every MoE row) carry a condition. A row a side cannot be read
+for and does not declare (a `command` side) is `unchecked`, never `ok`. The comments cite the seed or reference
+section that made each row necessary.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, Literal
 from alignflow.preflight.values import MISSING, Settings, Value, display, jsonable, same
 
 Side = Literal["npu", "gpu"]
-Status = Literal["ok", "mismatch"]
+Status = Literal["ok", "mismatch", "unchecked"]
 Cond = Callable[[Settings, Settings], bool]
 _NO = object()
 
@@ -44,15 +47,6 @@ def _expert_bias(npu: Settings, gpu: Settings) -> bool:
         gpu.get("moe.expert_bias", Value(False, "")).value)
 
 
-def _kind(side: Side, *names: str) -> Cond:
-    """The side's backend (`side.kind`: mindformers / megatron / reference) is one of `names`."""
-
-    def cond(npu: Settings, gpu: Settings) -> bool:
-        return (npu if side == "npu" else gpu).get("side.kind", Value(None, "")).value in names
-
-    return cond
-
-
 @dataclass(frozen=True, slots=True)
 class Rule:
     """One alignment-critical setting."""
@@ -65,6 +59,7 @@ class Rule:
     sides: tuple[Side, ...] = ("npu", "gpu")
     when: Cond | None = None
     why: str = ""
+    per_side: bool = False  # checked on each side whose reader produces it (a framework's own setting)
 
 
 MOE = _both_have("moe.num_experts")
@@ -84,9 +79,9 @@ RULES: tuple[Rule, ...] = (
     Rule("data.seq_length", "dataset sequence length", "data"),
     Rule("data.eod", "end-of-document id", "data", when=_both_known("data.eod"),
          why="NullTokenizer's EOD moved in megatron-core 0.18; it decides --eod-mask-loss and --reset-*"),
-    Rule("data.shuffle", "second shuffle of the NPU dataloader", "data", agree=False, required=False,
-         sides=("npu",), why="the order must come from the GPTDataset index alone"),
-    Rule("data.dataloader_type", "Megatron dataloader type", "data", agree=False, required="single", sides=("gpu",),
+    Rule("data.shuffle", "second shuffle of the MindFormers dataloader", "data", agree=False, required=False,
+         per_side=True, why="the order must come from the GPTDataset index alone"),
+    Rule("data.dataloader_type", "Megatron dataloader type", "data", agree=False, required="single", per_side=True,
          why="cyclic adds a randperm per epoch (docs/seeds.md#data-order)"),
     Rule("train.init_seed", "initialisation seed", "training"),
     # optimisation
@@ -102,8 +97,8 @@ RULES: tuple[Rule, ...] = (
     Rule("parallel.dp", "data parallel size", "parallel", agree=False),
     Rule("parallel.batch_fits", "global batch = micro batch x dp x accumulation", "parallel", agree=False,
          required=True, why="each step must consume the same global batch, in the same order, on both sides"),
-    Rule("parallel.loads_checkpoint", "the GPU layout loads the converted checkpoint", "parallel", agree=False,
-         required=True, sides=("gpu",), when=lambda n, g: "parallel.loads_checkpoint" in g,
+    Rule("parallel.loads_checkpoint", "the layout loads the checkpoint it is given", "parallel", agree=False,
+         required=True, per_side=True,
          why="legacy files load only at their own tp/pp/ep; megatron-core must build the model at the layout"),
     Rule("load.weights_only", "weights-only load (schedule and data restart at step 0)", "training", agree=False,
          required=True, why="MindFormers no_load_optim = Megatron --finetune --no-load-optim"),
@@ -181,21 +176,21 @@ RULES: tuple[Rule, ...] = (
     # docs/megatron.md#determinism-and-flags)
     Rule("det.deterministic", "deterministic mode", "determinism", required=True,
          why="MindFormers training.deterministic, Megatron --deterministic-mode"),
-    Rule("det.hccl", "HCCL_DETERMINISTIC=true on the NPU host", "determinism", agree=False, required=True,
-         sides=("npu",), when=_kind("npu", "mindformers")),
-    Rule("det.nvte", "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 on the GPU host", "determinism", agree=False, required=True,
-         sides=("gpu",), when=_kind("gpu", "megatron")),
+    Rule("det.hccl", "HCCL_DETERMINISTIC=true on an Ascend host", "determinism", agree=False, required=True,
+         per_side=True),
+    Rule("det.nvte", "NVTE_ALLOW_NONDETERMINISTIC_ALGO=0 on a GPU host", "determinism", agree=False, required=True,
+         per_side=True),
     # the command line itself: a misspelt flag stops pretrain_gpt.py at argparse, hours into the experiment
-    Rule("gpu.flags", "pretrain_gpt.py accepts every flag", "command line", agree=False,
-         required=frozenset({"accepted", "not checked"}), sides=("gpu",), when=_kind("gpu", "megatron"),
-         why="checked against Megatron-LM's parser for gpu.megatron_version"),
-    Rule("gpu.combination", "megatron-core accepts the combination (kernels, evaluation, determinism)",
-         "command line", agree=False, required=frozenset({"accepted", "not checked"}), sides=("gpu",),
-         when=_kind("gpu", "megatron"), why="what validate_args and the layers refuse for gpu.megatron_version on a "
-         "host with gpu.extensions"),
-    Rule("gpu.host", "Megatron-LM at gpu.entry on the GPU host", "command line", agree=False,
-         required=frozenset({"ok", "not checked"}), sides=("gpu",), when=_kind("gpu", "megatron"),
-         why="a host without it fails gpu_train after the NPU base training and both conversions"),
+    Rule("megatron.flags", "pretrain_gpt.py accepts every flag", "command line", agree=False,
+         required=frozenset({"accepted", "not checked"}), per_side=True,
+         why="checked against Megatron-LM's parser for the side's megatron_version"),
+    Rule("megatron.combination", "megatron-core accepts the combination (kernels, evaluation, determinism)",
+         "command line", agree=False, required=frozenset({"accepted", "not checked"}), per_side=True,
+         why="what validate_args and the layers refuse for the side's megatron_version on a host with its "
+         "extensions"),
+    Rule("megatron.host", "Megatron-LM at the side's entry on its host", "command line", agree=False,
+         required=frozenset({"ok", "not checked"}), per_side=True,
+         why="a host without it fails the training after the base training and the conversions"),
 )
 
 
@@ -245,20 +240,31 @@ class PreflightReport:
         return tuple(f for f in self.findings if f.status == "mismatch")
 
     @property
+    def unchecked(self) -> tuple[Finding, ...]:
+        """Rows a side could not be read for and does not declare (compared by neither value)."""
+        return tuple(f for f in self.findings if f.status == "unchecked")
+
+    @property
     def ok(self) -> bool:
         return not self.mismatches
 
     def summary(self) -> str:
         """One paragraph: the verdict and each mismatch with both values and where each came from."""
+        unchecked = self.unchecked
+        checked = len(self.findings) - len(unchecked)
+        note = (f"; {len(unchecked)} not checked (not declared: "
+                f"{', '.join(f.setting for f in unchecked[:6])}{' ...' if len(unchecked) > 6 else ''})"
+                if unchecked else "")
         if self.ok:
-            return f"preflight: {len(self.findings)} alignment-critical settings agree"
-        lines = [f"preflight: {len(self.mismatches)} of {len(self.findings)} alignment-critical settings differ "
-                 "between the NPU and the GPU side:"]
+            return f"preflight: {checked} alignment-critical settings agree{note}"
+        lines = [f"preflight: {len(self.mismatches)} of {checked} alignment-critical settings differ "
+                 f"between the NPU and the GPU side{note}:"]
         lines += [f"  - {f.line()}" for f in self.mismatches]
         return "\n".join(lines)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "checked": len(self.findings), "mismatches": len(self.mismatches),
+        return {"ok": self.ok, "checked": len(self.findings) - len(self.unchecked),
+                "unchecked": len(self.unchecked), "mismatches": len(self.mismatches),
                 "sources": dict(self.sources), "findings": [f.to_dict() for f in self.findings]}
 
 
@@ -269,8 +275,17 @@ def compare(npu: Settings, gpu: Settings, *, rules: tuple[Rule, ...] = RULES,
     for rule in rules:
         if rule.when is not None and not rule.when(npu, gpu):
             continue
+        sides = [side for side, s in (("npu", npu), ("gpu", gpu)) if rule.setting in s] if rule.per_side else \
+            list(rule.sides)
+        if not sides:
+            continue
         values = {side: (npu if side == "npu" else gpu).get(rule.setting, Value(MISSING, "not read"))
-                  for side in rule.sides}
+                  for side in sides}
+        if any(v.undeclared for v in values.values()):
+            findings.append(Finding(rule.setting, rule.label, rule.group, "unchecked", values.get("npu"),
+                                    values.get("gpu"), tuple(f"{side.upper()}: {v.source}" for side, v in
+                                                             values.items() if v.undeclared)))
+            continue
         problems: list[str] = []
         for side, value in values.items():
             if value.missing:

@@ -1,30 +1,30 @@
 """The two rendered sides of an experiment, exactly as the pipeline will launch them.
 
-Preflight does not re-derive the configurations from the experiment: it takes the NPU reload training's rendered
-YAML and the GPU training's argv from the same `step_command` the runner launches, so what it checks is what
-runs (template, alignflow's overrides, `npu.overrides`, `gpu.extra_args`, per-step command overrides). The
-environment each job gets is the host's `env` (when an inventory is given) overlaid with the command's own, as the
-transport exports them.
+Preflight does not re-derive the configurations from the experiment: it takes each side's long training from the
+same `step_command` the runner launches and asks that side's backend what its settings are read from
+(`Backend.settings`: the rendered MindFormers YAML, the Megatron flags after the entry — on either side, whatever
+launches them —, or a `command` side's declared settings), so what it checks is what runs (template, alignflow's
+overrides, `<side>.overrides`, `<side>.extra_args`, per-step command overrides). The environment each job gets is
+the host's `env` (when an inventory is given) overlaid with the command's own, as the transport exports them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-import yaml
-
-from alignflow.backends.commands import megatron_layout_flags, step_command
+from alignflow.backends.commands import megatron_layout_flags, step_command, train_spec
+from alignflow.backends.registry import pipeline_for, side_backend
+from alignflow.backends.template import MegatronArgs, MindFormersYaml, RenderedSettings
 from alignflow.config.experiment import Experiment
 from alignflow.config.placement import Placement
-from alignflow.errors import ConfigError
+from alignflow.pipeline import SIDES, Role, Side
 from alignflow.preflight.layout import launcher_world
 from alignflow.preflight.values import DataFile
 
 DATA_PLACEHOLDER = "{in:data}"
-TWIN_GPU_MODULE = "alignflow.twin.torch_train"
-SIDE_STEPS = ("npu_reload_train", "gpu_train")
+SIDE_STEPS = tuple(s.training for s in SIDES)
 """The steps whose rendered commands preflight compares (their hosts add their env)."""
 
 
@@ -46,75 +46,94 @@ class DataBinding:
 
 
 @dataclass(frozen=True, slots=True)
-class NpuSide:
-    """The NPU training as rendered: its YAML (as a mapping) and its environment."""
+class RenderedSide:
+    """One side's long training as rendered: what its settings are read from, its environment and launcher."""
 
-    kind: Literal["mindformers", "twin"]
-    config: Mapping[str, Any]
+    name: Side
+    kind: str  # the side's backend
+    rendered: RenderedSettings
     env: Mapping[str, str]
     env_source: str
-    source: str
-    world: int = 1  # processes its launcher starts (msrun)
+    source: str  # where its configuration came from (for the report)
+    world: int = 1  # processes its launcher starts (torchrun, msrun)
     world_source: str = "no launcher: one process"
-
-
-@dataclass(frozen=True, slots=True)
-class GpuSide:
-    """The GPU training as rendered: the `pretrain_gpt.py` flags (launcher stripped) and its environment."""
-
-    kind: Literal["megatron", "twin"]
-    argv: tuple[str, ...]
-    env: Mapping[str, str]
-    env_source: str
-    source: str
-    megatron_version: str = "0.16"  # picks the table of flags Megatron-LM's parser accepts (megatron only)
-    world: int = 1  # processes its launcher starts (torchrun)
-    world_source: str = "no launcher: one process"
-    extensions: tuple[str, ...] | None = None  # what the GPU host has (gpu.extensions)
-    convert_argv: tuple[str, ...] | None = None  # the convert_megatron command: the checkpoint the training loads
+    role: Role = "cuda"  # the host role it runs on
+    real: bool = True  # a real framework (not a twin): held to its host's determinism environment
+    convert_argv: tuple[str, ...] | None = None  # the conversion step's command: the checkpoint the side loads
     model: Any = None  # the experiment's ModelConfig: what megatron-core builds at the training's layout
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """The Megatron flags (a side read from Megatron flags only)."""
+        assert isinstance(self.rendered, MegatronArgs), f"the {self.name} side is not read from Megatron flags"
+        return self.rendered.argv
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The MindFormers YAML (a side read from one only)."""
+        assert isinstance(self.rendered, MindFormersYaml), f"the {self.name} side is not read from a MindFormers YAML"
+        return self.rendered.config
 
 
 def render_sides(
     experiment: Experiment, *, placement: Placement | None = None, data_sha256: str | None = None,
-) -> tuple[NpuSide, GpuSide, DataBinding]:
-    """Render the NPU reload training and the GPU training of `experiment` (no host is contacted), on their hosts
-    of `placement` when given (a run's, or `place` over an inventory: `SIDE_STEPS`)."""
+) -> tuple[RenderedSide, RenderedSide, DataBinding]:
+    """Render both sides' long trainings of `experiment` (no host is contacted), on their hosts of `placement` when
+    given (a run's, or `place` over an inventory: `SIDE_STEPS`): (NPU, GPU, data binding)."""
     sha = data_sha256 or experiment.data.sha256
-    hosts = {step: placement.host(step) if placement is not None else None for step in SIDE_STEPS}
-    npu_host, gpu_host = hosts["npu_reload_train"], hosts["gpu_train"]
-    npu_cmd = step_command(experiment, "npu_reload_train", data_sha256=sha or "", host=npu_host)
-    gpu_cmd = step_command(experiment, "gpu_train", data_sha256=sha or "", host=gpu_host)
-    where = experiment.source or experiment.name
-    text = npu_cmd.template.files.get("config.yaml")
-    if text is None:
-        raise ConfigError(f"{where}: npu_reload_train renders no config.yaml; preflight has nothing to read")
-    config = yaml.safe_load(text)
-    if not isinstance(config, dict):
-        raise ConfigError(f"{where}: the rendered NPU config is not a mapping")
-    npu_env, gpu_env = dict(npu_cmd.template.env), dict(gpu_cmd.template.env)
-    npu_env_src = gpu_env_src = "command env; no hosts file given"
-    if npu_host is not None and gpu_host is not None:
-        npu_env, gpu_env = {**npu_host.env, **npu_env}, {**gpu_host.env, **gpu_env}
-        npu_env_src, gpu_env_src = f"host {npu_host.name} + command env", f"host {gpu_host.name} + command env"
-    template = experiment.npu.template if experiment.npu.kind == "mindformers" else "the twin's renderer"
-    npu = NpuSide(experiment.npu.kind, config, npu_env, npu_env_src,
-                  f"npu_reload_train config.yaml (from {template})", *launcher_world(npu_cmd.template.argv))
-    flags = _megatron_flags(experiment, gpu_cmd.template.argv)
-    ext = experiment.gpu.extensions
-    override = experiment.steps.get("convert_megatron")  # what convert_megatron runs: its flags, or the override
-    conv = override.command if override is not None and override.command else megatron_layout_flags(experiment)
-    gpu = GpuSide(experiment.gpu.kind, flags, gpu_env, gpu_env_src, "gpu_train command line",
-                  experiment.gpu.megatron_version, *launcher_world(gpu_cmd.template.argv),
-                  extensions=tuple(ext) if ext is not None else None, convert_argv=tuple(conv),
-                  model=experiment.model)
+    sides = []
+    for s in SIDES:
+        host = placement.host(s.training) if placement is not None else None
+        cmd = step_command(experiment, s.training, data_sha256=sha or "", host=host)
+        template = cmd.template
+        backend = side_backend(experiment, s.name)
+        train = train_spec(experiment, s.training, s.name, experiment.training.steps, None, None,
+                           data_sha256=sha or "", host=host)
+        rendered = backend.settings(experiment, train, template)
+        env, env_source = dict(template.env), "command env; no hosts file given"
+        if host is not None:
+            env, env_source = {**host.env, **env}, f"host {host.name} + command env"
+        sources = {MindFormersYaml: f"{s.training} config.yaml (from {getattr(rendered, 'template', '')})",
+                   MegatronArgs: f"{s.training} command line"}
+        source = sources.get(type(rendered), getattr(rendered, "source", s.training))
+        role: Role = host.role if host is not None and host.role in ("ascend", "cuda") else s.role
+        sides.append(RenderedSide(s.name, backend.kind, rendered, env, env_source, source,
+                                  *launcher_world(template.argv), role=role, real=backend.real,
+                                  convert_argv=_convert_argv(experiment, s.name), model=experiment.model))
+    npu, gpu = sides
     return npu, gpu, DataBinding(sha, dict(experiment.data.host_paths))
 
 
-def _megatron_flags(experiment: Experiment, argv: tuple[str, ...]) -> tuple[str, ...]:
-    """The flags after the entry point (`pretrain_gpt.py`, or the twin's module), whatever launches it."""
-    entry = experiment.gpu.entry if experiment.gpu.kind == "megatron" else TWIN_GPU_MODULE
-    if entry in argv:
-        return tuple(argv[argv.index(entry) + 1:])
-    raise ConfigError(f"{experiment.source or experiment.name}: the gpu_train command does not run {entry} "
-                      "(steps.gpu_train.command replaces it?): preflight cannot read its Megatron flags")
+def _convert_argv(experiment: Experiment, side_name: Side) -> tuple[str, ...] | None:
+    """What lays out the Megatron checkpoint the side loads: the flags of its conversion step (or that step's
+    override), `--ckpt-format torch_dist` for a torch_dist base; None where no step of the run writes it (a given
+    or trained legacy base: not checked)."""
+    pipe = pipeline_for(experiment)
+    fmt = pipe.load_format(side_name)
+    made = pipe.producer(pipe.load(side_name))
+    if made is not None and made.converts is not None and fmt == "megatron":
+        override = experiment.steps.get(made.name)
+        return tuple(override.command if override is not None and override.command
+                     else megatron_layout_flags(experiment))
+    if fmt == "torch_dist":
+        return ("--ckpt-format", "torch_dist")
+    return None
+
+
+def megatron_flags(experiment: Experiment, argv: tuple[str, ...] | list[str], side_name: Side = "gpu"
+                   ) -> tuple[str, ...]:
+    """The Megatron flags of `argv`, a command of the side's backend (the tokens after its entry point —
+    `pretrain_gpt.py`, MindSpeed's launcher, the twin's module — whatever launches it)."""
+    from dataclasses import replace
+
+    training = next(s for s in SIDES if s.name == side_name).training
+    template = step_command(experiment, training, data_sha256="").template
+    train = train_spec(experiment, training, side_name, experiment.training.steps, None, None, data_sha256="",
+                       host=None)
+    rendered = side_backend(experiment, side_name).settings(experiment, train, replace(template, argv=tuple(argv)))
+    if not isinstance(rendered, MegatronArgs):
+        raise TypeError(f"the {side_name} side ({experiment.side(side_name).kind}) takes no Megatron flags")
+    return rendered.argv
+
+
+_megatron_flags = megatron_flags  # the name the recipe checks and benchmarks use

@@ -30,6 +30,23 @@ class _Missing:
 MISSING: Any = _Missing()
 
 
+class _Undeclared:
+    """Marker of a setting a side cannot be read for and does not declare (a `command` side)."""
+
+    _instance: _Undeclared | None = None
+
+    def __new__(cls) -> _Undeclared:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "not declared"
+
+
+UNDECLARED: Any = _Undeclared()
+
+
 @dataclass(frozen=True, slots=True)
 class Value:
     """One side's effective value of a setting and the place it came from."""
@@ -40,6 +57,10 @@ class Value:
     @property
     def missing(self) -> bool:
         return self.value is MISSING
+
+    @property
+    def undeclared(self) -> bool:
+        return self.value is UNDECLARED
 
     def show(self) -> str:
         return f"{display(self.value)} ({self.source})"
@@ -76,6 +97,8 @@ def display(value: Any) -> str:
     """A value as a person reads it in a report (`1e-05`, `[0, 1, 1, 1]`, `True`)."""
     if value is MISSING:
         return "not set"
+    if value is UNDECLARED:
+        return "not declared"
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, tuple | list):
@@ -98,7 +121,7 @@ def same(a: Any, b: Any) -> bool:
 
 def jsonable(value: Any) -> Any:
     """A value for `--json`: DataFile as a mapping, MISSING as null."""
-    if value is MISSING:
+    if value is MISSING or value is UNDECLARED:
         return None
     if isinstance(value, DataFile):
         return {"path": value.path, "sha256": value.sha256, "bound": value.bound}

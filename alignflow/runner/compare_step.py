@@ -1,7 +1,7 @@
 """The `compare` executor: parse both training logs on the controller, judge them, write the report.
 
-The test side is the NPU and the reference the GPU (per-step error = NPU - GPU). The step is cached like the
-others: same logs (by sha256), same criteria and same comparison code give the same verdict.
+The test side and the reference are the pipeline's (`alignflow.pipeline.SIDES`: per-step error = NPU - GPU). The step
+is cached like the others: same logs (by sha256), same criteria and same comparison code give the same verdict.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from alignflow.runner.session import StepOutcome, compare_code_version
 from alignflow.runview import report_context, run_view, timing_conditions
 from alignflow.store.records import StepStatus
 
-LOGS = ("npu_log", "gpu_log")  # test, reference
+LOGS = (pipeline.TEST.log, pipeline.REFERENCE.log)  # test, reference
 
 
 def run_compare(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping[str, ArtifactRef]) -> StepOutcome:
-    """Compare `npu_log` (test) with `gpu_log` (reference); record the comparison and the report.
+    """Compare the test side's log with the reference's; record the comparison and the report.
 
     The report lists the fingerprint of every artifact the run has produced or reused so far (`available`).
     """
@@ -60,16 +60,17 @@ def run_compare(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping[
         parsed[name] = parse_log(lines, source=f"{ref.host}:{ref.path}")
         memory[name] = memory_lines(lines)  # every rank's report (a rank-prefixed log holds them all)
     report_dir = runner.state_dir / "reports" / f"{runner.run_id}-{uuid.uuid4().hex[:6]}"
-    command = f"compare npu_log={inputs['npu_log'].short()} gpu_log={inputs['gpu_log'].short()}"
+    command = "compare " + " ".join(f"{name}={inputs[name].short()}" for name in LOGS)
     with recording(runner.store, runner.run_id, spec.name, host=host.name, command=command, cache_key=key,
                    inputs=inputs) as rec:
-        comparison = compare(parsed["npu_log"], parsed["gpu_log"], criteria_used, noise_floor=noise,
-                             memory=(memory["npu_log"], memory["gpu_log"]))
+        comparison = compare(parsed[LOGS[0]], parsed[LOGS[1]], criteria_used, noise_floor=noise,
+                             memory=(memory[LOGS[0]], memory[LOGS[1]]))
         view = run_view(runner.store, runner.run_id)
         context = report_context(view, description=experiment.description, writing=spec.name,
                                  generated_at=datetime.now(UTC), timing=timing_conditions(runner.store, view))
         files = write_report(comparison, report_dir, title=f"{experiment.name} — run {runner.run_id}",
-                             labels=("NPU", "GPU"), fingerprints={n: ref.sha256 for n, ref in available.items()},
+                             labels=(pipeline.TEST.label, pipeline.REFERENCE.label),
+                             fingerprints={n: ref.sha256 for n, ref in available.items()},
                              context=context)
         result = comparison.to_json()
         runner.store.add_comparison(runner.run_id, verdict=result["verdict"], criteria=result["criteria"],
@@ -102,7 +103,7 @@ def _local_log(runner: StepRunner, ref: ArtifactRef) -> Path:
     (`runs/<id>/logs/npu_reload_train.log`, as the engine names the log it checks): that copy when its bytes are the
     artifact's, else a fresh download there (a log reused from an earlier run had been named `npu_log.log`)."""
     logs_dir = runner.state_dir / "runs" / runner.run_id / "logs"
-    producer = pipeline.producer(ref.name)
+    producer = runner.ctx.pipeline.producer(ref.name)
     local = logs_dir / f"{producer.name if producer is not None else ref.name}.log"
     if local.is_file() and Fingerprinter().fingerprint(local).sha256 == ref.sha256:
         return local

@@ -24,16 +24,16 @@ from alignflow.runner.recording import recording
 from alignflow.runner.session import StepOutcome
 from alignflow.store.records import StepStatus
 
-SIDES = {"npu": ("npu_reload_train", "bf16_ckpt"), "gpu": ("gpu_train", "megatron_ckpt")}
-
 
 def run_diagnose(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping[str, ArtifactRef]) -> StepOutcome:
     """Run (or reuse) the diagnosis of `experiment.diagnose.step`; its verdict is `pass` or `diverged`."""
     inputs = declared_inputs(spec, available)
     exp = runner.experiment
     settings = exp.diagnose
-    hosts = {side: runner.host(step) for side, (step, _) in SIDES.items()}
-    recipe = exp.model_dump(mode="json", include={"model", "training", "npu", "gpu", "conversion", "data"})
+    # each side on the host of its long training, from the checkpoint that training loads
+    hosts = {side.name: runner.host(side.training) for side in pipeline.SIDES}
+    loads = {side.name: runner.ctx.pipeline.load(side.name) for side in pipeline.SIDES}
+    recipe = exp.model_dump(mode="json", include={"model", "training", *pipeline.SIDE_NAMES, "conversion", "data"})
     key = cache_key(step=spec.name, argv=("diagnose", str(settings.step)), files={}, env={},
                     code_version=code_version_for(("diagnose", "twin", "convert", "backends", "frameworks")),
                     inputs={n: ref.sha256 for n, ref in inputs.items()},
@@ -45,11 +45,10 @@ def run_diagnose(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping
     controller = runner.host(spec.name)
     out_dir = runner.state_dir / "runs" / runner.run_id / f"diagnose-{uuid.uuid4().hex[:8]}"
     with recording(runner.store, runner.run_id, spec.name, host=controller.name,
-                   command=f"diagnose step {settings.step} on {hosts['npu'].name} and {hosts['gpu'].name}",
+                   command=f"diagnose step {settings.step} on " + " and ".join(h.name for h in hosts.values()),
                    cache_key=key, inputs=inputs) as rec:
-        checkpoints = Checkpoints(npu=runner.stage(inputs["bf16_ckpt"], hosts["npu"]),
-                                  gpu=runner.stage(inputs["megatron_ckpt"], hosts["gpu"]))
-        data = DataRef(npu=runner.stage(inputs["data"], hosts["npu"]), gpu=runner.stage(inputs["data"], hosts["gpu"]),
+        checkpoints = Checkpoints(**{side: runner.stage(inputs[loads[side]], host) for side, host in hosts.items()})
+        data = DataRef(**{side: runner.stage(inputs["data"], host) for side, host in hosts.items()},
                        sha256=inputs["data"].sha256)
         runner.emit(f"{spec.name}: re-running step {settings.step} on both sides with tensor dumps")
         result = run_diagnosis(exp, checkpoints=checkpoints, data=data,

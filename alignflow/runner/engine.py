@@ -42,6 +42,7 @@ from alignflow.store.records import StepRunRecord, StepStatus
 from alignflow.transport import JobHandle, JobSpec, JobState, Transport, controller_transport
 
 if TYPE_CHECKING:
+    from alignflow.logs.formats import LogFormatSpec
     from alignflow.logs.parse import FormatChoice
 
 log = logging.getLogger(__name__)
@@ -322,7 +323,7 @@ class StepRunner:
                                         time_limit_s=time_limit_s))
 
     def wait(self, label: str, transport: Transport, handle: JobHandle, timeout_s: float, *,
-             total: int | None = None, log_format: FormatChoice | None = None) -> JobState:
+             total: int | None = None, log_format: FormatChoice | LogFormatSpec | None = None) -> JobState:
         """Poll the job until it ends, saying every `progress_every_s` where it stands: the training step its
         log has reached, of `total`, with its loss, rate and ETA (`StepProgress`)."""
         tracker = ProgressTracker(label, handle.host, total=total, log_format=log_format)

@@ -7,7 +7,8 @@ de-interleave, or a transposed square expert matrix, converts without a single s
 show it.
 
 Both gate trainings are the pipeline's own trainings (same backends, same renderers), `gate.steps` long, from
-the bf16 checkpoint (NPU) and the converted Megatron checkpoint (GPU). Their logs are held to the same rules as
+the checkpoint each side's long training loads (the bf16 MindFormers one and the converted Megatron one in the
+classic pipeline; the same base for two Megatron sides). Their logs are held to the same rules as
 the long trainings' (sentinels, required load lines); a metric that only one side reports fails the gate (a
 MindSpore wrapper without `get_mtp_loss` logs no MTP loss).
 """
@@ -21,11 +22,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from alignflow import pipeline
-from alignflow.backends import render_training
+from alignflow.backends import render_training, side_backend
 from alignflow.backends.commands import timeout_for, train_spec
-from alignflow.backends.template import CommandTemplate, Side
+from alignflow.backends.template import CommandTemplate
 from alignflow.config.hosts import Host
 from alignflow.errors import AlignflowError, PipelineError, RemoteJobError
+from alignflow.pipeline import Side
 from alignflow.runner.artifacts import ArtifactRef, declared_inputs
 from alignflow.runner.cache import cache_key
 from alignflow.runner.diagnose_step import describe, run_diagnose
@@ -40,9 +42,6 @@ CAUSE = ("step 1 is a forward pass of the same batch through the same weights on
          "so a difference here comes from the conversion (spec) or the model configuration, not from numerics; "
          "check the conversion spec's rules (a GLU linear_fc1 without de-interleave, a transposed square expert "
          "matrix converts without a shape error) and `alignflow preflight`")
-SIDES: tuple[tuple[Side, str, str], ...] = (("npu", "npu_reload_train", "bf16_ckpt"),
-                                            ("gpu", "gpu_train", "megatron_ckpt"))
-"""Each side: the long training whose host and backend it uses, and the checkpoint it loads."""
 
 
 class GateFailed(PipelineError):
@@ -71,11 +70,12 @@ def run_gate(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping[str
     exp = runner.experiment
     gate = exp.gate
     sides = []
-    for name, step, load in SIDES:
-        host = runner.host(step)
-        train = train_spec(exp, spec.name, name, gate.steps, "{in:" + load + "}", None,
+    for side in pipeline.SIDES:  # each on the host of its long training, from the checkpoint that training loads
+        host = runner.host(side.training)
+        load = runner.ctx.pipeline.load(side.name)
+        train = train_spec(exp, spec.name, side.name, gate.steps, "{in:" + load + "}", None,
                            data_sha256=inputs["data"].sha256, host=host)
-        sides.append(_Side(name, host, load, render_training(exp, train)))
+        sides.append(_Side(side.name, host, load, render_training(exp, train)))
     versions = [runner.code_version(side.template, side.host) for side in sides]
     key = cache_key(step=spec.name, argv=[a for s in sides for a in (*s.template.argv, "|")],
                     files={f"{s.name}/{k}": v for s in sides for k, v in s.template.files.items()},
@@ -128,11 +128,11 @@ def _diagnose_after_failure(runner: StepRunner, available: Mapping[str, Artifact
     exp = runner.experiment
     if not exp.diagnose.on_gate_failure:
         return "diagnose: off (diagnose.on_gate_failure: false); `alignflow diagnose RUN` runs it"
-    if exp.npu.kind != "twin" or exp.gpu.kind != "twin":
+    if any(side_backend(exp, s.name).dumps != "native" for s in pipeline.SIDES):
         return ("diagnose: the real frameworks dump through msprobe: `alignflow diagnose-setup` renders the setup, "
                 "`alignflow diagnose-dumps` compares the dumps")
     try:
-        outcome = run_diagnose(runner, pipeline.step("diagnose"), available)
+        outcome = run_diagnose(runner, runner.ctx.pipeline.step("diagnose"), available)
     except AlignflowError as exc:
         return f"diagnose: could not run ({exc})"
     report = outcome.artifacts["diagnosis"].path
@@ -175,20 +175,23 @@ def _judge(results: Mapping[Side, Mapping[str, float]], metrics: list[str], rel_
     """Step-1 relative difference of each metric; a metric on one side only is a failure, on neither is skipped."""
     rows: list[dict[str, Any]] = []
     failed: list[str] = []
+    test, ref = pipeline.TEST, pipeline.REFERENCE
     for metric in metrics:
-        npu, gpu = results["npu"].get(metric), results["gpu"].get(metric)
-        if npu is None and gpu is None:
+        t, r = results[test.name].get(metric), results[ref.name].get(metric)
+        if t is None and r is None:
             continue
-        if npu is None or gpu is None:
-            missing = "NPU" if npu is None else "GPU"
+        if t is None or r is None:
+            missing = test.label if t is None else ref.label
             failed.append(f"{metric}: the {missing} log has no step-1 {metric} (the other side logged "
-                          f"{gpu if npu is None else npu:.6f})")
+                          f"{r if t is None else t:.6f})")
             continue
-        rel = abs(npu - gpu) / max(abs(gpu), 1e-12)
+        rel = abs(t - r) / max(abs(r), 1e-12)
         ok = rel < rel_tol
-        rows.append({"metric": metric, "npu": npu, "gpu": gpu, "rel_diff": rel, "tolerance": rel_tol, "passed": ok})
+        rows.append({"metric": metric, test.name: t, ref.name: r, "rel_diff": rel, "tolerance": rel_tol,
+                     "passed": ok})
         if not ok:
-            failed.append(f"{metric}: NPU {npu:.6f} vs GPU {gpu:.6f}, relative difference {rel:.3e} > {rel_tol:.1e}")
+            failed.append(f"{metric}: {test.label} {t:.6f} vs {ref.label} {r:.6f}, relative difference {rel:.3e} > "
+                          f"{rel_tol:.1e}")
     if not rows and not failed:
         failed.append(f"no metric of {', '.join(metrics)} in either side's step-1 log")
     return rows, failed

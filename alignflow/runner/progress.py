@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from alignflow.logs.formats import LogFormatSpec
     from alignflow.logs.parse import FormatChoice
 
 SHOWN_METRICS = ("lm_loss", "grad_norm")
@@ -66,7 +67,7 @@ def format_duration(seconds: float) -> str:
 class ProgressTracker:
     """Turns successive log tails of one job into `StepProgress` values."""
 
-    def __init__(self, step: str, host: str, *, total: int | None, log_format: FormatChoice | None,
+    def __init__(self, step: str, host: str, *, total: int | None, log_format: FormatChoice | LogFormatSpec | None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.step, self.host, self.total, self.log_format = step, host, total, log_format
         self._clock = clock

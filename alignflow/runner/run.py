@@ -80,13 +80,14 @@ def start_run(
     """
     options = options or RunOptions()
     if options.reproduce_of is not None:
+        old = open_run(store, options.reproduce_of)
         options = RunOptions(parent=options.reproduce_of, trigger=options.trigger, reproduce_of=options.reproduce_of,
                              recorded_from=options.reproduce_of,
-                             force=tuple(s.name for s in pipeline.STEPS if not s.optional))
+                             force=tuple(s.name for s in old.pipeline.steps if not s.optional))
     if options.recorded_from is not None:
-        old = open_run(store, options.recorded_from).params
-        experiment, inventory = old.experiment, old.inventory
-        experiment_path, hosts_path = old.experiment_path, old.hosts_path
+        recorded = open_run(store, options.recorded_from).params
+        experiment, inventory = recorded.experiment, recorded.inventory
+        experiment_path, hosts_path = recorded.experiment_path, recorded.hosts_path
     else:
         experiment, inventory = load_run_inputs(experiment_path, hosts_path, state_dir)
     if experiment_update:
@@ -159,9 +160,10 @@ def preflight_run(ctx: RunContext, *, state_dir: Path, events: Events | None = N
         return None
     from alignflow.transport import open_transport
 
-    # the GPU host is probed only when this run executes something there (`--only npu_base_train` does not)
-    probe = open_transport if any(_uses_gpu_side(step) for step in executed_steps(ctx.plan)) else None
-    report = check_experiment(experiment, placement=ctx.placement, transport_factory=probe)
+    # a side's host is probed only when this run trains that side there (`--only npu_base_train` probes no GPU host)
+    sides = {side for step in executed_steps(ctx.plan) for side in _sides_trained(ctx, step)}
+    report = check_experiment(experiment, placement=ctx.placement, transport_factory=open_transport if sides else None,
+                              probe_sides=sides)
     out = state_dir / "runs" / ctx.run_id / "preflight.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report.to_dict(), indent=2), encoding="utf-8")
@@ -178,11 +180,13 @@ def executed_steps(plan: pipeline.Plan) -> tuple[str, ...]:
     return tuple(s for s in plan.steps if s not in plan.reuse_only)
 
 
-def _uses_gpu_side(step: str) -> bool:
-    """A step that runs the GPU side's training on its host: the GPU training itself, and the executors that train
-    both sides (the early gate, the diagnosis)."""
-    spec = pipeline.step(step)
-    return spec.role == "cuda" or spec.executor in ("gate", "diagnose")
+def _sides_trained(ctx: RunContext, step: str) -> tuple[pipeline.Side, ...]:
+    """The sides whose training `step` runs on their hosts: a training's own, both for the executors that train both
+    sides (the early gate, the diagnosis), none for the others."""
+    spec = ctx.pipeline.step(step)
+    if spec.side is not None:
+        return (spec.side,)
+    return pipeline.SIDE_NAMES if spec.executor in ("gate", "diagnose") else ()
 
 
 def check_slurm_hosts(ctx: RunContext, *, events: Events | None = None,
@@ -191,7 +195,7 @@ def check_slurm_hosts(ctx: RunContext, *, events: Events | None = None,
     from alignflow.transport import open_transport
     from alignflow.transport.slurm_check import check_slurm_host
 
-    hosts = {h.name: h for step in executed_steps(ctx.plan) if pipeline.step(step).executor != "compare"
+    hosts = {h.name: h for step in executed_steps(ctx.plan) if ctx.pipeline.step(step).executor != "compare"
              for h in [ctx.placement.host(step)] if h.scheduler == "slurm"}
     errors: list[str] = []
     for host in hosts.values():
@@ -257,8 +261,9 @@ def _finish(store: Store, run_id: str, outcomes: Mapping[str, StepOutcome], *, e
     plan = open_run(store, run_id).plan
     steps = store.steps(run_id)
     recorded = {s.step for s in steps}
-    for name in pipeline.STEP_NAMES:
-        if name not in recorded and (name in plan.steps or not pipeline.step(name).optional):
+    for spec in plan.pipeline.steps:
+        name = spec.name
+        if name not in recorded and (name in plan.steps or not spec.optional):
             store.skip_step(run_id, name, reason="not reached: an earlier step failed" if error and name in plan.steps
                             else NOT_SELECTED)
     compare = outcomes.get("compare")

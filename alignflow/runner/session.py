@@ -8,18 +8,21 @@ inventory as they were, the plan, the trigger and the parent run. `open_run` rea
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from alignflow import pipeline
+from alignflow.backends.registry import pipeline_for, side_backend
 from alignflow.codeversion import code_version_for
 from alignflow.config.experiment import Experiment, check_hosts, load_experiment
 from alignflow.config.hosts import Inventory, load_hosts
 from alignflow.config.placement import CONTROLLER, Placement
 from alignflow.errors import ConfigError, FingerprintMismatch, PipelineError
 from alignflow.fingerprint import Fingerprinter, HashMemo
+from alignflow.pipeline import Pipeline
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.store import Store
 from alignflow.store.params import RunOptions as RunOptions  # where runs are asked for; recorded with RunParams
@@ -74,12 +77,19 @@ class RunContext:
     def placement(self) -> Placement:
         return self.params.placement
 
+    @property
+    def pipeline(self) -> Pipeline:
+        """The run's steps, derived from its experiment's checkpoint formats."""
+        return self.plan.pipeline
+
 
 def open_run(store: Store, run_id: str) -> RunContext:
     """The `RunContext` of a recorded alignment run (its parameters as `start_run` recorded them, of any version
     of the store's codec: `alignflow.store.params`)."""
     run = store.get_run(run_id)
-    return RunContext(run_id=run.id, params=run.alignment_params())
+    params = run.alignment_params()  # its plan over the pipeline derived from the recorded experiment's formats
+    plan = dataclasses.replace(params.plan, pipeline=pipeline_for(params.experiment))
+    return RunContext(run_id=run.id, params=params.model_copy(update={"plan": plan}))
 
 
 def default_state_dir() -> Path:
@@ -126,11 +136,13 @@ def load_run_inputs(experiment_path: str | Path, hosts_path: str | Path,
 
 
 def plan_for(experiment: Experiment, options: RunOptions) -> pipeline.Plan:
+    """The run's plan over the experiment's derived pipeline; the early gate is on by default when a side is a
+    real framework (a twin's step 1 is checked by its own tests)."""
     gate = experiment.gate.enabled
     if gate is None:
-        gate = experiment.npu.kind != "twin" or experiment.gpu.kind != "twin"
-    return pipeline.plan(enabled_optional=["early_gate"] if gate else [], from_step=options.from_step,
-                         only=options.only, force=options.force)
+        gate = any(side_backend(experiment, s.name).real for s in pipeline.SIDES)
+    return pipeline_for(experiment).plan(enabled_optional=["early_gate"] if gate else [],
+                                         from_step=options.from_step, only=options.only, force=options.force)
 
 
 def compare_code_version() -> str:

@@ -27,5 +27,5 @@ EXECUTORS: dict[pipeline.ExecutorKind, Executor] = {
 
 def run_step(runner: StepRunner, step: str, available: Mapping[str, ArtifactRef]) -> StepOutcome:
     """Execute (or reuse) one step given every artifact produced so far."""
-    spec = pipeline.step(step)
+    spec = runner.ctx.pipeline.step(step)
     return EXECUTORS[spec.executor](runner, spec, available)

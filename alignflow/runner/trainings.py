@@ -21,8 +21,8 @@ from alignflow.store.records import StepRunRecord, StepStatus
 
 log = logging.getLogger(__name__)
 
-SIDES = ("npu", "gpu")
-SIDE_STEP: dict[str, pipeline.StepSpec] = {s.log_source: s for s in pipeline.STEPS if s.log_source in SIDES}
+SIDES = pipeline.SIDE_NAMES
+SIDE_STEP: dict[str, pipeline.StepSpec] = {s.name: pipeline.known_step(s.training) for s in pipeline.SIDES}
 
 
 @dataclass(frozen=True, slots=True)

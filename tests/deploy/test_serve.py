@@ -67,7 +67,9 @@ def test_dry_run_lists_the_ui_form_and_the_nightly_schedule(workspace: Path) -> 
     assert nightly["schema"]["definitions"]["NightlyConfig"]["properties"]["experiments"]["minItems"] == 1
 
 
-EVERY_STEP = list(pipeline.STEP_NAMES)  # the planner enables an optional step a launch names (pipeline.plan)
+# the steps of the served experiments (demo, tiny: the classic pipeline, derived from their checkpoint formats); the
+# planner enables an optional step a launch names (Pipeline.plan)
+EVERY_STEP = list(pipeline.DEFAULT.names)
 
 
 def offered_steps(schema: dict[str, Any]) -> list[str]:
@@ -150,7 +152,7 @@ def test_refuses_to_offer_a_broken_experiment_and_names_every_problem(workspace:
     broken.write_text("name: broken\nmodel: {}\n")
     message = refused()
     assert f"{broken}:1: data: required key is missing" in message
-    assert f"{broken}:1: conversion: required key is missing" in message
+    assert f"{broken}:1: training: required key is missing" in message
 
 
 def elsewhere(workspace: Path) -> Path:

@@ -111,7 +111,7 @@ def _execute(env: object) -> tuple[object, str]:
                             transport_factory=open_transport)
         try:
             data = data_artifact(ctx, state_dir=env.state)  # type: ignore[attr-defined]
-            return run_job_step(runner, pipeline.step("npu_base_train"), {"data": data}), run_id
+            return run_job_step(runner, pipeline.DEFAULT.step("npu_base_train"), {"data": data}), run_id
         finally:
             runner.close()
 

@@ -59,7 +59,7 @@ def test_a_retried_step_reattaches_to_its_running_job_instead_of_launching_again
         run_id = start_run(env.experiment, env.hosts, store=store, state_dir=env.state)
         ctx = open_run(store, run_id)
         runner = StepRunner(ctx, store=store, state_dir=env.state, transport_factory=DropsFirstWait)
-        spec = pipeline.step("npu_base_train")
+        spec = pipeline.DEFAULT.step("npu_base_train")
         try:
             data = data_artifact(ctx, state_dir=env.state)
             with pytest.raises(HostUnreachable):

@@ -156,7 +156,7 @@ def test_a_preempted_job_is_retried_with_a_new_job_when_the_step_says_so(env: Fl
         run_id = start_run(env.experiment, env.hosts, store=store, state_dir=env.state)
         ctx = open_run(store, run_id)
         runner = StepRunner(ctx, store=store, state_dir=env.state, transport_factory=open_transport, poll_s=0.5)
-        spec = pipeline.step("npu_base_train")
+        spec = pipeline.DEFAULT.step("npu_base_train")
         urgent.start()
         try:
             data = data_artifact(ctx, state_dir=env.state)

@@ -18,7 +18,8 @@ import yaml
 from alignflow.config import load_experiment, load_hosts
 from alignflow.config.placement import place
 from alignflow.preflight import check_experiment
-from alignflow.preflight.gpu_host import check_gpu_host
+from alignflow.preflight.gpu_host import check_megatron_hosts
+from alignflow.preflight.sides import SIDE_STEPS
 from alignflow.runner.run import execute_pipeline, start_run
 from alignflow.store import Store
 from alignflow.transport import open_transport
@@ -54,8 +55,8 @@ def experiment(repo_root: Path, tmp_path: Path, entry: str, extensions: list[str
 def problems(path: Path) -> list[str]:
     inventory = load_hosts(path.parent / "hosts.yaml")
     experiment = load_experiment(path, inventory)
-    return check_gpu_host(experiment, place(experiment, inventory, steps=("gpu_train",)).host("gpu_train"),
-                          open_transport)
+    placement = place(experiment, inventory, steps=SIDE_STEPS)
+    return check_megatron_hosts(experiment, placement, open_transport).get("gpu", [])
 
 
 def test_a_megatron_checkout_of_the_declared_version_passes(repo_root: Path, tmp_path: Path) -> None:
@@ -102,7 +103,7 @@ def test_the_cli_probes_the_host_on_request(repo_root: Path, tmp_path: Path, sub
                             timeout=300, check=False)
     assert probed.returncode == 1
     (finding,) = [f for f in json.loads(probed.stdout)["findings"] if f["status"] == "mismatch"]
-    assert finding["setting"] == "gpu.host"
+    assert finding["setting"] == "megatron.host"
     assert "gpu.entry /nonexistent/Megatron-LM/pretrain_gpt.py does not exist" in finding["gpu"]["source"]
 
 
@@ -116,7 +117,7 @@ def test_a_run_on_a_host_without_megatron_fails_at_preflight_with_nothing_run(
         record = execute_pipeline(run_id, store=store, state_dir=state, transport_factory=open_transport)
         steps = {s.step: s.status for s in store.steps(run_id)}
     assert (record.status, record.verdict) == ("error", None)  # the environment, not the alignment
-    assert "Megatron-LM at gpu.entry on the GPU host: GPU refused (host cuda: gpu.entry " in (record.error or "")
+    assert "Megatron-LM at the side's entry on its host: GPU refused (host cuda: gpu.entry " in (record.error or "")
     assert set(steps.values()) == {"skipped"}
     assert not (tmp_path / "data").exists()  # not even the data was generated
 
@@ -124,7 +125,7 @@ def test_a_run_on_a_host_without_megatron_fails_at_preflight_with_nothing_run(
 def test_without_a_host_probe_the_report_says_not_checked(repo_root: Path, tmp_path: Path) -> None:
     path = experiment(repo_root, tmp_path, "/nonexistent/pretrain_gpt.py")
     report = check_experiment(load_experiment(path))
-    (host,) = [f for f in report.findings if f.setting == "gpu.host"]
+    (host,) = [f for f in report.findings if f.setting == "megatron.host"]
     assert host.status == "ok"
     assert host.gpu is not None
     assert host.gpu.value == "not checked"

@@ -105,7 +105,7 @@ def test_mistakes_are_named_as_megatrons_parser_would(repo_root: Path, edit: dic
 def test_preflight_stops_a_recipe_with_a_misspelt_extra_flag(repo_root: Path, tmp_path: Path) -> None:
     path = recipe_copy(repo_root, tmp_path, "glm52_mini", experiment={"gpu.extra_args+": ["--moe-grouped-gem"]})
     report = check_experiment(load_copy(path, repo_root), inventory=example_inventory(repo_root))
-    assert [f.setting for f in report.mismatches] == ["gpu.flags"]
+    assert [f.setting for f in report.mismatches] == ["megatron.flags"]
     assert report.mismatches[0].line() == (
         "pretrain_gpt.py accepts every flag: GPU refused (the parser of Megatron-LM core_v0.19.0 (megatron-core "
         "0.19.1+5be9626709): unknown flag --moe-grouped-gem (did you mean --moe-grouped-gemm?)) — GPU must be "
@@ -123,7 +123,7 @@ def test_a_flag_of_a_newer_megatron_is_refused_for_an_older_one(repo_root: Path,
         path = recipe_copy(repo_root, tmp_path / version, "qwen35_dense",
                            experiment={"gpu.megatron_version": version, "gpu.extra_args+": [switch]})
         report = check_experiment(load_copy(path, repo_root), inventory=example_inventory(repo_root))
-        finding = next(f for f in report.findings if f.setting == "gpu.flags")
+        finding = next(f for f in report.findings if f.setting == "megatron.flags")
         assert (finding.status == "ok") is ok, finding.line()
 
 
@@ -148,4 +148,4 @@ def test_a_megatron_version_without_checks_is_refused_by_name(repo_root: Path, t
 
 def test_the_twin_is_not_held_to_megatron_lms_flags(repo_root: Path) -> None:
     report = check_experiment(load_experiment(repo_root / "experiments" / "demo.yaml"))
-    assert "gpu.flags" not in {f.setting for f in report.findings}
+    assert "megatron.flags" not in {f.setting for f in report.findings}

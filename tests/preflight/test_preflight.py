@@ -4,6 +4,7 @@ defaults, last flag wins, NullTokenizer), unreadable or unstated settings fail c
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,11 +12,12 @@ import yaml
 from typer.testing import CliRunner
 
 from alignflow.backends.megatron import merge_flags
+from alignflow.backends.template import MegatronArgs, MindFormersYaml
 from alignflow.cli import app
 from alignflow.config import load_experiment
 from alignflow.config.placement import place
 from alignflow.errors import ConfigError
-from alignflow.preflight import DataBinding, GpuSide, NpuSide, check_experiment, preflight, render_sides
+from alignflow.preflight import DataBinding, RenderedSide, check_experiment, preflight, render_sides
 from alignflow.preflight.sides import SIDE_STEPS
 from tests.recipes.copies import copy_twin, example_inventory, load_copy, recipe_copy
 
@@ -78,32 +80,42 @@ def test_moe_on_one_side_only_is_one_finding_not_one_per_moe_setting(repo_root: 
            "(--num-experts)" in report.mismatches[0].line()
 
 
-def _sides(config: dict[str, object], argv: list[str]) -> tuple[NpuSide, GpuSide, DataBinding]:
-    npu = NpuSide("mindformers", config, {"HCCL_DETERMINISTIC": "true"}, "test", "test yaml")
-    gpu = GpuSide("megatron", tuple(argv), {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0", "NCCL_ALGO": "Ring"}, "test",
-                  "test argv")
+Rendered = tuple[RenderedSide, RenderedSide, DataBinding]
+
+
+def _sides(config: dict[str, object], argv: list[str]) -> Rendered:
+    npu = RenderedSide("npu", "mindformers", MindFormersYaml(config, "mindformers", "test yaml"),
+                       {"HCCL_DETERMINISTIC": "true"}, "test", "test yaml", role="ascend")
+    gpu = RenderedSide("gpu", "megatron", MegatronArgs(tuple(argv), "0.16", None, real=True),
+                       {"NVTE_ALLOW_NONDETERMINISTIC_ALGO": "0", "NCCL_ALGO": "Ring"}, "test", "test argv")
     return npu, gpu, DataBinding("ef" * 32, {"ascend": "/data/npu/ds", "cuda": "/data/gpu/ds"})
 
 
+def _with_argv(side: RenderedSide, argv: tuple[str, ...]) -> RenderedSide:
+    """The side with another Megatron command line (everything else as rendered)."""
+    assert isinstance(side.rendered, MegatronArgs)
+    return replace(side, rendered=replace(side.rendered, argv=argv))
+
+
 @pytest.fixture
-def rendered(repo_root: Path) -> tuple[NpuSide, GpuSide, DataBinding]:
+def rendered(repo_root: Path) -> Rendered:
     inventory = example_inventory(repo_root)
     exp = load_experiment(repo_root / "experiments" / "qwen35_moe.yaml", inventory)
     return render_sides(exp, placement=place(exp, inventory, steps=SIDE_STEPS))
 
 
-def test_the_last_occurrence_of_a_flag_wins_as_in_megatron(rendered: tuple[NpuSide, GpuSide, DataBinding]) -> None:
+def test_the_last_occurrence_of_a_flag_wins_as_in_megatron(rendered: Rendered) -> None:
     npu, gpu, data = rendered
-    twice = GpuSide(gpu.kind, (*gpu.argv, "--lr", "1e-3", "--lr", "3e-4"), gpu.env, gpu.env_source, gpu.source)
+    twice = _with_argv(gpu, (*gpu.argv, "--lr", "1e-3", "--lr", "3e-4"))
     assert preflight(npu, twice, data).ok
 
 
-def test_warmup_fraction_is_a_fraction_of_the_decay_steps(rendered: tuple[NpuSide, GpuSide, DataBinding]) -> None:
+def test_warmup_fraction_is_a_fraction_of_the_decay_steps(rendered: Rendered) -> None:
     npu, gpu, data = rendered
     argv = [a for a in gpu.argv]
     i = argv.index("--lr-warmup-iters")
     del argv[i:i + 2]
-    frac = GpuSide(gpu.kind, (*argv, "--lr-warmup-fraction", "0.01"), gpu.env, gpu.env_source, gpu.source)
+    frac = _with_argv(gpu, (*argv, "--lr-warmup-fraction", "0.01"))
     report = preflight(npu, frac, data)
     assert report.ok
     assert next(f for f in report.findings if f.setting == "opt.warmup_steps").gpu.source == \
@@ -111,26 +123,25 @@ def test_warmup_fraction_is_a_fraction_of_the_decay_steps(rendered: tuple[NpuSid
 
 
 def test_a_tokenizer_whose_vocabulary_preflight_cannot_read_fails_closed(
-    rendered: tuple[NpuSide, GpuSide, DataBinding],
+    rendered: Rendered,
 ) -> None:
     npu, gpu, data = rendered
-    hf = GpuSide(gpu.kind, (*gpu.argv, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "/tok"),
-                 gpu.env, gpu.env_source, gpu.source)
+    hf = _with_argv(gpu, (*gpu.argv, "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "/tok"))
     report = preflight(npu, hf, data)
     assert [f.setting for f in report.mismatches] == ["model.vocab_size"]
     assert "--tokenizer-type HuggingFaceTokenizer: the vocabulary comes from the tokenizer files" in \
         report.mismatches[0].line()
 
 
-def test_a_stated_padded_vocabulary_is_taken_as_is(rendered: tuple[NpuSide, GpuSide, DataBinding]) -> None:
+def test_a_stated_padded_vocabulary_is_taken_as_is(rendered: Rendered) -> None:
     npu, gpu, data = rendered
-    stated = GpuSide(gpu.kind, (*gpu.argv, "--padded-vocab-size", "248448"), gpu.env, gpu.env_source, gpu.source)
+    stated = _with_argv(gpu, (*gpu.argv, "--padded-vocab-size", "248448"))
     report = preflight(npu, stated, data)
     assert [f.setting for f in report.mismatches] == ["model.vocab_size"]
     assert "GPU 248448 (--padded-vocab-size)" in report.mismatches[0].line()
 
 
-def test_data_already_on_the_hosts_is_the_experiments_data(rendered: tuple[NpuSide, GpuSide, DataBinding]) -> None:
+def test_data_already_on_the_hosts_is_the_experiments_data(rendered: Rendered) -> None:
     npu, gpu, _ = rendered
     config = yaml.safe_load(yaml.safe_dump(dict(npu.config)))
     config["train_dataset"]["dataloader"]["config"]["data_path"] = ["1", "/data/npu/ds/qwen35_moe_text_document"]
@@ -143,7 +154,7 @@ def test_data_already_on_the_hosts_is_the_experiments_data(rendered: tuple[NpuSi
     assert [f.setting for f in report.mismatches] == ["data.file"]
 
 
-def test_preflight_is_pure(rendered: tuple[NpuSide, GpuSide, DataBinding]) -> None:
+def test_preflight_is_pure(rendered: Rendered) -> None:
     first = preflight(*rendered).to_dict()
     assert preflight(*rendered).to_dict() == first
     assert json.loads(json.dumps(first)) == first  # JSON-safe as is

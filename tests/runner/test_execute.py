@@ -154,7 +154,7 @@ def test_a_retry_after_a_lost_connection_reattaches_to_the_job_instead_of_launch
     host_t = dir_transport(host, ascend, controller=lab.controller_transport, clock=lab.clock)
     runner = StepRunner(ctx, store=lab.store, state_dir=lab.state, transport_factory=lambda h: host_t,
                         controller=lab.controller)
-    spec = pipeline.step("npu_base_train")
+    spec = pipeline.DEFAULT.step("npu_base_train")
     data = data_artifact(ctx, state_dir=lab.state)
     with pytest.raises(HostUnreachable):
         run_job_step(runner, spec, {"data": data})

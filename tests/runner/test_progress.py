@@ -56,7 +56,7 @@ def test_a_running_training_reports_its_step_of_the_expected_total(lab: FakeLab)
     seen: list[StepProgress] = []
     runner = StepRunner(ctx, store=lab.store, state_dir=lab.state, transport_factory=lab.transport,
                         controller=lab.controller, progress=seen.append, progress_every_s=0)
-    run_job_step(runner, pipeline.step("npu_base_train"), {"data": data_artifact(ctx, state_dir=lab.state)})
+    run_job_step(runner, pipeline.DEFAULT.step("npu_base_train"), {"data": data_artifact(ctx, state_dir=lab.state)})
     steps = [p.iteration for p in seen]
     assert steps[0] is None  # nothing printed yet at the first poll
     assert steps[-1] is not None
@@ -126,7 +126,8 @@ def test_a_job_in_a_schedulers_queue_is_shown_pending_with_its_reason(lab: FakeL
     runner = StepRunner(ctx, store=lab.store, state_dir=lab.state,
                         transport_factory=lambda h: fake if h.name == "ascend" else lab.transport(h),
                         controller=lab.controller, progress=seen.append, progress_every_s=0)
-    outcome = run_job_step(runner, pipeline.step("npu_base_train"), {"data": data_artifact(ctx, state_dir=lab.state)})
+    outcome = run_job_step(runner, pipeline.DEFAULT.step("npu_base_train"),
+                           {"data": data_artifact(ctx, state_dir=lab.state)})
     assert outcome.status == "ran"
     assert [p.line() for p in seen[:2]] == [
         f"npu_base_train  pending for {format_duration(p.elapsed_s)}  Slurm PENDING in partition gpu: Resources"

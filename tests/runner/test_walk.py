@@ -20,7 +20,7 @@ class Pending:
         if self.error is not None:
             raise self.error
         art = ArtifactRef(f"{self.step}-out", "h", f"/{self.step}", "0" * 64, 1, "log")
-        outputs = {o: art for o in pipeline.step(self.step).output_names}
+        outputs = {o: art for o in pipeline.DEFAULT.step(self.step).output_names}
         return StepOutcome(self.step, StepStatus.RAN, outputs)
 
 
@@ -33,7 +33,8 @@ class Recorder:
         self.in_flight: set[str] = set()
 
     def submit(self, step: str, available: Mapping[str, ArtifactRef]) -> Pending:
-        assert set(pipeline.step(step).inputs) <= set(available), step  # never submitted before its inputs exist
+        # never submitted before its inputs exist
+        assert set(pipeline.DEFAULT.step(step).inputs) <= set(available), step
         self.in_flight.add(step)
         self.events.append(("start", step, frozenset(self.in_flight)))
         return Pending(step, PipelineError(f"{step} broke") if step in self.failing else None)
@@ -50,9 +51,9 @@ DATA = {"data": ArtifactRef("data", "controller", "/d", "1" * 64, 1, "data")}
 
 def test_the_npu_reload_training_is_in_flight_with_the_megatron_conversion() -> None:
     sched = Recorder()
-    result = walk(pipeline.plan(), DATA, sched)
+    result = walk(pipeline.DEFAULT.plan(), DATA, sched)
     assert not result.failures
-    assert set(result.outcomes) == set(pipeline.plan().steps)
+    assert set(result.outcomes) == set(pipeline.DEFAULT.plan().steps)
     started_with = {step: flight for kind, step, flight in sched.events if kind == "start"}
     assert {"convert_megatron", "npu_reload_train"} <= started_with["npu_reload_train"]
     assert started_with["compare"] == {"compare"}  # compare waits for both trainings
@@ -60,7 +61,7 @@ def test_the_npu_reload_training_is_in_flight_with_the_megatron_conversion() -> 
 
 def test_a_failure_starts_nothing_new_but_lets_running_steps_finish() -> None:
     sched = Recorder(failing=["convert_megatron"])
-    result = walk(pipeline.plan(), DATA, sched)
+    result = walk(pipeline.DEFAULT.plan(), DATA, sched)
     assert [f.step for f in result.failures] == ["convert_megatron"]
     assert result.error == "convert_megatron broke"
     assert "npu_reload_train" in result.outcomes  # in flight when the conversion failed: it finished
@@ -71,7 +72,7 @@ def test_a_failure_starts_nothing_new_but_lets_running_steps_finish() -> None:
 
 def test_every_failure_is_reported() -> None:
     sched = Recorder(failing=["convert_megatron", "npu_reload_train"])
-    result = walk(pipeline.plan(), DATA, sched)
+    result = walk(pipeline.DEFAULT.plan(), DATA, sched)
     assert {f.step for f in result.failures} == {"convert_megatron", "npu_reload_train"}
     assert result.error is not None
     assert "convert_megatron: convert_megatron broke" in result.error

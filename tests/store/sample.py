@@ -50,4 +50,4 @@ def run_params(experiment: str = "demo", **options: Any) -> RunParams:
     named = tiny.model_copy(update={"name": experiment})
     return RunParams(experiment_path=str(tiny.source), hosts_path=str(inventory.source), state_dir="/state",
                      experiment=named, inventory=inventory, options=RunOptions(**options),
-                     plan=pipeline.plan(), placement=place(named, inventory, state_dir=Path("/state")))
+                     plan=pipeline.DEFAULT.plan(), placement=place(named, inventory, state_dir=Path("/state")))

@@ -61,7 +61,9 @@ def test_a_run_recorded_before_the_codec_had_versions_opens_with_its_steps_place
     placed = params.placement
     assert {step: placed.host(step).name for step in pipeline.STEP_NAMES} == {
         "npu_base_train": "npu-a", "convert_bf16": "cpu-a", "convert_megatron": "cpu-a", "early_gate": "controller",
-        "gpu_train": "gpu-b", "npu_reload_train": "npu-a", "compare": "controller", "diagnose": "controller"}
+        "gpu_train": "gpu-b", "npu_reload_train": "npu-a", "compare": "controller", "diagnose": "controller",
+        # the conversions other pipelines derive (every step any pipeline can have is placed): the cpu host too
+        **{f"convert_{fmt}": "cpu-a" for fmt in ("mindformers", "torch_dist", "hf", "dcp")}}
     assert placed.host("compare").workdir == "/srv/alignflow/state/controller"
     assert store.get_run(run_id).experiment_file == "/srv/alignflow/experiments/tiny.yaml"
 
