@@ -13,7 +13,7 @@ its own with an entry in that group).
 
 from __future__ import annotations
 
-from alignflow.backends import megatron, mindformers, twin
+from alignflow.backends import command, megatron, mindformers, twin
 from alignflow.backends.registry import (
     Backend,
     SideFormats,
@@ -33,7 +33,7 @@ from alignflow.pipeline import Side, side
 __all__ = ["BUILTIN", "Backend", "CommandTemplate", "LogFormat", "Side", "SideFormats", "TrainSpec", "backend",
            "backends", "formats_of", "own_config", "pipeline_for", "register", "render_training", "side_backend"]
 
-BUILTIN = (twin.TWIN_MINDSPORE, twin.TWIN_TORCH, mindformers.MINDFORMERS, megatron.MEGATRON)
+BUILTIN = (twin.TWIN_MINDSPORE, twin.TWIN_TORCH, mindformers.MINDFORMERS, megatron.MEGATRON, command.COMMAND)
 
 
 def render_training(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
