@@ -142,7 +142,7 @@ class PipelineView:
     def text(self) -> str:
         lines = [f"# pipeline of {self.experiment}: base {self.base}"]
         for name, side in self.sides.items():
-            lines.append(f"#   {name} side: {side['kind']} on a {side['role']} host, loads {side['loads']} "
+            lines.append(f"#   {name} side: {side['kind']} on host role {side['role']}, loads {side['loads']} "
                          f"({side['format']})")
         width = max(len(str(s["name"])) for s in self.steps)
         for s in self.steps:

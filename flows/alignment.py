@@ -112,12 +112,12 @@ def alignment(
     verdict: str | None = None
     try:
         plan = preflight_task(run_id)  # before step 1: a configuration mismatch fails the run with nothing run
-        data = data_task(run_id)
-        result = walk(plan, {"data": data}, TaskScheduler(run_id))
+        inputs = data_task(run_id)  # the data, and the shared starting checkpoint when the experiment gives one
+        result = walk(plan, inputs, TaskScheduler(run_id))
         error, failures = result.error, tuple(f.exception for f in result.failures)
         if error is None and ctx.experiment.variants is not None:
             # the switch matrix: a child run per training, its steps Prefect tasks like the run's own
-            verdict = matrix_verdict(run_id, result, {"data": data}, TaskScheduler, logger.info)
+            verdict = matrix_verdict(run_id, result, inputs, TaskScheduler, logger.info)
     except AlignflowError as exc:
         error, failures = str(exc), (exc,)
     except Exception as exc:  # a task failed: Prefect re-raises the original error

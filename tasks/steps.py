@@ -17,7 +17,7 @@ from prefect.states import Cancelled, Completed, Failed
 from alignflow import pipeline
 from alignflow.errors import AlignflowError, RemoteJobError
 from alignflow.runner.artifacts import ArtifactRef
-from alignflow.runner.run import data_artifact, finish, preflight_run, start_run
+from alignflow.runner.run import finish, preflight_run, run_inputs, start_run
 from alignflow.runner.session import RunOptions, StepOutcome
 from alignflow.runner.steps import run_step
 from alignflow.runview import RunView
@@ -80,11 +80,12 @@ def preflight_task(run_id: str) -> pipeline.Plan:
 
 @task(name="data", task_run_name="data", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=retry_on_transient,
       **_COMMON)
-def data_task(run_id: str) -> ArtifactRef:
-    """Fingerprint (or generate) the data file both sides read."""
-    ref = data_artifact(run_context(run_id), state_dir=state_dir())
-    get_run_logger().info("data %s sha256 %s", ref.path, ref.sha256)
-    return ref
+def data_task(run_id: str) -> dict[str, ArtifactRef]:
+    """Fingerprint (or generate) the data file both sides read, and the shared starting checkpoint if any."""
+    inputs = run_inputs(run_context(run_id), state_dir=state_dir())
+    for ref in inputs.values():
+        get_run_logger().info("%s %s sha256 %s", ref.name, ref.path, ref.sha256)
+    return inputs
 
 
 @task(retries=3, retry_delay_seconds=[10, 60, 300], retry_jitter_factor=0.5, retry_condition_fn=retry_on_transient,

@@ -1,4 +1,7 @@
-"""`alignflow convert bf16|megatron|mindformers|specs`: checkpoint conversion from the command line.
+"""`alignflow convert bf16|megatron|mindformers|hf|dcp|specs`: checkpoint conversion from the command line.
+
+`convert FORMAT SRC DST --from FORMAT` converts between any two checkpoint formats (`alignflow.convert.formats`):
+MindFormers <-> Megatron legacy as before, and Hugging Face safetensors and PyTorch DCP, through Megatron's names.
 
 Exit codes: 0 converted; 1 the checkpoint does not convert (every problem printed, nothing written); 2 bad
 arguments (unknown spec, flavour the spec does not write, malformed version, missing source).
@@ -19,6 +22,7 @@ from alignflow.errors import ConfigError, ConversionError
 
 if TYPE_CHECKING:
     from alignflow.convert import ConversionSummary
+    from alignflow.pipeline import CheckpointFormat
 
 PROGRESS_MIN_BYTES = 64 * 1024 * 1024  # smaller conversions finish before a bar is worth drawing
 
@@ -31,6 +35,14 @@ class FlavorChoice(StrEnum):
 class CkptFormatChoice(StrEnum):
     torch = "torch"
     torch_dist = "torch_dist"
+
+
+class FormatChoice(StrEnum):
+    mindformers = "mindformers"
+    megatron = "megatron"
+    torch_dist = "torch_dist"
+    hf = "hf"
+    dcp = "dcp"
 
 
 def _version(value: str) -> str:
@@ -127,6 +139,16 @@ _VERSION = typer.Option("0.16", "--megatron-version", callback=_version,
                         help="megatron-core version of the GPU side (MTP inner layer name changes in 0.17).")
 _MODEL = typer.Option(None, "--model", exists=True,
                       help="Model dimensions: a JSON/YAML model section or an experiment file (default: the spec's).")
+_SOURCE_DTYPE = typer.Option(None, "--source-dtype", help="Refuse a source tensor of another dtype where no rule "
+                             "names one (bfloat16: the bf16 export); default: any, one per rule.")
+
+
+def _fmt(choice: FormatChoice) -> CheckpointFormat:
+    return choice.value
+
+
+def _from(default: FormatChoice) -> Any:
+    return typer.Option(default, "--from", help="Format of the source checkpoint.")
 
 
 def _model(path: Path | None) -> Any:
@@ -144,9 +166,13 @@ def _model(path: Path | None) -> Any:
     return validate(ModelConfig, doc)
 
 
+_TITLES = {"hf": "Hugging Face safetensors checkpoint (config.json from the source, or from --model)",
+           "dcp": "PyTorch DCP checkpoint (torch.distributed.checkpoint)"}
+
+
 def register(app: typer.Typer) -> None:
-    convert_app = typer.Typer(help="Convert checkpoints: bf16, MindFormers <-> Megatron (declarative, fail-closed).",
-                              no_args_is_help=True)
+    convert_app = typer.Typer(help="Convert checkpoints: bf16, between MindFormers, Megatron, Hugging Face and DCP "
+                                   "(declarative, fail-closed).", no_args_is_help=True)
     app.add_typer(convert_app, name="convert")
 
     @convert_app.command("bf16")
@@ -178,29 +204,41 @@ def register(app: typer.Typer) -> None:
         ep: int = typer.Option(1, "--ep", min=1, help="Legacy files for this expert-parallel size."),
         workers: int | None = typer.Option(None, "--workers", min=1,
                                            help="torch_dist writer processes (default: one per core)."),
-        source: str = typer.Option("mindformers", "--from", help="Format of the source checkpoint (mindformers)."),
-        source_dtype: str = typer.Option("bfloat16", "--source-dtype", help="Refuse a source tensor of another "
-                                         "dtype where no rule names one (bfloat16: the bf16 export); any: one per "
-                                         "rule."),
+        source: FormatChoice = _from(FormatChoice.mindformers),
+        source_dtype: str | None = typer.Option(None, "--source-dtype", help="Refuse a source tensor of another "
+                                                "dtype where no rule names one; default: bfloat16 from MindFormers "
+                                                "(the bf16 export), any from another format; `any`: one per rule."),
         as_json: bool = _JSON,
     ) -> None:
-        """bf16 MindFormers checkpoint -> Megatron checkpoint: legacy (iter_N/mp_rank_TT[_PPP][_EEE]/
-        model_optim_rng.pt) or torch_dist (iter_N/ of dist_checkpointing)."""
+        """bf16 MindFormers (or Hugging Face, DCP) checkpoint -> Megatron checkpoint: legacy
+        (iter_N/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt) or, from MindFormers, torch_dist (iter_N/ of
+        dist_checkpointing)."""
         from alignflow.config.parallel import ParallelConfig
         from alignflow.convert import convert_to_megatron
+        from alignflow.convert.formats import convert_checkpoint
 
-        if source != "mindformers":
-            raise ConfigError(f"convert megatron --from {source}: only mindformers")
         if ckpt_format is CkptFormatChoice.torch_dist and (tp, pp, ep) != (1, 1, 1):
             typer.echo("error: --tp/--pp/--ep lay out legacy files; a torch_dist checkpoint loads at any layout",
                        err=True)
             raise typer.Exit(2)
+        distributed = ckpt_format is CkptFormatChoice.torch_dist or (tp, pp, ep) != (1, 1, 1)
+        if distributed and source is not FormatChoice.mindformers:
+            typer.echo(f"error: --ckpt-format torch_dist and --tp/--pp/--ep convert from MindFormers; --from "
+                       f"{source.value} writes one legacy file", err=True)
+            raise typer.Exit(2)
         layout = ParallelConfig(tp=tp, pp=pp, ep=ep, dp=ep)
-        dtype = None if source_dtype == "any" else source_dtype
-        _run("megatron", dst, lambda progress: convert_to_megatron(
-            src, dst, spec=spec, flavor=flavor.value, model=_model(model), megatron_version=megatron_version,
-            iteration=iteration, progress=progress, skeleton=skeleton, ckpt_format=ckpt_format.value,
-            parallel=layout, workers=workers, source_dtype=dtype), as_json)
+        dtype = None if source_dtype == "any" else source_dtype or (
+            "bfloat16" if source is FormatChoice.mindformers else None)
+        if source is FormatChoice.mindformers:
+            _run("megatron", dst, lambda progress: convert_to_megatron(
+                src, dst, spec=spec, flavor=flavor.value, model=_model(model), megatron_version=megatron_version,
+                iteration=iteration, progress=progress, skeleton=skeleton, ckpt_format=ckpt_format.value,
+                parallel=layout, workers=workers, source_dtype=dtype), as_json)
+        else:
+            _run("megatron", dst, lambda progress: convert_checkpoint(
+                src, dst, source=_fmt(source), target="megatron", spec=spec, flavor=flavor.value, model=_model(model),
+                megatron_version=megatron_version, iteration=iteration, source_dtype=dtype, progress=progress),
+                as_json)
 
     @convert_app.command("mindformers")
     def mindformers_cmd(
@@ -210,15 +248,48 @@ def register(app: typer.Typer) -> None:
                                              help="Iteration of the output; default: the Megatron checkpoint's."),
         prefix: str = typer.Option("checkpoint", "--prefix", help="File prefix: <prefix>-model-0000000-0000001."),
         model: Path | None = _MODEL,
+        source: FormatChoice = _from(FormatChoice.megatron),
+        source_dtype: str | None = _SOURCE_DTYPE,
         as_json: bool = _JSON,
     ) -> None:
-        """Megatron checkpoint (legacy of one or many ranks, or torch_dist: detected) -> bf16 MindFormers checkpoint
-        (the spec's inverse)."""
+        """Megatron checkpoint (legacy of one or many ranks, or torch_dist: detected) or Hugging Face / DCP
+        checkpoint -> bf16 MindFormers checkpoint (the spec's inverse)."""
         from alignflow.convert import convert_to_mindformers
+        from alignflow.convert.formats import convert_checkpoint
 
-        _run("mindformers", dst, lambda progress: convert_to_mindformers(
-            src, dst, spec=spec, flavor=flavor.value, model=_model(model), megatron_version=megatron_version,
-            iteration=iteration, prefix=prefix, progress=progress), as_json)
+        if source in (FormatChoice.megatron, FormatChoice.torch_dist):  # which of them: detected from the files
+            _run("mindformers", dst, lambda progress: convert_to_mindformers(
+                src, dst, spec=spec, flavor=flavor.value, model=_model(model), megatron_version=megatron_version,
+                iteration=iteration, prefix=prefix, progress=progress), as_json)
+        else:
+            _run("mindformers", dst, lambda progress: convert_checkpoint(
+                src, dst, source=_fmt(source), target="mindformers", spec=spec, flavor=flavor.value,
+                model=_model(model), megatron_version=megatron_version, iteration=iteration or 1,
+                source_dtype=source_dtype, progress=progress), as_json)
+
+    def _other(target: str, default: FormatChoice) -> None:
+        @convert_app.command(target, help=f"Any checkpoint -> {_TITLES[target]} (through Megatron's names when the "
+                                          "names differ; a copy of every tensor when they do not).")
+        def other_cmd(
+            src: Path = _SRC, dst: Path = _DST,
+            spec: str | None = typer.Option(None, "--spec", help="The model family's conversion spec (needed when "
+                                            "the names differ)."),
+            flavor: FlavorChoice = _FLAVOR, megatron_version: str = _VERSION,
+            iteration: int = typer.Option(1, "--iteration", min=0, help="Iteration of a Megatron source's names."),
+            model: Path | None = _MODEL,
+            source: FormatChoice = _from(default),
+            source_dtype: str | None = _SOURCE_DTYPE,
+            as_json: bool = _JSON,
+        ) -> None:
+            from alignflow.convert.formats import convert_checkpoint
+
+            _run(target, dst, lambda progress: convert_checkpoint(
+                src, dst, source=_fmt(source), target=_fmt(FormatChoice(target)), spec=spec, flavor=flavor.value,
+                model=_model(model), megatron_version=megatron_version, iteration=iteration,
+                source_dtype=source_dtype, progress=progress), as_json)
+
+    _other("hf", FormatChoice.megatron)
+    _other("dcp", FormatChoice.hf)
 
     @convert_app.command("specs")
     def specs_cmd(as_json: bool = typer.Option(False, "--json", help="Print the specs as JSON.")) -> None:

@@ -6,7 +6,8 @@ is bit-exact by construction (every op below only moves elements, except `cast`)
 without touching data, which is how a plan checks every shape of a checkpoint before reading a single tensor.
 
 Arity: 1->1 ops (transpose, interleave, squeeze, reshape, cast, rename) apply to each tensor of the list;
-many->1 ops (concat, stack) consume the whole list; 1->many ops (split, unstack) need exactly one input.
+many->1 ops (concat, concat_grouped, stack) consume the whole list; 1->many ops (split, split_grouped, unstack) need
+exactly one input.
 """
 
 from __future__ import annotations
@@ -177,6 +178,74 @@ class Split:
 
 
 @dataclass(frozen=True, slots=True)
+class ConcatGrouped:
+    """Join the inputs group by group along `dim`: each input is `G` equal chunks of its `sections` entry, and the
+    output is `[a_0; b_0; c_0; a_1; b_1; c_1; ...]` — Megatron's `linear_qkv`, which holds for each query group its
+    query heads, then its key, then its value (`sections`: per-group sizes; `G` follows from the inputs' sizes).
+    Hugging Face keeps `q_proj`, `k_proj`, `v_proj` apart."""
+
+    dim: int
+    sections: tuple[int, ...]
+
+    def _groups(self, shapes: list[Shape]) -> int:
+        if len(shapes) != len(self.sections) or not shapes:
+            raise ShapeError(f"concat_grouped of {len(self.sections)} inputs got {len(shapes)} tensors")
+        d = _norm_dim(self.dim, len(shapes[0]))
+        groups = {s[d] // size if size and s[d] % size == 0 else -1 for s, size in zip(shapes, self.sections,
+                                                                                       strict=True)}
+        rest = {s[:d] + s[d + 1:] for s in shapes}
+        if len(groups) != 1 or -1 in groups or 0 in groups or len(rest) != 1 or len({len(s) for s in shapes}) != 1:
+            raise ShapeError(f"concat_grouped along dim {self.dim} with per-group sections {list(self.sections)} "
+                             f"cannot take shapes {[list(x) for x in shapes]}")
+        return groups.pop()
+
+    def apply(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        groups = self._groups([tuple(x.shape) for x in xs])
+        chunks = [torch.split(x, size, dim=self.dim) for x, size in zip(xs, self.sections, strict=True)]
+        return [torch.cat([c[g] for g in range(groups) for c in chunks], dim=self.dim)]
+
+    def shapes(self, shapes: list[Shape]) -> list[Shape]:
+        groups = self._groups(shapes)
+        first = shapes[0]
+        d = _norm_dim(self.dim, len(first))
+        return [(*first[:d], groups * sum(self.sections), *first[d + 1:])]
+
+    def inverse(self) -> Op:
+        return SplitGrouped(self.dim, self.sections)
+
+
+@dataclass(frozen=True, slots=True)
+class SplitGrouped:
+    """The inverse of `concat_grouped`: `[a_0; b_0; c_0; a_1; ...]` -> `[a_0; a_1; ...]`, `[b_0; b_1; ...]`, ..."""
+
+    dim: int
+    sections: tuple[int, ...]
+
+    def _groups(self, shape: Shape) -> int:
+        d = _norm_dim(self.dim, len(shape))
+        per = sum(self.sections)
+        if not per or shape[d] % per:
+            raise ShapeError(f"split_grouped of dim {self.dim} into groups of {list(self.sections)} cannot take "
+                             f"{list(shape)}")
+        return shape[d] // per
+
+    def apply(self, xs: list[torch.Tensor]) -> list[torch.Tensor]:
+        groups = self._groups(tuple(xs[0].shape))
+        parts = torch.split(xs[0], list(self.sections) * groups, dim=self.dim)
+        n = len(self.sections)
+        return [torch.cat(parts[i::n], dim=self.dim) for i in range(n)]
+
+    def shapes(self, shapes: list[Shape]) -> list[Shape]:
+        s = _single(shapes, "split_grouped")
+        groups = self._groups(s)
+        d = _norm_dim(self.dim, len(s))
+        return [(*s[:d], groups * size, *s[d + 1:]) for size in self.sections]
+
+    def inverse(self) -> Op:
+        return ConcatGrouped(self.dim, self.sections)
+
+
+@dataclass(frozen=True, slots=True)
 class Stack:
     """Stack per-expert tensors into one `[E, ...]` tensor."""
 
@@ -290,8 +359,8 @@ class Cast:
         return Cast(self.target, self.source)
 
 
-Op = Rename | Transpose | DeinterleaveRows | InterleaveRows | Concat | Split | Stack | Unstack | Squeeze | Unsqueeze \
-    | Reshape | Cast
+Op = Rename | Transpose | DeinterleaveRows | InterleaveRows | Concat | Split | ConcatGrouped | SplitGrouped | Stack \
+    | Unstack | Squeeze | Unsqueeze | Reshape | Cast
 
 # name -> (parameter names with defaults (None = required), factory from evaluated parameters)
 _Factory = Callable[[Mapping[str, Any]], Op]
@@ -302,6 +371,9 @@ OPS: dict[str, tuple[dict[str, Any], _Factory]] = {
     "interleave_rows": ({"dim": 0}, lambda p: InterleaveRows(int(p["dim"]))),
     "concat": ({"dim": 0, "sections": None}, lambda p: Concat(int(p["dim"]), tuple(p["sections"]))),
     "split": ({"dim": 0, "sections": None}, lambda p: Split(int(p["dim"]), tuple(p["sections"]))),
+    "concat_grouped": ({"dim": 0, "sections": None},
+                       lambda p: ConcatGrouped(int(p["dim"]), tuple(p["sections"]))),
+    "split_grouped": ({"dim": 0, "sections": None}, lambda p: SplitGrouped(int(p["dim"]), tuple(p["sections"]))),
     "stack": ({"dim": 0}, lambda p: Stack(int(p["dim"]))),
     "unstack": ({"dim": 0}, lambda p: Unstack(int(p["dim"]))),
     "squeeze": ({"dim": None}, lambda p: Squeeze(int(p["dim"]))),
@@ -314,6 +386,8 @@ OPS: dict[str, tuple[dict[str, Any], _Factory]] = {
 EXPRESSION_PARAMS: dict[str, tuple[str, ...]] = {
     "concat": ("sections",),
     "split": ("sections",),
+    "concat_grouped": ("sections",),
+    "split_grouped": ("sections",),
     "reshape": ("source", "target"),
 }
 

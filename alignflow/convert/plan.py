@@ -71,10 +71,15 @@ class _Scope:
     layer: int | None  # decoder layer index the predicates are evaluated for
 
 
+# where one decoder layer's sources live, by the spec's source layout (the Megatron side is always decoder.layers.{i}.)
+SOURCE_LAYER_PREFIX = {"mindformers": "decoder.layers.{i}.", "hf": "model.layers.{i}."}
+
+
 def _scopes(spec: Spec, model: ModelConfig, inner: str) -> Iterator[_Scope]:
     yield _Scope("global_rules", "", "", None)
+    source = SOURCE_LAYER_PREFIX[spec.source_layout]
     for i in range(model.num_layers):
-        yield _Scope("layer_rules", f"decoder.layers.{i}.", f"decoder.layers.{i}.", i)
+        yield _Scope("layer_rules", source.format(i=i), f"decoder.layers.{i}.", i)
     for k in range(model.mtp.num_layers if model.mtp is not None else 0):
         yield _Scope("mtp_rules", f"mtp.layers.{k}.", f"mtp.layers.{k}.", None)
         # Megatron builds the MTP inner layer from the last decoder layer's spec (docs/megatron.md#mtp-layers).

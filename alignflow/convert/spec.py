@@ -194,6 +194,9 @@ class Spec(_Strict):
     )
     assumptions: list[str] = Field(default_factory=list, description="What the spec assumes where sources are silent.")
     mindformers_mtp_layer: str = Field("transformer_layer", description="MindFormers name of the MTP inner layer.")
+    source_layout: Literal["mindformers", "hf"] = Field(
+        "mindformers", description="Whose names the sources are: MindFormers PyNative's (`decoder.layers.{i}.`) or "
+        "Hugging Face's (`model.layers.{i}.`, a `<family>-hf` spec).")
     ignore: list[str] = Field(default_factory=list, description="Globs of MindFormers keys dropped on purpose.")
     global_rules: list[Rule] = Field(default_factory=list, description="Model-level rules.")
     layer_rules: list[Rule] = Field(default_factory=list, description="Rules of one transformer layer.")

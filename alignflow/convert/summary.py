@@ -24,7 +24,7 @@ CkptFormat = Literal["torch", "torch_dist"]
 class ConversionSummary:
     """The record of one conversion; `to_json()` is what `alignflow convert ... --json` prints and the store keeps."""
 
-    kind: Literal["bf16", "megatron", "mindformers"]
+    kind: Literal["bf16", "megatron", "mindformers", "torch_dist", "hf", "dcp"]
     source: str
     destination: str
     iteration: int

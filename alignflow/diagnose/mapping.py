@@ -126,6 +126,7 @@ def mapping_for(experiment: Any) -> DumpMapping:
     side loads (`alignflow.pipeline.NAMING`) and the family's conversion spec expanded for its model (local
     names). Two sides with the same names map each parameter to itself."""
     from alignflow.backends.registry import megatron_version_of, pipeline_for
+    from alignflow.convert.formats import spec_for
     from alignflow.convert.ops import inverse_chain
     from alignflow.convert.plan import build_plan
     from alignflow.convert.registry import load_spec
@@ -139,7 +140,7 @@ def mapping_for(experiment: Any) -> DumpMapping:
                           "model family's conversion spec: give `conversion: {spec: <family>}`")
     # the spec whose source side carries the non-Megatron names (`<spec>-hf` for Hugging Face names)
     other = npu if npu != "megatron" else gpu
-    spec = load_spec(f"{experiment.conversion.spec}-hf") if other == "hf" else load_spec(experiment.spec_ref)
+    spec = spec_for("hf", experiment.spec_ref) if other == "hf" else load_spec(experiment.spec_ref)
     try:
         plan = build_plan(spec, experiment.model, flavor="local", megatron_version=megatron_version_of(experiment))
     except ValueError as exc:

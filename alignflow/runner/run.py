@@ -47,6 +47,7 @@ from alignflow.runner.session import (
     load_run_inputs,
     open_run,
     plan_for,
+    prepare_base,
     prepare_data,
 )
 from alignflow.runner.steps import run_step
@@ -213,9 +214,17 @@ def check_slurm_hosts(ctx: RunContext, *, events: Events | None = None,
 
 def data_artifact(ctx: RunContext, *, state_dir: Path) -> ArtifactRef:
     """The run's data file on the controller, fingerprinted (or generated, for the twin)."""
+    return run_inputs(ctx, state_dir=state_dir)["data"]
+
+
+def run_inputs(ctx: RunContext, *, state_dir: Path) -> dict[str, ArtifactRef]:
+    """What the run takes from outside, on the controller, fingerprinted: the data (generated for the twin) and
+    the shared starting checkpoint when the experiment gives one (`base_ckpt`)."""
     memo = HashMemo(state_dir / "hashmemo.sqlite")
     try:
-        return prepare_data(ctx.experiment, memo=memo)
+        inputs = {"data": prepare_data(ctx.experiment, memo=memo)}
+        base = prepare_base(ctx.experiment, memo=memo)
+        return inputs | ({"base_ckpt": base} if base is not None else {})
     finally:
         memo.close()
 
@@ -298,7 +307,7 @@ def execute_pipeline(
     ctx = open_run(store, run_id)
     try:
         preflight_run(ctx, state_dir=state_dir, events=events, transport_factory=transport_factory)
-        data = data_artifact(ctx, state_dir=state_dir)
+        inputs = run_inputs(ctx, state_dir=state_dir)
     except AlignflowError as exc:
         return finish(store, run_id, {}, error=str(exc), failures=(exc,))
 
@@ -321,7 +330,7 @@ def execute_pipeline(
 
     scheduler = steps_of(run_id)
     try:
-        result = walk(ctx.plan, {"data": data}, scheduler)
+        result = walk(ctx.plan, inputs, scheduler)
     except BaseException as exc:  # interrupted: kill the jobs still running (their threads then end)
         cancel_interrupted(store, run_id, exc, transport_factory=transport_factory)
         raise
@@ -331,7 +340,7 @@ def execute_pipeline(
         return finish(store, run_id, result.outcomes, error=result.error,
                       failures=tuple(f.exception for f in result.failures))
     try:
-        verdict = matrix_of(run_id, result, {"data": data}, store=store, state_dir=state_dir,
+        verdict = matrix_of(run_id, result, inputs, store=store, state_dir=state_dir,
                             transport_factory=transport_factory, scheduler_for=steps_of, events=events,
                             controller=controller)
     except AlignflowError as exc:

@@ -126,6 +126,39 @@ def prepare_data(experiment: Experiment, *, memo: HashMemo | None) -> ArtifactRe
     return ArtifactRef(name="data", host=CONTROLLER, path=str(path), sha256=sha256, size=size, kind="data")
 
 
+def prepare_base(experiment: Experiment, *, memo: HashMemo | None) -> ArtifactRef | None:
+    """The experiment's shared starting checkpoint (`base: {path, format}`) on the controller, fingerprinted: made
+    with random weights when `base.generate` says so and it is absent (a Hugging Face checkpoint, by transformers'
+    own class of the model's family); its sha256 checked against the declared one. None: the NPU side trains the
+    base (`npu_base_train`)."""
+    base = experiment.base
+    if base is None:
+        return None
+    path = experiment.resolve_path(base.path)
+    where = f"{experiment.source}: base.path {path}"
+    if not path.exists():
+        if base.generate is None:
+            raise ConfigError(f"{where} does not exist and base.generate is not set")
+        if base.format != "hf":
+            raise ConfigError(f"{where}: base.generate makes Hugging Face checkpoints (format hf), not {base.format}")
+        from alignflow.convert.hf import make_hf_checkpoint
+        from alignflow.convert.summary import staged_output
+
+        log.info("generating a %s base checkpoint of %s (seed %d) into %s", base.format, experiment.model.family,
+                 base.generate.seed, path)
+        try:
+            with staged_output(path) as tmp:
+                make_hf_checkpoint(experiment.model, tmp, seed=base.generate.seed)
+        except OSError as exc:
+            raise PipelineError(f"{where}: cannot generate it: {exc}") from exc
+    fp = Fingerprinter(memo).fingerprint(path)
+    if base.sha256 is not None and fp.sha256 != base.sha256:
+        raise FingerprintMismatch(f"{path}: sha256 {fp.sha256} differs from the declared base.sha256 {base.sha256}; "
+                                  "both sides must start from the same weights", expected=base.sha256,
+                                  actual=fp.sha256)
+    return ArtifactRef.from_fingerprint("base_ckpt", CONTROLLER, str(path), fp, "checkpoint")
+
+
 def load_run_inputs(experiment_path: str | Path, hosts_path: str | Path,
                     state_dir: Path | None = None) -> tuple[Experiment, Inventory]:
     """Load and cross-check the experiment and the inventory (local relative workdirs under `state_dir`)."""

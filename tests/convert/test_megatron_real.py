@@ -129,3 +129,47 @@ def test_load_check_script_passes_good_and_fails_broken_checkpoints(tmp_path, su
                          env=subprocess_env, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1
     assert "decoder.layers.2.mlp.router.expert_bias" in json.loads(bad.stdout)["error"]
+
+
+@pytest.mark.slow  # transformers' import (~6 s, and numpy.testing's lscpu probe): the slow tier's
+def test_a_hugging_face_qwen3_converted_to_megatron_gives_transformers_logits(tmp_path, megatron_world):
+    """transformers' own Qwen3ForCausalLM (random weights, GQA-free q/k norm) and the megatron-core GPTModel that
+    loads its conversion strictly compute the same logits (fp32): the qwen3-hf spec's grouped qkv, [gate; up] and
+    q/k norm mapping and both sides' RoPE convention agree. The one CUDA-only piece, the model-parallel RNG tracker
+    that dot-product attention forks for dropout (0 here), is bypassed on this CPU."""
+    import contextlib
+    import dataclasses
+    from unittest import mock
+
+    import transformers
+    from megatron.core import tensor_parallel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    from alignflow.convert.formats import convert_checkpoint
+    from alignflow.convert.hf import make_hf_checkpoint
+    from benchmarks.megatron_load_check import transformer_config
+
+    model = load_spec("qwen3").model.model_copy(update={"num_query_groups": 2})  # GQA: grouped qkv really groups
+    make_hf_checkpoint(model, tmp_path / "hf", seed=5)
+    convert_checkpoint(tmp_path / "hf", tmp_path / "mg", source="hf", target="megatron", spec="qwen3", model=model)
+    with mock.patch("torch.cuda.current_device", return_value="cpu"):
+        cfg = dataclasses.replace(transformer_config(model, device="cpu"), bf16=False, params_dtype=torch.float32,
+                                  pipeline_dtype=torch.float32)
+        layers = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization=model.normalization)
+        gpt = GPTModel(config=cfg, transformer_layer_spec=layers, vocab_size=model.padded_vocab_size,
+                       max_sequence_length=model.seq_length, share_embeddings_and_output_weights=False,
+                       position_embedding_type="rope", rotary_base=int(model.rotary_base))
+        assert load_into(gpt, tmp_path / "mg")["strict_load"] == "<All keys matched successfully>"
+        hf = transformers.Qwen3ForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32)
+        tokens = torch.randint(0, model.vocab_size, (2, model.seq_length), generator=torch.Generator().manual_seed(0))
+        positions = torch.arange(model.seq_length).expand(2, -1)
+        causal = torch.ones(2, 1, model.seq_length, model.seq_length, dtype=torch.bool).triu(1)
+        gpt.eval()
+        hf.eval()
+        with torch.no_grad(), mock.patch.object(tensor_parallel.get_cuda_rng_tracker(), "fork",
+                                                contextlib.nullcontext):
+            ours = gpt(tokens, positions, causal)
+            theirs = hf(tokens).logits
+    assert ours.shape == theirs.shape
+    assert (ours - theirs).abs().max().item() < 1e-5 * theirs.abs().max().item() + 1e-6
