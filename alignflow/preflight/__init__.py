@@ -32,6 +32,7 @@ from alignflow.backends.template import DeclaredSettings, MegatronArgs, MindForm
 from alignflow.config.experiment import Experiment
 from alignflow.config.hosts import Host, Inventory
 from alignflow.config.placement import Placement, place
+from alignflow.frameworks.ascend import MINDSPEED_LLM_ADAPTOR, deterministic_flag
 from alignflow.frameworks.megatron_lm import check_flags
 from alignflow.pipeline import Side
 from alignflow.preflight.declared import declared_settings
@@ -81,6 +82,10 @@ def side_settings(side: RenderedSide, data: DataBinding, *, host_problems: list[
         s |= gpu_layout(r.argv, side.world, side.world_source)
         if side.model is not None:  # the checkpoint it is given, at its layout (`checkpoint_loads`)
             s["parallel.loads_checkpoint"] = checkpoint_loads(r.argv, side.convert_argv, side.model)
+        if r.role == "ascend":  # MindSpeed's determinism switch stands for Megatron's --deterministic-mode there
+            flag = deterministic_flag(r.adaptor or MINDSPEED_LLM_ADAPTOR)
+            s["det.deterministic"] = Value(flag in r.argv, flag if flag in r.argv else
+                                           f"{flag} absent (MindSpeed's switch on an NPU host)")
         if r.real:
             s |= _megatron_checks(side, r, host_problems)
     else:
