@@ -99,6 +99,7 @@ class ArtifactDef:
     name: str
     kind: ArtifactKind
     description: str
+    label: str = ""  # a short name for tables ("bf16 checkpoint")
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,11 +162,12 @@ ARTIFACTS: dict[str, ArtifactDef] = {
     for a in (
         ArtifactDef("data", "data", "the token data file both sides read (same sha256)"),
         ArtifactDef("base_ckpt", "checkpoint", "the base checkpoint both sides start from (trained on the NPU side, "
-                    "or the experiment's `base`)"),
+                    "or the experiment's `base`)", "base checkpoint"),
         ArtifactDef("npu_base_log", "log", "log of the NPU base training"),
-        ArtifactDef("bf16_ckpt", "checkpoint", "bf16 MindFormers checkpoint (optimizer state dropped)"),
-        *(ArtifactDef(checkpoint_artifact(f), "checkpoint", f"{_FORMAT_TITLES[f]} converted from the base")
-          for f in CHECKPOINT_FORMATS),
+        ArtifactDef("bf16_ckpt", "checkpoint", "bf16 MindFormers checkpoint (optimizer state dropped)",
+                    "bf16 checkpoint"),
+        *(ArtifactDef(checkpoint_artifact(f), "checkpoint", f"{_FORMAT_TITLES[f]} converted from the base",
+                      _FORMAT_TITLES[f].replace(" legacy", "")) for f in CHECKPOINT_FORMATS),
         ArtifactDef("gate_report", "report", "early gate: step-1 losses of both sides after conversion"),
         ArtifactDef("gpu_log", "log", "log of the GPU side's training"),
         ArtifactDef("npu_log", "log", "log of the NPU side's training"),

@@ -13,12 +13,12 @@ from alignflow.compare.formatting import AVERAGES, fmt_percent_of, fmt_value
 from alignflow.compare.names import THUMBNAIL_METRICS, thumbnail_name
 from alignflow.compare.tables import METRIC_HEADER, metric_cells
 from alignflow.config.criteria import RELATIVE_STATISTICS
+from alignflow.pipeline import ARTIFACTS
 from alignflow.regression import RegressionCheck
 from alignflow.runview import RunView, StepView
 from alignflow.store.records import ArtifactRef, ComparisonRecord
 
-WEIGHTS = (("base_ckpt", "NPU base checkpoint"), ("bf16_ckpt", "bf16 checkpoint"),
-           ("megatron_ckpt", "Megatron checkpoint"))
+WEIGHTS = tuple((a.name, a.label) for a in ARTIFACTS.values() if a.kind == "checkpoint")
 
 
 def artifact_key(experiment: str, suffix: str) -> str:

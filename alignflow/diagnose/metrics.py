@@ -18,6 +18,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from alignflow.pipeline import side
+
 Status = Literal["match", "warning", "diverged", "shape", "absent"]
 TINY = 1e-30
 
@@ -100,8 +102,9 @@ def compare_tensors(npu: npt.NDArray[Any] | None, gpu: npt.NDArray[Any] | None, 
                     input_rel: float | None = None, rel_floor: float | None = None) -> TensorDiff:
     """Compare two tensors elementwise (flattened: the sides may lay out tokens as [B*S, H] or [B, S, H])."""
     if npu is None or gpu is None:
-        side = "GPU" if npu is None and gpu is not None else "NPU" if gpu is None and npu is not None else "no"
-        return TensorDiff("absent", note=f"on the {side} side only")
+        only = side("gpu").label if npu is None and gpu is not None else side("npu").label \
+            if gpu is None and npu is not None else "no"
+        return TensorDiff("absent", note=f"on the {only} side only")
     if npu.size != gpu.size:
         return TensorDiff("shape", npu_shape=tuple(npu.shape), gpu_shape=tuple(gpu.shape),
                           note=f"{npu.size} vs {gpu.size} elements")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from alignflow.pipeline import side
 from alignflow.preflight.values import MISSING, Settings, Value, display, jsonable, same
 
 Side = Literal["npu", "gpu"]
@@ -216,7 +217,8 @@ class Finding:
     problems: tuple[str, ...] = ()
 
     def line(self) -> str:
-        sides = " vs ".join(f"{name} {v.show()}" for name, v in (("NPU", self.npu), ("GPU", self.gpu)) if v)
+        sides = " vs ".join(f"{side(name).label} {v.show()}" for name, v in (("npu", self.npu), ("gpu", self.gpu))
+                            if v)
         text = f"{self.label}: {sides}"
         return f"{text} — {'; '.join(self.problems)}" if self.problems else text
 
@@ -275,23 +277,23 @@ def compare(npu: Settings, gpu: Settings, *, rules: tuple[Rule, ...] = RULES,
     for rule in rules:
         if rule.when is not None and not rule.when(npu, gpu):
             continue
-        sides = [side for side, s in (("npu", npu), ("gpu", gpu)) if rule.setting in s] if rule.per_side else \
+        names = [name for name, s in (("npu", npu), ("gpu", gpu)) if rule.setting in s] if rule.per_side else \
             list(rule.sides)
-        if not sides:
+        if not names:
             continue
-        values = {side: (npu if side == "npu" else gpu).get(rule.setting, Value(MISSING, "not read"))
-                  for side in sides}
+        values = {name: (npu if name == "npu" else gpu).get(rule.setting, Value(MISSING, "not read"))
+                  for name in names}
         if any(v.undeclared for v in values.values()):
             findings.append(Finding(rule.setting, rule.label, rule.group, "unchecked", values.get("npu"),
-                                    values.get("gpu"), tuple(f"{side.upper()}: {v.source}" for side, v in
+                                    values.get("gpu"), tuple(f"{side(name).label}: {v.source}" for name, v in
                                                              values.items() if v.undeclared)))
             continue
         problems: list[str] = []
-        for side, value in values.items():
+        for name, value in values.items():
             if value.missing:
-                problems.append(f"{side.upper()}: {value.source}")
+                problems.append(f"{side(name).label}: {value.source}")
             elif rule.required is not _NO and not _meets(value.value, rule.required):
-                problems.append(f"{side.upper()} must be {_shown(rule.required)}")
+                problems.append(f"{side(name).label} must be {_shown(rule.required)}")
         if rule.agree and len(values) == 2 and not any(v.missing for v in values.values()) and not same(
                 values["npu"].value, values["gpu"].value):
             problems.insert(0, "the two sides differ" + (f" ({rule.why})" if rule.why else ""))

@@ -84,7 +84,7 @@ def test_run_summary_has_verdict_criteria_steps_and_every_fingerprint() -> None:
     assert "| \\|step_rel(lm_loss, step 1)\\| < 0.5% | 0.02804% | 0.5% | pass |  |  |" in md
     assert "## Steps (2 cached, 2 ran)" in md
     assert "| convert_megatron | cpu | ran | 12.5 s | megatron_ckpt `eeeeeeeeeeee` |" in md
-    for what, sha in (("data", SHA["data"]), ("NPU base checkpoint", SHA["base"]), ("bf16 checkpoint", SHA["bf16"]),
+    for what, sha in (("data", SHA["data"]), ("base checkpoint", SHA["base"]), ("bf16 checkpoint", SHA["bf16"]),
                       ("Megatron checkpoint", SHA["mg"])):
         assert f"| {what} | `{sha}` | " in md  # full digests, not prefixes
     assert f"| data | `{SHA['data']}` | 512.0 KiB | `/data/demo.tokens` |" in md
