@@ -67,6 +67,23 @@ def test_dry_run_lists_the_ui_form_and_the_nightly_schedule(workspace: Path) -> 
     assert nightly["schema"]["definitions"]["NightlyConfig"]["properties"]["experiments"]["minItems"] == 1
 
 
+@pytest.mark.integration
+def test_the_form_offers_the_steps_the_served_experiments_pipelines_have(workspace: Path, repo_root: Path) -> None:
+    """A Megatron-against-Megatron experiment has no conversion step, a Hugging Face base no base training: the
+    form's step names are those of the served experiments' derived pipelines, in pipeline order."""
+    for name in ("demo.yaml", "tiny.yaml"):
+        (workspace / "experiments" / name).unlink()
+    for name in ("demo-same-format.yaml", "demo-hf-base.yaml"):
+        shutil.copy(repo_root / "experiments" / name, workspace / "experiments" / name)
+    launch, _ = dry_run()
+    assert offered_steps(launch["schema"]) == ["npu_base_train", "convert_mindformers", "convert_megatron",
+                                               "early_gate", "gpu_train", "npu_reload_train", "compare", "diagnose"]
+    (workspace / "experiments" / "demo-hf-base.yaml").unlink()
+    launch, _ = dry_run()
+    assert offered_steps(launch["schema"]) == ["npu_base_train", "early_gate", "gpu_train", "npu_reload_train",
+                                               "compare", "diagnose"]
+
+
 # the steps of the served experiments (demo, tiny: the classic pipeline, derived from their checkpoint formats); the
 # planner enables an optional step a launch names (Pipeline.plan)
 EVERY_STEP = list(pipeline.DEFAULT.names)
