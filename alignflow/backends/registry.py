@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 
 from alignflow.backends.template import CommandTemplate, LogFormat, RenderedSettings, TrainSpec
 from alignflow.config.experiment import Experiment
-from alignflow.config.sides import SideConfig, register_side_config, side_config_model
+from alignflow.config.sides import SideConfig, register_experiment_check, register_side_config, side_config_model
 from alignflow.errors import ConfigError
 from alignflow.pipeline import SIDES, CheckpointFormat, Formats, Pipeline, Role, Side, checkpoint_artifact, derive, side
 
@@ -123,31 +123,62 @@ def megatron_version_of(experiment: Experiment) -> str:
 def formats_of(experiment: Experiment) -> Formats:
     """The formats the experiment's pipeline is derived from: the base's (given, or what the NPU side's backend
     saves) and what each side loads."""
-    where = experiment.source or experiment.name
+    found = _formats_or_problem(experiment)
+    if isinstance(found, Formats):
+        return found
+    raise ConfigError(f"{experiment.source or experiment.name}: {found[1]}")
+
+
+def _formats_or_problem(experiment: Experiment) -> Formats | tuple[tuple[str, ...], str]:
     loads = {s.name: side_backend(experiment, s.name).formats_of(experiment, s.name).loads for s in SIDES}
     if experiment.base is not None:
         return Formats(base=experiment.base.format, base_trained=False, loads=loads)
     base_side = side("npu")
     saves = side_backend(experiment, base_side.name).formats_of(experiment, base_side.name).saves
     if saves is None:
-        raise ConfigError(f"{where}: the {base_side.label} side's backend ({experiment.npu.kind}) cannot save the "
-                          "base checkpoint it would train; give the experiment a `base: {path, format}` both sides "
-                          "start from")
+        return ((base_side.name, "kind"),
+                f"{base_side.name}.kind: the {base_side.label} side's backend ({experiment.npu.kind}) cannot save "
+                "the base checkpoint it would train; give the experiment a `base: {path, format}` both sides "
+                "start from")
     return Formats(base=saves, base_trained=True, loads=loads)
+
+
+def _pipeline_or_problem(experiment: Experiment) -> Pipeline | tuple[tuple[str, ...], str]:
+    formats = _formats_or_problem(experiment)
+    if not isinstance(formats, Formats):
+        return formats
+    pipe = derive(formats)
+    conversions = [s for s in pipe.steps if s.converts is not None and s.converts[0] != s.converts[1]]
+    if conversions and experiment.conversion is None:
+        step = conversions[0]
+        assert step.converts is not None
+        target = step.converts[1]
+        # where the need comes from: the base's format, or the side that loads the converted format
+        loc = ("base", "format") if experiment.base is not None else next(
+            ((s.name, "kind") for s in SIDES if formats.loads[s.name][0] == target), ("npu", "kind"))
+        return (loc, f"{'.'.join(loc)}: {step.name} converts {step.converts[0]} -> {target} (the sides load "
+                     "other formats than the base's): the experiment needs `conversion: {spec: <model family>}` "
+                     "(`alignflow convert specs`)")
+    return pipe
 
 
 def pipeline_for(experiment: Experiment) -> Pipeline:
     """The experiment's steps, derived from its checkpoint formats; `ConfigError` for a conversion it would need
     without a spec to convert with."""
-    pipe = derive(formats_of(experiment))
-    conversions = [s for s in pipe.steps if s.converts is not None and s.converts[0] != s.converts[1]]
-    if conversions and experiment.conversion is None:
-        step = conversions[0]
-        assert step.converts is not None
-        raise ConfigError(f"{experiment.source or experiment.name}: {step.name} converts {step.converts[0]} -> "
-                          f"{step.converts[1]} (the sides load other formats than the base's): the experiment needs "
-                          "`conversion: {spec: <model family>}` (`alignflow convert specs`)")
-    return pipe
+    found = _pipeline_or_problem(experiment)
+    if isinstance(found, Pipeline):
+        return found
+    raise ConfigError(f"{experiment.source or experiment.name}: {found[1]}")
+
+
+def pipeline_problems(experiment: Experiment) -> list[tuple[tuple[str, ...], str]]:
+    """What keeps the experiment's pipeline from being derived, located (`alignflow.config.names` reports it at
+    the key's line when the file is read)."""
+    found = _pipeline_or_problem(experiment)
+    return [] if isinstance(found, Pipeline) else [found]
+
+
+register_experiment_check(pipeline_problems)
 
 
 def megatron_load_format(experiment: Experiment, spec: TrainSpec, parallel: ParallelConfig) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from alignflow.config.sides import experiment_checks
 from alignflow.config.yamlsource import KeyPath, load_yaml
 from alignflow.errors import ConfigError, did_you_mean
 from alignflow.pipeline import SIDE_NAMES
@@ -54,6 +55,9 @@ def resolve_names(experiment: Any, lines: dict[KeyPath, int] | None = None) -> l
         problems.append((src, line, message))
 
     _check_spec(experiment, problem)
+    for check in experiment_checks():  # the backends': the pipeline derived from the two sides' formats
+        for loc, message in check(experiment):
+            problem(loc, message)
     for side in SIDE_NAMES:  # a side whose backend renders a template of the user's (MindFormers' YAML)
         written = getattr(experiment.side(side), "template", None)
         if isinstance(written, str):

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import threading
+from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from alignflow.config.hosts import EnvName
 from alignflow.config.parallel import ParallelConfig
@@ -41,8 +42,40 @@ class SideConfig(BaseModel):
                              "(part of each step's cache key).")
     parallel: ParallelConfig | None = Field(None, description="The side's layout; default: training.parallel.")
 
+    @classmethod
+    def model_for(cls, data: Any) -> type[BaseModel]:
+        """The model that validates the section `data` (its backend's own, by its `kind`): what the did-you-mean
+        of an unknown key of the section offers (`alignflow.config.yamlsource`)."""
+        kind = data.get("kind") if isinstance(data, dict) else None
+        if isinstance(kind, str) and kind not in LEGACY_TWIN:
+            try:
+                return side_config_model(kind)
+            except ConfigError:
+                return cls
+        return cls
+
+
+class _Kind(BaseModel):
+    """A side section's `kind` alone, checked first, so that an unknown backend is reported at its `kind:` line."""
+
+    kind: str
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        try:
+            side_config_model(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
 
 _MODELS: dict[str, type[SideConfig]] = {}
+ExperimentCheck = Callable[[Any], list[tuple[tuple[str, ...], str]]]
+"""`(experiment) -> [(key path, message)]`: what the backends find wrong with an experiment's pair of sides (a
+pipeline that would convert without a conversion spec), reported where the file is read (`alignflow.config.names`)
+at the line of the key path."""
+_CHECKS: list[ExperimentCheck] = []
 _loaded = threading.Lock()
 _plugins_loaded: list[bool] = []
 
@@ -53,6 +86,18 @@ def register_side_config(kind: str, model: type[SideConfig]) -> None:
     if known is not None and known is not model:
         raise ValueError(f"side backend {kind!r} is already registered (by {known.__module__})")
     _MODELS[kind] = model
+
+
+def register_experiment_check(check: ExperimentCheck) -> None:
+    """Run `check` on every experiment read (the backends register what they derive from the two sides)."""
+    if check not in _CHECKS:
+        _CHECKS.append(check)
+
+
+def experiment_checks() -> list[ExperimentCheck]:
+    """Every registered experiment check (the backends' entry points loaded)."""
+    _load_plugins()
+    return list(_CHECKS)
 
 
 def _load_plugins() -> None:
@@ -95,10 +140,5 @@ def parse_side(value: Any, side_name: str) -> SideConfig:
     kind = data.get("kind")
     if kind is None or kind in LEGACY_TWIN:
         data["kind"] = side(side_name).default_kind if side_name in SIDE_NAMES else kind
-    elif not isinstance(kind, str):
-        raise ValueError("kind must be a backend name")
-    try:
-        model = side_config_model(str(data["kind"]))
-    except ConfigError as exc:
-        raise ValueError(str(exc)) from None
-    return model.model_validate(data)
+    _Kind.model_validate({"kind": data["kind"]})  # an unknown backend: a located error (`npu.kind: ...`)
+    return side_config_model(str(data["kind"])).model_validate(data)

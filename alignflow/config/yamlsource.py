@@ -236,18 +236,24 @@ def problem_from_error(err: Any, doc: YamlDocument, *, model: type[BaseModel] | 
     dotted = ".".join(str(p) for p in (*prefix, *loc)) or "(top level)"
     message = _humanize(err)
     if err["type"] == "extra_forbidden" and model is not None and loc:
-        hint = did_you_mean(str(loc[-1]), _allowed_keys(model, loc[:-1]))
+        data = doc.data
+        for part in prefix:  # the validated mapping: a side section's keys are its backend's (by its `kind`)
+            data = _child(data, part)
+        hint = did_you_mean(str(loc[-1]), _allowed_keys(model, loc[:-1], data))
         message = f"unknown key{hint}" if hint else message
     return str(doc.path), doc.line_of((*prefix, *loc)), f"{dotted}: {message}"
 
 
-def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """The field names of the model found at `loc` inside `model` (empty when the path leaves the models)."""
+def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...], data: Any = None) -> list[str]:
+    """The field names of the model found at `loc` inside `model` (empty when the path leaves the models). A model
+    whose fields depend on the section's own data (a side section: its backend's, by `kind`) names the model that
+    validates `data` at that place through a `model_for(data)` classmethod."""
     node: Any = model
     for part in loc:
-        node = _model_in(node)
+        node = _concrete(_model_in(node), data)
         if node is None:
             return []
+        data = _child(data, part)
         if isinstance(node, type) and issubclass(node, BaseModel):
             field = node.model_fields.get(str(part))
             if field is None:
@@ -256,10 +262,23 @@ def _allowed_keys(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
         else:  # dict[str, X] (part is a key) or list[X] (part is an index)
             args = typing.get_args(node)
             node = args[-1] if args else None
-    found = _model_in(node)
+    found = _concrete(_model_in(node), data)
     if isinstance(found, type) and issubclass(found, BaseModel):
         return list(found.model_fields)
     return []
+
+
+def _concrete(node: Any, data: Any) -> Any:
+    model_for = getattr(node, "model_for", None) if isinstance(node, type) else None
+    return model_for(data) if callable(model_for) else node
+
+
+def _child(data: Any, part: Any) -> Any:
+    if isinstance(data, dict):
+        return data.get(part)
+    if isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+        return data[part]
+    return None
 
 
 def _model_in(annotation: Any) -> Any:

@@ -74,9 +74,10 @@ def test_a_base_training_cannot_load_and_must_save(repo_root: Path, tmp_path: Pa
                       npu=_command_side(launch=saving, checkpoint={"loads": "megatron", "saves": "megatron"}))
     with pytest.raises(ConfigError, match=r"npu_base_train trains the base checkpoint: npu.launch must write it at"):
         step_command(exp, "npu_base_train", data_sha256="")
-    cannot = _experiment(repo_root, tmp_path / "cannot", npu=_command_side())
-    with pytest.raises(ConfigError, match=r"cannot save the base checkpoint .* give the experiment a `base:"):
-        pipeline_for(cannot)
+    # a side that saves no checkpoint cannot train the base: refused where the file is read, at its `kind:` line
+    with pytest.raises(ConfigError, match=r"tiny.yaml:\d+: npu.kind: the NPU side's backend \(command\) cannot "
+                                          r"save the base checkpoint .* give the experiment a `base:"):
+        _experiment(repo_root, tmp_path / "cannot", npu=_command_side())
 
 
 def test_preflight_compares_what_the_command_passes_and_declares_and_checks_nothing_else(

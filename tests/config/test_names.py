@@ -91,9 +91,30 @@ def criteria_file(tmp: Path, root: Path) -> tuple[Path, str, str]:
             "criteria: criteria file 'criterias.yaml' not found")
 
 
+def backend_typo(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    exp = edited(root / "experiments" / "demo-same-format.yaml", tmp / "same.yaml", "npu:\n  kind: twin-torch",
+                 "npu:\n  kind: twin-trch")
+    return (exp, "kind: twin-trch", "npu.kind: unknown side backend 'twin-trch' (did you mean 'twin-torch'?)")
+
+
+def backend_key_typo(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    # a key of the megatron backend's own section (not of what every side has): the closest of its keys
+    exp = edited(root / "experiments" / "demo-megatron.yaml", tmp / "meg.yaml", "  megatron_version:",
+                 "  megatron_versoin:")
+    return (exp, "megatron_versoin:", "gpu.megatron_versoin: unknown key (did you mean 'megatron_version'?)")
+
+
+def conversion_missing(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    # the base is Hugging Face's and neither twin loads it: the derived pipeline converts, with no spec to do it
+    exp = edited(root / "experiments" / "demo-hf-base.yaml", tmp / "hf.yaml", "conversion:\n  spec: qwen3\n", "")
+    return (exp, "  format: hf", "base.format: convert_mindformers converts hf -> mindformers (the sides load other "
+                               "formats than the base's): the experiment needs `conversion: {spec: <model family>}`")
+
+
 CASES: dict[str, Callable[[Path, Path], tuple[Path, str, str]]] = {
     "spec": spec_typo, "spec file": spec_file_typo, "flavour": flavour, "template": template_typo,
-    "data prefix": data_prefix, "criteria file": criteria_file,
+    "data prefix": data_prefix, "criteria file": criteria_file, "backend": backend_typo,
+    "backend key": backend_key_typo, "conversion missing": conversion_missing,
 }
 
 
