@@ -75,7 +75,13 @@ def make_hf_checkpoint(model: ModelConfig, path: Path, *, seed: int) -> None:
     config = hf_config(model)
     torch.manual_seed(seed)
     net = getattr(transformers, model_class)(config)
-    net.save_pretrained(str(path), safe_serialization=True)
+    bars = transformers.utils.logging.is_progress_bar_enabled()  # a run's output is its own lines, not a shard bar
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        net.save_pretrained(str(path), safe_serialization=True)
+    finally:
+        if bars:
+            transformers.utils.logging.enable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def read_config(path: Path) -> dict[str, Any] | None:
