@@ -52,6 +52,26 @@ BF16_EXPORT: frozenset[CheckpointFormat] = frozenset({"mindformers"})
 protocol does for a MindFormers base training; a Megatron base is loaded as saved (`--finetune --no-load-optim`
 skips its optimizer state), a base given as a file is loaded as given."""
 
+CONVERTED_ONLY_WITH: dict[CheckpointFormat, frozenset[CheckpointFormat]] = {
+    "torch_dist": frozenset({"mindformers"}),
+}
+"""Formats a side may load but that are converted only from and to the formats listed: torch_dist is written and read
+through megatron-core's dist_checkpointing with the MindFormers spec (`alignflow.convert.engine`), not through the
+Megatron-name pivot of the other formats. A pipeline that would convert one to or from another format is refused where
+the experiment is read (`alignflow.backends.registry.pipeline_problems`), and `alignflow convert` refuses it too."""
+
+
+def not_converted(source: CheckpointFormat, target: CheckpointFormat) -> str | None:
+    """Why alignflow cannot convert `source` to `target` (None: it can)."""
+    for fmt, other in ((source, target), (target, source)):
+        partners = CONVERTED_ONLY_WITH.get(fmt)
+        if partners is not None and other != fmt and other not in partners:
+            return (f"alignflow converts {fmt} only from and to {', '.join(sorted(partners))} (megatron-core's "
+                    "dist_checkpointing with the MindFormers spec); convert through mindformers, or have the side "
+                    f"load {fmt} as given")
+    return None
+
+
 Naming = Literal["mindformers", "megatron", "hf"]
 NAMING: dict[CheckpointFormat, Naming] = {"mindformers": "mindformers", "megatron": "megatron",
                                           "torch_dist": "megatron", "hf": "hf", "dcp": "hf"}

@@ -24,7 +24,19 @@ from alignflow.backends.template import CommandTemplate, LogFormat, RenderedSett
 from alignflow.config.experiment import Experiment
 from alignflow.config.sides import SideConfig, register_experiment_check, register_side_config, side_config_model
 from alignflow.errors import ConfigError
-from alignflow.pipeline import SIDES, CheckpointFormat, Formats, Pipeline, Role, Side, checkpoint_artifact, derive, side
+from alignflow.pipeline import (
+    CONVERTED_ONLY_WITH,
+    SIDES,
+    CheckpointFormat,
+    Formats,
+    Pipeline,
+    Role,
+    Side,
+    checkpoint_artifact,
+    derive,
+    not_converted,
+    side,
+)
 
 if TYPE_CHECKING:
     from alignflow.config.hosts import Host
@@ -149,17 +161,32 @@ def _pipeline_or_problem(experiment: Experiment) -> Pipeline | tuple[tuple[str, 
         return formats
     pipe = derive(formats)
     conversions = [s for s in pipe.steps if s.converts is not None and s.converts[0] != s.converts[1]]
+    for step in conversions:
+        assert step.converts is not None
+        why = not_converted(*step.converts)
+        if why is not None:
+            fmt = next(f for f in step.converts if f in CONVERTED_ONLY_WITH)
+            loc = _converting_key(experiment, formats, fmt)
+            return (loc, f"{'.'.join(loc)}: {step.name} would convert {step.converts[0]} -> {step.converts[1]}: "
+                         f"{why}")
     if conversions and experiment.conversion is None:
         step = conversions[0]
         assert step.converts is not None
         target = step.converts[1]
-        # where the need comes from: the base's format, or the side that loads the converted format
-        loc = ("base", "format") if experiment.base is not None else next(
-            ((s.name, "kind") for s in SIDES if formats.loads[s.name][0] == target), ("npu", "kind"))
+        # where the need comes from: the given base's format, or the side that loads the converted format
+        loc = _converting_key(experiment, formats, step.converts[0] if experiment.base is not None else target)
         return (loc, f"{'.'.join(loc)}: {step.name} converts {step.converts[0]} -> {target} (the sides load "
                      "other formats than the base's): the experiment needs `conversion: {spec: <model family>}` "
                      "(`alignflow convert specs`)")
     return pipe
+
+
+def _converting_key(experiment: Experiment, formats: Formats, fmt: CheckpointFormat) -> tuple[str, ...]:
+    """Where a conversion from or to `fmt` comes from: the given base's format, else the side that loads `fmt`."""
+    if experiment.base is not None and (experiment.base.format == fmt or all(
+            formats.loads[s.name][0] != fmt for s in SIDES)):
+        return ("base", "format")
+    return next(((s.name, "kind") for s in SIDES if formats.loads[s.name][0] == fmt), ("npu", "kind"))
 
 
 def pipeline_for(experiment: Experiment) -> Pipeline:

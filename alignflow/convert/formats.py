@@ -56,7 +56,7 @@ from alignflow.convert.spec import Flavor, Spec
 from alignflow.convert.summary import ConversionSummary, ProgressFn, dtype_counts, staged_output
 from alignflow.convert.tensor_io import StreamingSafetensorsWriter, TensorMeta, TensorSource, read_layout, read_tensor
 from alignflow.errors import ConfigError, ConversionError
-from alignflow.pipeline import CHECKPOINT_FORMATS, NAMING, CheckpointFormat, Naming
+from alignflow.pipeline import CHECKPOINT_FORMATS, NAMING, CheckpointFormat, Naming, not_converted
 
 log = logging.getLogger(__name__)
 HF_MODEL_FILE = "model.safetensors"
@@ -152,12 +152,8 @@ def open_checkpoint(fmt: CheckpointFormat, path: Path) -> Iterator[TensorSource]
     elif fmt == "dcp":
         yield DcpCheckpoint(path)
     else:
-        raise ConfigError(_TORCH_DIST)
-
-
-_TORCH_DIST = ("a torch_dist checkpoint is converted only from and to MindFormers (megatron-core's dist_checkpointing "
-               "through the MindFormers spec, `alignflow.convert.engine`); convert through mindformers, or load it "
-               "as given")
+        raise ConfigError(f"{fmt} is read by its own converter (`alignflow convert mindformers --from {fmt}`), not "
+                          "opened as a tensor source")
 
 
 @contextmanager
@@ -243,7 +239,7 @@ def convert_checkpoint(src: Path, dst: Path, *, source: CheckpointFormat, target
         if (source, target) == ("torch_dist", "mindformers"):
             return convert_to_mindformers(src, dst, spec=spec, model=model, flavor=flavor,
                                           megatron_version=megatron_version, iteration=iteration, progress=progress)
-        raise ConfigError(f"{source} -> {target}: {_TORCH_DIST}")
+        raise ConfigError(f"{source} -> {target}: {not_converted(source, target)}")
     if (source, target) == ("mindformers", "megatron") and spec is not None:
         return convert_to_megatron(src, dst, spec=spec, model=model, flavor=flavor, megatron_version=megatron_version,
                                    iteration=iteration, progress=progress, source_dtype=source_dtype)

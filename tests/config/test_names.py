@@ -111,10 +111,34 @@ def conversion_missing(tmp: Path, root: Path) -> tuple[Path, str, str]:
                                "formats than the base's): the experiment needs `conversion: {spec: <model family>}`")
 
 
+def unconverted_format(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    # a torch_dist base and a side that loads Hugging Face's: torch_dist converts only from and to MindFormers
+    exp = edited(root / "experiments" / "demo-hf-base.yaml", tmp / "td.yaml", "  format: hf\n  generate: {seed: 0}",
+                 "  format: torch_dist")
+    exp.write_text(exp.read_text() + "gpu:\n  kind: command\n  launch: [train.py, --load, '{load}']\n"
+                   "  log: {format: megatron}\n  checkpoint: {loads: hf}\n")
+    return (exp, "  format: torch_dist", "base.format: convert_hf would convert torch_dist -> hf: alignflow converts "
+                                         "torch_dist only from and to mindformers")
+
+
+def test_a_torch_dist_base_is_converted_to_mindformers_and_loaded_as_given(tmp_path: Path, repo_root: Path) -> None:
+    # megatron-core's dist_checkpointing reads it into MindFormers; a Megatron-kind side loads it unconverted
+    from alignflow.backends.registry import pipeline_for
+    from alignflow.config.experiment import load_experiment
+
+    exp = edited(repo_root / "experiments" / "demo-hf-base.yaml", tmp_path / "td.yaml",
+                 "  format: hf\n  generate: {seed: 0}", "  format: torch_dist")
+    pipe = pipeline_for(load_experiment(exp))
+    assert [s.name for s in pipe.steps if s.converts] == ["convert_mindformers"]
+    assert pipe.load_format("npu") == "mindformers"
+    assert pipe.load_format("gpu") == "torch_dist"
+
+
 CASES: dict[str, Callable[[Path, Path], tuple[Path, str, str]]] = {
     "spec": spec_typo, "spec file": spec_file_typo, "flavour": flavour, "template": template_typo,
     "data prefix": data_prefix, "criteria file": criteria_file, "backend": backend_typo,
     "backend key": backend_key_typo, "conversion missing": conversion_missing,
+    "unconverted format": unconverted_format,
 }
 
 
