@@ -206,9 +206,13 @@ def test_serve_on_the_committed_checkout_serves_the_demo_and_lists_the_rest(repo
     monkeypatch.chdir(repo_root)
     launch, nightly = dry_run()
     # the experiments whose hosts the committed hosts.yaml has (its three local hosts)
-    assert launch["schema"]["definitions"]["ExperimentName"]["enum"] == ["demo", "demo-megatron", "mindformers-cpu"]
+    assert launch["schema"]["definitions"]["ExperimentName"]["enum"] == ["demo", "demo-hf-base", "demo-megatron",
+                                                                         "demo-same-format", "mindformers-cpu"]
     assert launch["schema"]["properties"]["experiment"]["default"] == "demo"  # `make demo`'s: listed first, chosen
-    assert offered_steps(launch["schema"]) == EVERY_STEP
+    # the demo's steps and demo-hf-base's conversion of its Hugging Face base to the MindSpore twin's format
+    assert offered_steps(launch["schema"]) == ["npu_base_train", "convert_bf16", "convert_mindformers",
+                                               *EVERY_STEP[2:]]
+    assert EVERY_STEP[1:3] == ["convert_bf16", "convert_megatron"]
     assert {u["experiment"] for u in launch["not_served"]} == {"glm52_1b", "glm52_mini", "qwen35_dense",
                                                                "qwen35_moe"}
     assert all(any("unknown host 'npu-a'" in r for r in u["reasons"]) for u in launch["not_served"])
