@@ -56,6 +56,16 @@ def write_checkout(work: Path, repo: Path) -> None:
     demo["model"]["moe"]["layer_freq"] = [1]
     demo["training"].update(base_steps=4, steps=8, lr_warmup_iters=2)
     (work / "experiments" / "demo.yaml").write_text(yaml.safe_dump(demo, sort_keys=False))
+    # the "any trainer" section's two demos, as short (their pipelines, not their lengths, are what the walk checks)
+    same = yaml.safe_load((repo / "experiments" / "demo-same-format.yaml").read_text())
+    same["model"]["num_layers"] = 1
+    same["model"]["moe"]["layer_freq"] = [1]
+    same["training"].update(base_steps=4, steps=8, lr_warmup_iters=2)
+    (work / "experiments" / "demo-same-format.yaml").write_text(yaml.safe_dump(same, sort_keys=False))
+    hf = yaml.safe_load((repo / "experiments" / "demo-hf-base.yaml").read_text())
+    hf["model"]["num_layers"] = 1
+    hf["training"].update(steps=8)
+    (work / "experiments" / "demo-hf-base.yaml").write_text(yaml.safe_dump(hf, sort_keys=False))
 
 
 @dataclass

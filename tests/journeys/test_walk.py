@@ -9,7 +9,10 @@ In file order, on one checkout and one state dir (tests/journeys/conftest.py):
    run's page), `alignflow diagnose RUN` (no divergent module), `alignflow export RUN --tensorboard DIR`;
 3. the `form` block: `alignflow serve`, then the launch form in Chromium, submitted as it opens (the demo is
    pre-selected); the run completes, the link `serve` logs opens it, its report opens over http;
-4. nothing was written outside the checkout: the home directory is still empty.
+4. the `any-trainer` block: `alignflow render` prints each demo's pipeline derived from its checkpoint formats
+   (Megatron against Megatron: no conversion; a Hugging Face base: a conversion per side, no base training), and
+   `alignflow run` runs both to a PASS with exactly those steps;
+5. nothing was written outside the checkout: the home directory is still empty.
 
 Screenshots: `$ALIGNFLOW_SCREENSHOTS` when set, else the module's temporary directory; each is taken of a page the
 test has just checked (the run's name and state, never "Unable to connect").
@@ -31,7 +34,7 @@ from tests.journeys.markdown import sample_matches
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-BLOCKS = {"make-demo": "output", "walk": "commands", "form": "commands"}
+BLOCKS = {"make-demo": "output", "walk": "commands", "form": "commands", "any-trainer": "commands"}
 STEPS = ("npu_base_train", "convert_bf16", "convert_megatron", "gpu_train", "npu_reload_train", "compare")
 RUN_LINE = re.compile(r"^run ([0-9a-f]{12}) of demo: completed, verdict PASS", re.M)
 
@@ -200,6 +203,31 @@ def _launch_from_the_form(walk: Walk, page: Any, serve: Background, api: httpx.C
     assert opened.status == 200
     assert re.search(r"[0-9a-f]{12}", page.title()), page.title()
     page.screenshot(path=str(walk.shots / "journey-7-report.png"), full_page=True)
+
+
+def _steps_ran(output: str) -> list[str]:
+    """The steps of the summary table `run` printed (first column), in its order."""
+    return re.findall(r"^│ ([a-z0-9_]+) +│ ran ", output, re.M)
+
+
+def test_the_pipelines_follow_the_checkpoint_formats_and_both_demos_pass(walk: Walk) -> None:
+    same = walk.run("any-trainer", 0, "alignflow render demo-same-format")
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "convert_" not in same.stdout, same.stdout
+    assert re.search(r"^npu_base_train ", same.stdout, re.M), same.stdout
+    hf = walk.run("any-trainer", 1, "alignflow render demo-hf-base")
+    assert hf.returncode == 0, hf.stdout + hf.stderr
+    assert re.search(r"^convert_mindformers ", hf.stdout, re.M), hf.stdout
+    assert re.search(r"^convert_megatron ", hf.stdout, re.M), hf.stdout
+    assert "npu_base_train" not in hf.stdout, hf.stdout
+    for index, name, steps in (
+            (2, "demo-same-format", ["npu_base_train", "gpu_train", "npu_reload_train", "compare"]),
+            (3, "demo-hf-base", ["convert_mindformers", "convert_megatron", "gpu_train", "npu_reload_train",
+                                 "compare"])):
+        done = walk.run("any-trainer", index, f"alignflow run experiments/{name}.yaml")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert re.search(rf"^run [0-9a-f]{{12}} of {name}: completed, verdict PASS", done.stdout, re.M), done.stdout
+        assert _steps_ran(done.stdout) == steps, done.stdout
 
 
 def test_nothing_was_written_outside_the_checkout(walk: Walk) -> None:
