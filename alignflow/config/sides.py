@@ -28,6 +28,11 @@ from alignflow.pipeline import SIDE_NAMES, side
 
 ENTRY_POINT_GROUP = "alignflow.backends"
 LEGACY_TWIN = ("twin", "reference")
+LEGACY_KEYS = frozenset({"entry", "template", "msrun", "overrides", "torchrun", "transformer_impl",
+                         "megatron_version", "extensions", "extra_args"})
+"""The keys of the side sections from before the backends (one model per side, every key dumped into a run's
+record): a `kind: twin` section's keys of these that its twin's model lacks are dropped, so a recorded run of that
+time still opens; any other unknown key is still refused."""
 
 
 class SideConfig(BaseModel):
@@ -141,4 +146,7 @@ def parse_side(value: Any, side_name: str) -> SideConfig:
     if kind is None or kind in LEGACY_TWIN:
         data["kind"] = side(side_name).default_kind if side_name in SIDE_NAMES else kind
     _Kind.model_validate({"kind": data["kind"]})  # an unknown backend: a located error (`npu.kind: ...`)
-    return side_config_model(str(data["kind"])).model_validate(data)
+    model = side_config_model(str(data["kind"]))
+    if kind in LEGACY_TWIN:  # a section (or a recorded run's) of before the twins were two backends
+        data = {k: v for k, v in data.items() if k in model.model_fields or k not in LEGACY_KEYS}
+    return model.model_validate(data)
