@@ -102,7 +102,8 @@ def megatron_layout_flags(experiment: Experiment) -> list[str]:
     if len(wanted) > 1:
         raise ConfigError(f"{experiment.source or experiment.name}: both sides load one converted Megatron checkpoint "
                           "but their layouts need different files ("
-                          + "; ".join(f"{', '.join(sides)}: {f} tp {tp} pp {pp} ep {ep}"
+                          + "; ".join(f"{', '.join(sides)}: "
+                                      + (f if f == "torch_dist" else f"legacy files for tp {tp} pp {pp} ep {ep}")
                                       for (f, tp, pp, ep), sides in wanted.items())
                           + "); set `conversion.format: torch_dist`, which loads at any layout")
     fmt, tp, pp, ep = next(iter(wanted), ("torch", 1, 1, 1))

@@ -178,7 +178,34 @@ def _pipeline_or_problem(experiment: Experiment) -> Pipeline | tuple[tuple[str, 
         return (loc, f"{'.'.join(loc)}: {step.name} converts {step.converts[0]} -> {target} (the sides load "
                      "other formats than the base's): the experiment needs `conversion: {spec: <model family>}` "
                      "(`alignflow convert specs`)")
+    for step in conversions:
+        assert step.converts is not None
+        if step.converts[1] == "megatron" and step.converts[0] != "mindformers":
+            problem = _distributed_from_other(experiment, pipe, step.name, step.converts[0])
+            if problem is not None:
+                return problem
     return pipe
+
+
+def _distributed_from_other(experiment: Experiment, pipe: Pipeline, step: str, source: CheckpointFormat
+                            ) -> tuple[tuple[str, ...], str] | None:
+    """A converted Megatron checkpoint of many ranks (torch_dist, or legacy files per tp / pp / ep) is written from
+    MindFormers only (megatron-core's own layout, `alignflow.convert.engine`); from another format, one legacy file."""
+    from alignflow.convert.layout import megatron_checkpoint_layout
+
+    conv = experiment.conversion
+    assert conv is not None
+    for s in SIDES:
+        if pipe.load(s.name) != checkpoint_artifact("megatron"):
+            continue
+        fmt, p = megatron_checkpoint_layout(conv.format, experiment.parallel(s.name))
+        if fmt == "torch_dist" or (p.tp, p.pp, p.ep) != (1, 1, 1):
+            loc = (s.name, "parallel") if conv.format == "auto" else ("conversion", "format")
+            layout = "torch_dist" if fmt == "torch_dist" else f"legacy files for tp {p.tp} pp {p.pp} ep {p.ep}"
+            return (loc, f"{'.'.join(loc)}: {step} would write {layout} from a {source} checkpoint for the "
+                         f"{s.name} side's layout; alignflow writes a Megatron checkpoint of many ranks from "
+                         "MindFormers only (from another format: one legacy file, tp = pp = ep = 1)")
+    return None
 
 
 def _converting_key(experiment: Experiment, formats: Formats, fmt: CheckpointFormat) -> tuple[str, ...]:

@@ -108,3 +108,35 @@ def test_a_backend_refuses_a_host_role_it_does_not_train_on(repo_root: Path, tmp
     with pytest.raises(ConfigError, match=r"gpu.kind mindformers trains on ascend hosts; gpu_train would run on a cuda "
                                           "host"):
         step_command(exp, "gpu_train", data_sha256="")
+
+
+def _both_megatron_from_mindformers(repo_root: Path, tmp_path: Path, fmt: str) -> Experiment:
+    """demo with a given MindFormers base and the PyTorch twin on both sides: both load one converted Megatron
+    checkpoint, the NPU side at tp 2 x pp 2, the GPU side on one rank."""
+    text = (repo_root / "experiments" / "demo.yaml").read_text()
+    assert "conversion:\n" in text
+    text = text.replace("conversion:\n", f"conversion:\n  format: {fmt}\n", 1)
+    text += ("base: {path: base, format: mindformers}\nnpu:\n  kind: twin-torch\n  parallel: {tp: 2, pp: 2}\n"
+             "gpu:\n  kind: twin-torch\n")
+    path = tmp_path / "both.yaml"
+    path.write_text(text)
+    return load_experiment(path)
+
+
+def test_the_converted_checkpoint_is_laid_out_for_the_side_that_loads_it(repo_root: Path, tmp_path: Path) -> None:
+    # conversion.format torch_dist: one checkpoint both layouts load; each training asks for torch_dist
+    exp = _both_megatron_from_mindformers(repo_root, tmp_path, "torch_dist")
+    assert [s.name for s in pipeline_for(exp).steps if s.converts] == ["convert_megatron"]
+    convert = step_command(exp, "convert_megatron", data_sha256="").template.argv
+    assert convert[convert.index("--ckpt-format") + 1] == "torch_dist"
+    for step in ("npu_reload_train", "gpu_train"):
+        argv = step_command(exp, step, data_sha256="").template.argv
+        assert argv[argv.index("--ckpt-format") + 1] == "torch_dist"
+    npu = step_command(exp, "npu_reload_train", data_sha256="").template.argv
+    assert npu[npu.index("--tensor-model-parallel-size") + 1] == "2"
+    # auto: legacy files for one rank (the GPU side) and torch_dist for tp 2 x pp 2 (the NPU side) cannot be one
+    # checkpoint: refused, naming both sides' needs and the way out
+    auto = _both_megatron_from_mindformers(repo_root, tmp_path, "auto")
+    with pytest.raises(ConfigError, match=r"npu: torch_dist; gpu: legacy files for tp 1 pp 1 ep 1.*"
+                                          r"conversion.format: torch_dist"):
+        step_command(auto, "convert_megatron", data_sha256="")

@@ -121,6 +121,15 @@ def unconverted_format(tmp: Path, root: Path) -> tuple[Path, str, str]:
                                          "torch_dist only from and to mindformers")
 
 
+def distributed_from_hf(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    # the GPU side at tp 2 loads a Megatron checkpoint converted from Hugging Face's: torch_dist (auto), which
+    # alignflow writes from MindFormers only
+    exp = edited(root / "experiments" / "demo-hf-base.yaml", tmp / "hf.yaml", "conversion:\n",
+                 "gpu:\n  parallel: {tp: 2}\nconversion:\n")
+    return (exp, "  parallel: {tp: 2}", "gpu.parallel: convert_megatron would write torch_dist from a hf checkpoint "
+                                        "for the gpu side's layout")
+
+
 def test_a_torch_dist_base_is_converted_to_mindformers_and_loaded_as_given(tmp_path: Path, repo_root: Path) -> None:
     # megatron-core's dist_checkpointing reads it into MindFormers; a Megatron-kind side loads it unconverted
     from alignflow.backends.registry import pipeline_for
@@ -138,7 +147,7 @@ CASES: dict[str, Callable[[Path, Path], tuple[Path, str, str]]] = {
     "spec": spec_typo, "spec file": spec_file_typo, "flavour": flavour, "template": template_typo,
     "data prefix": data_prefix, "criteria file": criteria_file, "backend": backend_typo,
     "backend key": backend_key_typo, "conversion missing": conversion_missing,
-    "unconverted format": unconverted_format,
+    "unconverted format": unconverted_format, "distributed from hf": distributed_from_hf,
 }
 
 
