@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from alignflow.pipeline import SIDE_NAMES
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
@@ -20,14 +22,14 @@ if TYPE_CHECKING:
     from alignflow.runner.engine import StepRunner
     from alignflow.store import Store
 
-_SIDES = ("npu", "gpu")
+_SIDES: tuple[str, ...] = SIDE_NAMES
 
 
 def _sides(side: list[str] | None) -> tuple[str, ...]:
     chosen = tuple(side or _SIDES)
     unknown = [s for s in chosen if s not in _SIDES]
     if unknown:
-        typer.echo(f"error: --side {unknown[0]!r}: the sides are npu and gpu", err=True)
+        typer.echo(f"error: --side {unknown[0]!r}: the sides are {' and '.join(_SIDES)}", err=True)
         raise typer.Exit(2)
     return chosen
 

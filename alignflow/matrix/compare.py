@@ -25,13 +25,14 @@ from alignflow.config.criteria import Criterion
 from alignflow.config.variants import DEFAULT_GROUP, Matrix
 from alignflow.matrix.memory import MemoryReport
 from alignflow.matrix.status import TrainingStatus
+from alignflow.pipeline import SIDE_NAMES, SIDES
 
 if TYPE_CHECKING:
     from alignflow.compare.comparison import Comparison
     from alignflow.logs.schema import ParsedLog
 
 Outcome = Literal["pass", "fail", "oom"]
-SIDE_ORDER = ("npu", "gpu")
+SIDE_ORDER = SIDE_NAMES  # the pipeline's sides, in their order (NPU, then GPU)
 _STATUS_RANK = {"oom": 4, "exit code unknown": 3, "failed": 2, "not run": 1, "completed": 0}
 
 
@@ -226,7 +227,7 @@ def compare_matrix(matrix: Matrix, trainings: Mapping[str, Mapping[str, ConfigTr
                    criteria: Sequence[Criterion], experiment: str = "",
                    side_labels: Mapping[str, str] | None = None) -> MatrixResult:
     """Judge every variant of `matrix` against its group's reference (`trainings[group][config]`)."""
-    labels = dict(side_labels or {"npu": "NPU", "gpu": "GPU"})
+    labels = dict(side_labels or {s.name: s.label for s in SIDES})
     rows: list[Row] = []
     variants: list[VariantResult] = []
     summaries: list[ConfigSummary] = []

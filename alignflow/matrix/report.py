@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from alignflow.compare.formatting import criterion_label
-from alignflow.matrix.compare import MatrixResult, Row, SidePerf, short_name
+from alignflow.matrix.compare import SIDE_ORDER, MatrixResult, Row, SidePerf, short_name
 
 OFF_COLOR, ON_COLOR = "#1f77b4", "#ff7f0e"  # the seed's blue OFF / orange ON
 
@@ -61,9 +61,9 @@ def _perf(p: SidePerf | None, attr: str, digits: int = 3) -> str:
 
 def _sections(result: MatrixResult) -> list[tuple[str, str, list[Row]]]:
     """(group, side, rows) in group order, sides NPU then GPU, only where rows exist."""
-    out = []
+    out: list[tuple[str, str, list[Row]]] = []
     for group in result.groups:
-        for side in ("npu", "gpu"):
+        for side in SIDE_ORDER:
             rows = [r for r in result.rows if r.group == group and r.side == side]
             if rows:
                 out.append((group, side, rows))
