@@ -206,8 +206,9 @@ def test_serve_on_the_committed_checkout_serves_the_demo_and_lists_the_rest(repo
     monkeypatch.chdir(repo_root)
     launch, nightly = dry_run()
     # the experiments whose hosts the committed hosts.yaml has (its three local hosts)
-    assert launch["schema"]["definitions"]["ExperimentName"]["enum"] == ["demo", "demo-hf-base", "demo-megatron",
-                                                                         "demo-same-format", "mindformers-cpu"]
+    assert launch["schema"]["definitions"]["ExperimentName"]["enum"] == ["demo", "demo-hf-base", "demo-matrix",
+                                                                         "demo-megatron", "demo-same-format",
+                                                                         "mindformers-cpu"]
     assert launch["schema"]["properties"]["experiment"]["default"] == "demo"  # `make demo`'s: listed first, chosen
     # the demo's steps and demo-hf-base's conversion of its Hugging Face base to the MindSpore twin's format
     assert offered_steps(launch["schema"]) == ["npu_base_train", "convert_bf16", "convert_mindformers",
