@@ -26,6 +26,7 @@ from alignflow.config.parallel import ParallelConfig
 from alignflow.errors import ConfigError, did_you_mean
 from alignflow.pipeline import SIDE_NAMES, side
 
+BUILTIN_BACKENDS = "alignflow.backends"  # the package that registers alignflow's own backends
 ENTRY_POINT_GROUP = "alignflow.backends"
 LEGACY_TWIN = ("twin", "reference")
 LEGACY_KEYS = frozenset({"entry", "template", "msrun", "overrides", "torchrun", "transformer_impl",
@@ -109,8 +110,12 @@ def _load_plugins() -> None:
     with _loaded:
         if _plugins_loaded:
             return
+        # alignflow's own backends are loaded by name too: a stale `alignflow.egg-info` earlier on sys.path (a
+        # checkout's root, before the reinstall that added the entry point) must not leave a run without sides
+        importlib.import_module(BUILTIN_BACKENDS)
         for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            entry.load()
+            if entry.value != BUILTIN_BACKENDS:
+                entry.load()
         _plugins_loaded.append(True)
 
 

@@ -135,7 +135,10 @@ def _sqlite_engine(parsed: URL) -> Engine:
 def read_only_file(path: Path) -> bool:
     """True when the database file exists but it or its directory cannot be written (SQLite needs the directory
     for its journal and WAL files). `os.access` answers for root too on a read-only mount (EROFS)."""
-    return path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+    try:
+        return path.is_file() and not (os.access(path, os.W_OK) and os.access(path.parent, os.W_OK))
+    except OSError:  # a directory on the way cannot be entered: opening it says so (StoreError, no traceback)
+        return False
 
 
 def _enter_wal(cursor: Any) -> None:
