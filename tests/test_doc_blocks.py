@@ -263,3 +263,33 @@ def test_usage_lines_join_their_continuations(tmp_path: Path) -> None:
     assert block.marker == "not-run"
     assert logical_lines(block) == ["alignflow convert megatron A B --spec s --json", "alignflow run X [--from S] [--quiet]",
                                     "alignflow --version", "alignflow --help"]
+
+
+LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+
+
+def test_every_relative_link_of_the_docs_names_a_page_and_a_heading(repo_root: Path) -> None:
+    """The pages moved out of the README link each other relatively (`[Slurm](slurm.md#slurm-hosts)`): each link
+    names a file of the checkout and, for a page, one of its headings' GitHub anchors (tests/test_citations.py)."""
+    from tests.test_citations import anchors
+
+    pages = [repo_root / "README.md", *sorted((repo_root / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        in_code = False
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                in_code = not in_code
+            if in_code:
+                continue
+            for match in LINK.finditer(line):
+                target = match["target"]
+                if re.match(r"[a-z]+:", target):
+                    continue  # a URL
+                file, _, anchor = target.partition("#")
+                path = (page.parent / file).resolve() if file else page
+                if not path.exists():
+                    broken.append(f"{page.relative_to(repo_root)}:{number}: {target} (no such file)")
+                elif anchor and path.suffix == ".md" and anchor not in anchors(path.read_text(encoding="utf-8")):
+                    broken.append(f"{page.relative_to(repo_root)}:{number}: {target} (no such heading)")
+    assert not broken, "\n".join(broken)
