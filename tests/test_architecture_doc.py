@@ -27,7 +27,8 @@ def section_block(page: str, heading: str) -> list[str]:
 
 def diagram_steps(block: list[str]) -> list[tuple[int, str]]:
     """The numbered steps a diagram names (`3 convert_megatron`), by number."""
-    return sorted((int(m.group(1)), m.group(2)) for line in block for m in re.finditer(r"\b(\d+) ([a-z][a-z0-9_]+)", line))
+    step = re.compile(r"\b(\d+) ([a-z][a-z0-9_]+)")
+    return sorted((int(m.group(1)), m.group(2)) for line in block for m in step.finditer(line))
 
 
 def layout_entries(block: list[str]) -> tuple[set[str], set[str]]:

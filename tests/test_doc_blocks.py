@@ -251,7 +251,8 @@ def test_the_check_refuses_what_the_parser_would(line: str, problem: str | None,
     if problem is None:
         assert found == []
     else:
-        assert len(found) == 1 and problem in found[0], found
+        assert len(found) == 1, found
+        assert problem in found[0], found
 
 
 def test_usage_lines_join_their_continuations(tmp_path: Path) -> None:
@@ -261,8 +262,8 @@ def test_usage_lines_join_their_continuations(tmp_path: Path) -> None:
                     "alignflow --version;  alignflow --help\n```\n")
     (block,) = shell_blocks(page)
     assert block.marker == "not-run"
-    assert logical_lines(block) == ["alignflow convert megatron A B --spec s --json", "alignflow run X [--from S] [--quiet]",
-                                    "alignflow --version", "alignflow --help"]
+    assert logical_lines(block) == ["alignflow convert megatron A B --spec s --json",
+                                    "alignflow run X [--from S] [--quiet]", "alignflow --version", "alignflow --help"]
 
 
 LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")

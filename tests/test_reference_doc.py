@@ -76,7 +76,9 @@ def _default(field: FieldInfo) -> str:
             value = field.default_factory()  # type: ignore[call-arg]
         except TypeError:
             return "(computed)"
-        return "(see its keys)" if isinstance(value, BaseModel) else f"`{value!r}`" if value not in ({}, []) else "empty"
+        if isinstance(value, BaseModel):
+            return "(see its keys)"
+        return f"`{value!r}`" if value not in ({}, []) else "empty"
     if field.default is PydanticUndefined:
         return "required"
     return f"`{field.default!r}`"
