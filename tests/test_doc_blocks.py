@@ -142,8 +142,9 @@ def check_alignflow(words: list[str], root: TyperGroup) -> list[str]:
             problem = _option_problem(command, word, path)
             if problem:
                 problems.append(problem)
-            elif "=" not in word and _takes_value(command, word):
-                j += 1  # its value
+            elif "=" not in word and _takes_value(command, word) and j + 1 < len(rest) \
+                    and not rest[j + 1].startswith("-"):
+                j += 1  # its value (a usage line may leave it out: `[--side ...] [--json]`)
             j += 1
             continue
         positionals += 1
@@ -240,6 +241,8 @@ def test_every_command_of_a_block_not_run_parses_with_what_it_names(repo_root: P
     ("alignflow run experiments/demo.yaml [--from STEP] [--quiet | --verbose]", None),
     ("alignflow show RUN extra", "takes 1 argument(s)"),
     ("alignflow hosts trust npu-a --hosts hosts.yaml", None),
+    ("alignflow history [--experiment ...] [--limit 5] RUN", None),  # a value left out, then one given
+    ("alignflow history [--experiment ...] [--json] RUN RUN", "takes 1 argument(s)"),
     ("make tset", "no target 'tset'"),
     ("python benchmarks/no_such_bench.py", "no file"),
     ("python -m alignflow.no_such_module", "no module"),
