@@ -1,9 +1,9 @@
 """docs/architecture.md's pipeline diagram and code layout cannot drift from the code (issue 34).
 
-The diagram (the first code block under "## The pipeline") names every step `alignflow.pipeline.STEPS` declares,
-numbered in their order, and no other; the layout (the code block under "## Layout") lists exactly the packages
-under `alignflow/` (a directory with an `__init__.py`, nested ones indented under their parent) and names every
-module of `alignflow/` itself.
+The diagram (the first code block under "## The pipeline") names every step of the embedded default's pipeline
+(`alignflow/pipeline.py`), numbered in their order, and no other; the layout (the code block under "## Layout")
+lists exactly the packages under `alignflow/` (a directory with an `__init__.py`, nested ones indented under their
+parent) and names every module of `alignflow/` itself.
 """
 
 from __future__ import annotations
@@ -11,9 +11,16 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from alignflow.pipeline import STEP_NAMES
+from alignflow import pipeline
 
 ENTRY = re.compile(r"^(?P<indent> *)(?P<names>[\w.]+/?(?:, [\w.]+/?)*)(?:\s+|$)")
+
+
+def drawn_pipeline() -> tuple[str, ...]:
+    """The steps of the pipeline the diagram draws, the embedded default's: `pipeline.DEFAULT` where each
+    experiment's pipeline is derived from its checkpoint formats (the backends branch), else the declared `STEPS`."""
+    default = getattr(pipeline, "DEFAULT", None)
+    return tuple(default.names) if default is not None else pipeline.STEP_NAMES
 
 
 def section_block(page: str, heading: str) -> list[str]:
@@ -61,8 +68,8 @@ def layout_entries(block: list[str]) -> tuple[set[str], set[str]]:
 def test_the_pipeline_diagram_draws_exactly_the_declared_steps_in_order(repo_root: Path) -> None:
     page = (repo_root / "docs" / "architecture.md").read_text(encoding="utf-8")
     drawn = diagram_steps(section_block(page, "## The pipeline"))
-    assert drawn == list(enumerate(STEP_NAMES, start=1)), (
-        f"the diagram numbers {drawn}; alignflow/pipeline.py declares {list(STEP_NAMES)}")
+    assert drawn == list(enumerate(drawn_pipeline(), start=1)), (
+        f"the diagram numbers {drawn}; alignflow/pipeline.py declares {list(drawn_pipeline())}")
 
 
 def test_the_layout_lists_exactly_the_packages_and_names_every_module(repo_root: Path) -> None:
