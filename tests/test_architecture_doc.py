@@ -17,10 +17,9 @@ ENTRY = re.compile(r"^(?P<indent> *)(?P<names>[\w.]+/?(?:, [\w.]+/?)*)(?:\s+|$)"
 
 
 def drawn_pipeline() -> tuple[str, ...]:
-    """The steps of the pipeline the diagram draws, the embedded default's: `pipeline.DEFAULT` where each
-    experiment's pipeline is derived from its checkpoint formats (the backends branch), else the declared `STEPS`."""
-    default = getattr(pipeline, "DEFAULT", None)
-    return tuple(default.names) if default is not None else pipeline.STEP_NAMES
+    """The steps of the pipeline the diagram draws: the classic one, the embedded default's (`pipeline.DEFAULT`;
+    another experiment's is derived from its checkpoint formats)."""
+    return pipeline.DEFAULT.names
 
 
 def section_block(page: str, heading: str) -> list[str]:

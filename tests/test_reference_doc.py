@@ -22,6 +22,7 @@ from pydantic_core import PydanticUndefined
 from alignflow.config.catalog import NightlySettings
 from alignflow.config.experiment import Experiment
 from alignflow.config.hosts import Host
+from alignflow.config.sides import SideConfig, side_config_model, side_kinds
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "configuration.md"
 
@@ -108,11 +109,26 @@ def rows(model: type[BaseModel], prefix: str, seen: tuple[type[BaseModel], ...] 
     return out
 
 
+def side_sections() -> list[str]:
+    """`npu:` and `gpu:` are each a backend's own model, chosen by `kind`: its keys beyond every side's, per kind."""
+    common = set(SideConfig.model_fields)
+    parts = ["## Side sections, by kind", "",
+             "Each of `npu:` and `gpu:` names its backend with `kind` (above); the rest of the section is that",
+             "backend's own keys, written here as `gpu.KEY` (the same under `npu:`).", ""]
+    for kind in sorted(side_kinds()):
+        model = side_config_model(kind)
+        own = [r for r in rows(model, "gpu") if r.split("`")[1].split(".")[1] not in common]
+        parts += [f"### kind: {kind}", "", "| key | type | default | meaning |", "|---|---|---|---|", *own, ""]
+    return parts
+
+
 def render() -> str:
     parts = [HEADER]
     for title, prefix, model, intro in SECTIONS:
         parts += [f"## {title}", "", intro, "", "| key | type | default | meaning |", "|---|---|---|---|",
                   *rows(model, prefix), ""]
+        if model is Experiment:
+            parts += side_sections()
     return "\n".join(parts).rstrip("\n") + "\n"
 
 
