@@ -28,13 +28,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import torch
-import torch.nn.functional as F
 
-from alignflow.config.model import ModelConfig
 from alignflow.convert import load_spec
+from alignflow.convert.mcore import build_gpt_model  # the converter's own model builder, at TP = PP = 1
 from alignflow.convert.megatron import open_megatron
 from alignflow.convert.plan import mtp_inner_layer
 
@@ -72,67 +70,6 @@ def model_parallel(device: str) -> Iterator[None]:
             parallel_state.destroy_model_parallel()
             if created:
                 dist.destroy_process_group()
-
-
-def transformer_config(model: ModelConfig, *, device: str, dispatcher: str | None = None) -> Any:
-    """megatron-core `TransformerConfig` for `model`, without TE/Apex fusions (they need CUDA kernels)."""
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    kwargs: dict[str, Any] = dict(
-        num_layers=model.num_layers, hidden_size=model.hidden_size, ffn_hidden_size=model.ffn_hidden_size,
-        num_attention_heads=model.num_attention_heads, num_query_groups=model.query_groups,
-        kv_channels=model.head_dim, gated_linear_unit=model.gated_linear_unit,
-        activation_func=F.silu if model.activation == "silu" else F.gelu, normalization=model.normalization,
-        layernorm_epsilon=model.norm_epsilon, add_bias_linear=model.add_bias_linear, qk_layernorm=model.qk_layernorm,
-        hidden_dropout=0.0, attention_dropout=0.0, masked_softmax_fusion=False, bias_dropout_fusion=False,
-        bias_activation_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
-        gradient_accumulation_fusion=False, use_cpu_initialization=device == "cpu",
-        bf16=True, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
-    )
-    if model.moe is not None:
-        moe = model.moe
-        kwargs |= dict(
-            num_moe_experts=moe.num_experts, moe_router_topk=moe.router_topk, moe_ffn_hidden_size=moe.ffn_hidden_size,
-            moe_shared_expert_intermediate_size=moe.shared_expert_intermediate_size,
-            moe_shared_expert_gate=moe.shared_expert_gate, moe_router_score_function=moe.router_score_function,
-            moe_router_enable_expert_bias=moe.router_enable_expert_bias, moe_aux_loss_coeff=moe.aux_loss_coeff,
-            moe_router_load_balancing_type=moe.load_balancing_type,
-            moe_layer_freq=list(moe.layer_freq) if moe.layer_freq is not None else 1,
-            moe_token_dispatcher_type=dispatcher or ("alltoall" if device == "cuda" else "allgather"),
-        )
-    if model.mtp is not None:
-        kwargs |= dict(mtp_num_layers=model.mtp.num_layers, mtp_loss_scaling_factor=model.mtp.loss_scaling_factor)
-    return TransformerConfig(**kwargs)
-
-
-def build_gpt_model(model: ModelConfig, *, device: str = "cpu", dispatcher: str | None = None) -> Any:
-    """A megatron-core GPTModel of `model` with the local layer spec (and its MTP block)."""
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_decoder_block_spec,
-        get_gpt_decoder_layer_specs,
-        get_gpt_mtp_block_spec,
-    )
-    from megatron.core.models.gpt.gpt_model import GPTModel
-
-    cfg = transformer_config(model, device=device, dispatcher=dispatcher)
-    patch = mock.patch("torch.cuda.current_device", return_value="cpu") if device == "cpu" else _nothing()
-    with patch:
-        layer_spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization=model.normalization)
-        mtp_spec = None
-        if model.mtp is not None:
-            last = get_gpt_decoder_layer_specs(cfg, False, model.normalization)[-1]
-            mtp_spec = get_gpt_mtp_block_spec(cfg, last, use_transformer_engine=False)
-        gpt = GPTModel(config=cfg, transformer_layer_spec=layer_spec, vocab_size=model.padded_vocab_size,
-                       max_sequence_length=model.seq_length,
-                       share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
-                       position_embedding_type=model.position_embedding_type, rotary_base=int(model.rotary_base),
-                       rotary_percent=model.rotary_percent, mtp_block_spec=mtp_spec)
-    return gpt.cuda() if device == "cuda" else gpt
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def load_into(gpt: Any, ckpt_dir: Path) -> dict[str, Any]:

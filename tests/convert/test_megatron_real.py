@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from alignflow.convert import build_plan, convert_bf16, convert_to_megatron, convert_to_mindformers, load_spec
+from alignflow.convert.mcore import build_gpt_model
 from alignflow.convert.megatron import write_megatron
 from alignflow.errors import ConversionError
-from benchmarks.megatron_load_check import build_gpt_model, load_into, model_parallel
+from benchmarks.megatron_load_check import load_into, model_parallel
 
 from .synthetic import read_megatron, read_mindformers, same_bits, source_state, write_mindformers
 
@@ -148,7 +149,7 @@ def test_a_hugging_face_qwen3_converted_to_megatron_gives_transformers_logits(tm
 
     from alignflow.convert.formats import convert_checkpoint
     from alignflow.convert.hf import make_hf_checkpoint
-    from benchmarks.megatron_load_check import transformer_config
+    from alignflow.convert.mcore import transformer_config
 
     model = load_spec("qwen3").model.model_copy(update={"num_query_groups": 2})  # GQA: grouped qkv really groups
     make_hf_checkpoint(model, tmp_path / "hf", seed=5)
