@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # Lab fixtures with real processes: `postgres_server` (session), `postgres_url` (an empty database per test).
-pytest_plugins = ["tests.lab.postgres"]
+pytest_plugins = ["tests.lab.postgres", "tests.chromium"]  # the real Chromium: `browser`, `page`
 
 
 UNIT_TIER = os.environ.get("ALIGNFLOW_TEST_TIER") == "unit"

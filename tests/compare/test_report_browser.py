@@ -19,14 +19,12 @@ from alignflow.compare.comparison import compare
 from alignflow.compare.report import write_report
 from alignflow.config.criteria import default_criteria
 from alignflow.logs import parse_log
+from tests.chromium import CHROMIUM, CHROMIUM_FLAGS
 from tests.logfixtures import make_run, megatron_lines, mindformers_lines, perturbed
 from tests.recorded_run import snapshot
 
 pytestmark = pytest.mark.integration
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 VIEWPORT_HEIGHT = 900
 
 # Per numeric cell: the number of line boxes its text occupies (1 = not wrapped).

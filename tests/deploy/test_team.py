@@ -24,15 +24,13 @@ import yaml
 from alignflow.convert.registry import SPEC_DIR
 from alignflow.errors import RecordNotFound
 from alignflow.store import Store
+from tests.chromium import CHROMIUM, CHROMIUM_FLAGS
 from tests.deploy.conftest import Team
 from tests.deploy.team import Proc, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EVERY_STEP = {"npu_base_train", "convert_bf16", "convert_megatron", "gpu_train", "npu_reload_train", "compare"}
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--no-first-run"]
 
 
 def launch(team: Team, flow_name: str, deployment: str, parameters: dict[str, Any]) -> str:

@@ -30,13 +30,11 @@ import pytest
 import yaml
 
 from alignflow.store import Store
+from tests.chromium import CHROMIUM
 from tests.deploy.team import PrefectServer, Proc, free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 EVERY_STEP = ("npu_base_train", "convert_bf16", "convert_megatron", "gpu_train", "npu_reload_train", "compare")
 STRICT = {"metric": "grad_norm", "statistic": "max_abs", "threshold": 1.0e-30}  # no two runs meet it
 
@@ -152,28 +150,6 @@ def ui(tmp_path_factory: pytest.TempPathFactory, repo_root: Path, subprocess_env
         if server is not None:
             server.client.close()
         hooks.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    p = browser.new_page(viewport={"width": 1400, "height": 1000})
-    p.set_default_timeout(60_000)
-    try:
-        yield p
-    finally:
-        p.close()
 
 
 @pytest.fixture(scope="module")

@@ -32,10 +32,6 @@ import yaml
 
 from tests.journeys.markdown import Block, documents, marked_blocks
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync", "--no-first-run"]
-
 
 def user_env(home: Path) -> dict[str, str]:
     """The environment of a new user's shell (see the module's docstring)."""
@@ -181,25 +177,3 @@ def walk(tmp_path_factory: pytest.TempPathFactory, repo_root: Path) -> Iterator[
         (root / "transcript.txt").write_text("\n\n".join(walked.transcript))
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    p = browser.new_page(viewport={"width": 1400, "height": 1000})
-    p.set_default_timeout(60_000)
-    try:
-        yield p
-    finally:
-        p.close()
