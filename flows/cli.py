@@ -118,8 +118,12 @@ def _flow_run(*, verbosity: Verbosity, **params: Any) -> Launched:
                                options=options)
         finally:
             store.close()
+        from tasks.progress import observing
+
+        link_of = _FlowRunLink()
         try:
-            with terminal(verbosity):  # the progress display (alignflow.cli.progress), per --quiet / --verbose
+            # the progress display (alignflow.cli.progress), per --quiet / --verbose
+            with terminal(verbosity), observing(link_of):
                 record: Any = alignment(**params, run_id=run_id)
         except KeyboardInterrupt:  # before the flow's walk began, or Ctrl-C again while it cancelled the run
             _cancelled_by_ctrl_c(run_id, api.url)
@@ -135,8 +139,29 @@ def _flow_run(*, verbosity: Verbosity, **params: Any) -> Launched:
                 record = run_view(store, run_id)
             finally:
                 store.close()
-        link = None if per_run else _run_link(api.url, run_id)
+        # the flow announced its flow run's page; asked of the API only if it never got that far
+        link = None if per_run else (link_of.link or _run_link(api.url, run_id))
     return Launched(record, link, per_run, ctrl_c.seen)
+
+
+class _FlowRunLink:
+    """Observes this process's runs (tasks.progress.RunObserver) for one thing: the UI page of the flow run that the
+    flow announces as it starts."""
+
+    def __init__(self) -> None:
+        self.link: str | None = None
+
+    def run_link(self, name: str, link: str | None) -> None:
+        self.link = self.link or link
+
+    def message(self, text: str) -> None:
+        pass
+
+    def progress(self, progress: object) -> None:
+        pass
+
+    def step_ended(self, step: str, status: str, detail: str) -> None:
+        pass
 
 
 class _CtrlC:
