@@ -68,7 +68,8 @@ def revision_cmd(message: str = typer.Option(..., "-m", "--message", help="What 
     from alignflow.store import database
 
     path = database.new_revision(message)
-    typer.echo(f"wrote {path}; review it (both backends: `pytest tests/store`) before committing")
+    typer.echo(f"wrote {path}; set HEAD_REVISION in alignflow/store/database.py to its revision and review it (both "
+               "backends: `pytest tests/store`) before committing")
 
 
 def register(app: typer.Typer) -> None:

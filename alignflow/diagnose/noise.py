@@ -22,12 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from alignflow.backends import TrainSpec, render_training
 from alignflow.config.criteria import STATISTICS, Criterion
 from alignflow.config.experiment import Experiment
-from alignflow.diagnose.core import fill_placeholders
 from alignflow.errors import ConfigError, PipelineError, RemoteJobError
 from alignflow.logs.schema import ParsedLog
 from alignflow.pipeline import REFERENCE
@@ -70,6 +67,8 @@ class NoiseFloor:
 
 def noise_floor(experiment: str, logs: Sequence[ParsedLog]) -> NoiseFloor:
     """The floor of N parsed logs of the same training (pure)."""
+    import numpy as np  # a cached run reads the recorded floor without it (issue 40)
+
     from alignflow.compare.comparison import comparable_metrics
     from alignflow.compare.statistics import error_statistics, paired, step_relative_errors
 
@@ -120,6 +119,7 @@ def measure_noise(experiment: Experiment, *, transport: Transport, checkpoint: s
                   runs: int, work_dir: Path, poll_s: float = 0.5, timeout_s: float | None = 6 * 3600.0
                   ) -> tuple[NoiseFloor, list[ParsedLog]]:
     """Train the reference side `runs` times (determinism off) from `checkpoint` on `transport`'s host; the floor."""
+    from alignflow.diagnose.core import fill_placeholders
     from alignflow.logs import parse_log
 
     if runs < 2:

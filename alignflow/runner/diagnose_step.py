@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from alignflow import pipeline
 from alignflow.backends.commands import timeout_for
 from alignflow.codeversion import code_version_for
-from alignflow.diagnose.core import Checkpoints, DataRef, run_diagnosis
 from alignflow.runner.artifacts import ArtifactRef, declared_inputs
 from alignflow.runner.cache import cache_key
 from alignflow.runner.engine import StepRunner
@@ -42,6 +41,9 @@ def run_diagnose(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping
     reused = runner.reused(spec.name, key)
     if reused is not None:
         return reused
+    # numpy and the dump readers: imported by a run that diagnoses, not by one that reuses the diagnosis (issue 40)
+    from alignflow.diagnose.core import Checkpoints, DataRef, run_diagnosis
+
     controller = runner.host(spec.name)
     out_dir = runner.state_dir / "runs" / runner.run_id / f"diagnose-{uuid.uuid4().hex[:8]}"
     with recording(runner.store, runner.run_id, spec.name, host=controller.name,

@@ -28,7 +28,6 @@ from alignflow.store import Store
 from alignflow.store.params import RunOptions as RunOptions  # where runs are asked for; recorded with RunParams
 from alignflow.store.params import RunParams
 from alignflow.store.records import StepStatus
-from alignflow.twin.data import check_data_dir, make_data_dir
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +102,8 @@ def prepare_data(experiment: Experiment, *, memo: HashMemo | None) -> ArtifactRe
     """The data directory on the controller (a Megatron indexed dataset, `<path>/<prefix>.bin/.idx`): generated when
     the experiment says how and it is absent; its sha256 checked against the declared one (a different dataset must
     never be trained on silently)."""
+    from alignflow.twin.data import check_data_dir, make_data_dir  # numpy: imported by the runs that read data
+
     path = experiment.resolve_path(experiment.data.path)
     prefix = experiment.data.prefix or ""
     if not path.exists():

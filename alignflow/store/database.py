@@ -28,20 +28,17 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.autogenerate import compare_metadata
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util.exc import CommandError
-from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, make_url, text
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 from sqlalchemy.pool import StaticPool
 
 from alignflow.errors import StoreError, StoreReadOnly, StoreSchemaError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +47,11 @@ BUSY_TIMEOUT_S = 60.0
 READ_ONLY_OPTION = "alignflow_read_only"
 # Any constant works; it only has to be the same in every alignflow process (pg_advisory_xact_lock takes a bigint).
 _MIGRATION_LOCK_KEY = 0x616C69676E666C6F  # "alignflo"
+# The newest migration's revision. Every command opens the store and checks it is at head; importing Alembic and
+# reading its script directory for that cost a fully cached `alignflow run` ~0.2 s of its ~5 (issue 40), so Alembic
+# is imported only to migrate. tests/store/test_migrations.py checks this is Alembic's own head.
+HEAD_REVISION = "0005"
+_VERSION_TABLE = "alembic_version"  # Alembic's default, which migrations/env.py keeps
 
 
 def parse_url(url: str) -> URL:
@@ -166,6 +168,8 @@ def _enter_wal(cursor: Any) -> None:
 
 def alembic_config(connection: Connection | None = None) -> Config:
     """Alembic configuration pointing at the packaged migrations; `connection` is used by `env.py` if given."""
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
     cfg.attributes["connection"] = connection
@@ -174,14 +178,28 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 def head_revision() -> str:
     """The revision this alignflow's models correspond to."""
+    return HEAD_REVISION
+
+
+def alembic_head_revision() -> str:
+    """The head of the packaged migrations as Alembic reads them (what `HEAD_REVISION` must be)."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None, "the packaged migrations have no head revision"
     return head
 
 
 def current_revision(connection: Connection) -> str | None:
-    """The revision the database is at (None: no alignflow schema yet)."""
-    return MigrationContext.configure(connection).get_current_revision()
+    """The revision the database is at (None: no alignflow schema yet): the row of Alembic's version table, read as
+    Alembic's `MigrationContext.get_current_revision` reads it (one row; a branched history would have several)."""
+    if not inspect(connection).has_table(_VERSION_TABLE):
+        return None
+    rows = [row[0] for row in connection.execute(text(f"SELECT version_num FROM {_VERSION_TABLE}"))]
+    if len(rows) > 1:
+        raise StoreSchemaError(f"{mask_url(connection.engine.url)}: the database has several schema heads "
+                               f"({', '.join(sorted(rows))}); alignflow's migrations are linear")
+    return rows[0] if rows else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +219,9 @@ class SchemaState:
         """False when the database was migrated by a newer alignflow (a revision we do not have)."""
         if self.current is None:
             return True
+        from alembic.script import ScriptDirectory
+        from alembic.util.exc import CommandError
+
         try:
             return ScriptDirectory.from_config(alembic_config()).get_revision(self.current) is not None
         except CommandError:
@@ -229,6 +250,8 @@ def upgrade(engine: Engine) -> SchemaState:
             with conn.begin():
                 if conn.dialect.name == "postgresql":
                     conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})
+                from alembic import command
+
                 before = current_revision(conn)
                 command.upgrade(alembic_config(conn), "head")
                 after = current_revision(conn)
@@ -274,6 +297,9 @@ def require_current(engine: Engine, *, upgrade_if_behind: bool) -> SchemaState:
 def model_drift(engine: Engine) -> list[object]:
     """Differences between the models and the migrated database (empty when the migrations match the models), as
     Alembic's autogenerate lists them (tuples that print what differs)."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
     from alignflow.store.models import Base
 
     with engine.connect() as conn:
@@ -289,12 +315,14 @@ def new_revision(message: str) -> Path:
     """
     import tempfile
 
+    from alembic import command
+
     with tempfile.TemporaryDirectory(prefix="alignflow-revision-") as scratch:
         engine = create_store_engine(f"sqlite:///{Path(scratch) / 'scratch.sqlite'}")
         try:
             upgrade(engine)
             with engine.begin() as conn:
-                head = head_revision()
+                head = alembic_head_revision()
                 # Sequential ids (0001, 0002, ...) keep the versions folder in migration order.
                 rev_id = f"{int(head) + 1:04d}" if head.isdigit() else None
                 script = command.revision(alembic_config(conn), message=message, autogenerate=True, rev_id=rev_id)
@@ -302,6 +330,7 @@ def new_revision(message: str) -> Path:
             engine.dispose()
     scripts = script if isinstance(script, list) else [script]
     assert scripts[0] is not None, "alembic generated no migration"
+    # HEAD_REVISION must follow: tests/store/test_migrations.py says so until it does
     return Path(scripts[0].path)
 
 

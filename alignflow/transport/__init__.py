@@ -22,6 +22,8 @@ parts built on it, and docs/architecture.md#adding-a-transport for a new kind of
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from alignflow.transport.facade import Transport, controller_transport, copy_between, open_transport
 from alignflow.transport.jobs import JobHandle, JobSpec, JobState
 from alignflow.transport.local import LocalShell
@@ -29,7 +31,19 @@ from alignflow.transport.results import Completed, PathStat, ProgressFn
 from alignflow.transport.scheduler import PollFn
 from alignflow.transport.shell import Result, Shell
 from alignflow.transport.snapshot import HostSnapshot
-from alignflow.transport.ssh import SSHShell
+
+if TYPE_CHECKING:
+    from alignflow.transport.ssh import SSHShell
+
+
+def __getattr__(name: str) -> object:
+    """`SSHShell` on first use: it imports Paramiko (with cryptography), which a run on local hosts never needs."""
+    if name == "SSHShell":
+        from alignflow.transport.ssh import SSHShell
+
+        return SSHShell
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "Completed",

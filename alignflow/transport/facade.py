@@ -23,10 +23,16 @@ from alignflow.transport.scheduler import Clock, Jobs, PollFn, wait
 from alignflow.transport.shell import Shell, Workdir
 from alignflow.transport.slurm import SlurmJobs
 from alignflow.transport.snapshot import HostSnapshot, take_snapshot
-from alignflow.transport.ssh import SSHShell
 from alignflow.transport.transfer import copy_files
 
-SHELLS: dict[str, Callable[[Host], Shell]] = {"local": LocalShell, "ssh": SSHShell}
+
+def _ssh_shell(host: Host) -> Shell:
+    from alignflow.transport.ssh import SSHShell  # Paramiko: only where a host is reached over SSH
+
+    return SSHShell(host)
+
+
+SHELLS: dict[str, Callable[[Host], Shell]] = {"local": LocalShell, "ssh": _ssh_shell}
 """How a host of each `transport:` kind of hosts.yaml is reached."""
 SCHEDULERS: dict[str, Callable[[Files], Jobs]] = {"direct": DirectJobs, "slurm": SlurmJobs}
 """Who runs the detached jobs of a host of each `scheduler:` kind."""

@@ -13,12 +13,14 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-
-import paramiko
+from typing import TYPE_CHECKING
 
 from alignflow.config.hosts import Host
 from alignflow.errors import TransportError
 from alignflow.transport.openssh import known_host_name, known_hosts_path
+
+if TYPE_CHECKING:  # Paramiko is imported where a key is read: a run on local hosts never reads one (issue 40)
+    import paramiko
 
 
 def key_fingerprint(key: paramiko.PKey) -> str:
@@ -47,6 +49,8 @@ def trusted_keys(host: Host) -> list[HostKey]:
     path = known_hosts_path(host)
     if not path.exists():
         return []
+    import paramiko
+
     try:
         keys = paramiko.HostKeys(str(path)).lookup(known_host_name(host))
     except (OSError, paramiko.SSHException) as exc:
@@ -55,6 +59,8 @@ def trusted_keys(host: Host) -> list[HostKey]:
 
 
 def _entry_matches(line: str, name: str) -> bool:
+    import paramiko
+
     entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
     if entry is None:
         return False

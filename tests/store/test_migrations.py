@@ -25,6 +25,23 @@ def test_upgrade_from_an_empty_database_creates_every_table(db_url: str) -> None
         engine.dispose()
 
 
+def test_the_head_every_command_checks_is_alembics_own() -> None:
+    # the store checks a database is current against HEAD_REVISION without importing Alembic (issue 40)
+    assert db.head_revision() == db.alembic_head_revision()
+
+
+def test_a_database_with_two_heads_is_refused_by_name(db_url: str) -> None:
+    engine = db.create_store_engine(db_url)
+    try:
+        db.upgrade(engine)
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO alembic_version (version_num) VALUES ('0004')"))
+        with pytest.raises(StoreSchemaError, match="several schema heads"):
+            db.schema_state(engine)
+    finally:
+        engine.dispose()
+
+
 def test_models_match_the_migrations(db_url: str) -> None:
     engine = db.create_store_engine(db_url)
     try:
