@@ -161,6 +161,22 @@ def describe(spec: ServeSpec) -> list[DeploymentView]:
     return out
 
 
+SERVE_POLL_S = 2.0
+
+
+def poll_seconds() -> float | None:
+    """How often `serve` asks the server for flow runs to start (and for runs being cancelled): every 2 s, unless
+    the user set Prefect's `PREFECT_RUNNER_POLL_FREQUENCY` (environment or profile; None: Prefect's value).
+
+    Prefect's default is 10 s, sized for many runners on one server: a run submitted from the UI's form then sat
+    Scheduled for up to 10 s before anything happened (5 s on average), and a Cancel took as long to reach its
+    job. `serve` is one runner per team, its poll a single indexed query.
+    """
+    from prefect.settings import get_current_settings
+
+    return None if "poll_frequency" in get_current_settings().runner.model_fields_set else SERVE_POLL_S
+
+
 def serve_deployments(spec: ServeSpec, *, limit: int | None = None) -> None:
     """Register the deployments and run their flow runs until SIGTERM / Ctrl-C (schedules stay active).
 
@@ -176,7 +192,7 @@ def serve_deployments(spec: ServeSpec, *, limit: int | None = None) -> None:
     from flows.alerts import install_alert
 
     install_alert(spec.nightly.alert)
-    runner = Runner(name="alignflow-serve", pause_on_shutdown=False, limit=limit)
+    runner = Runner(name="alignflow-serve", pause_on_shutdown=False, limit=limit, query_seconds=poll_seconds())
     for served in served_flows(spec):
         runner.add_flow(served.flow, name=served.name, **served.options)
     try:

@@ -324,3 +324,15 @@ def test_every_step_the_form_offers_starts_a_run(field: str, tmp_path: Path, rep
                                              options=options)).plan
             assert step in plan.steps, (field, step)
             assert step not in plan.reuse_only, (field, step)
+
+
+def test_serve_polls_for_launched_runs_every_2_s_unless_the_user_set_prefects_poll_frequency() -> None:
+    """A run submitted from the UI's form starts at serve's next poll: Prefect's 10 s default left it Scheduled for
+    up to 10 s. A poll frequency the user set (environment or profile) is theirs."""
+    from prefect.settings import PREFECT_RUNNER_POLL_FREQUENCY, temporary_settings
+
+    from flows.serve import poll_seconds
+
+    assert poll_seconds() == 2.0
+    with temporary_settings({PREFECT_RUNNER_POLL_FREQUENCY: 7}):
+        assert poll_seconds() is None  # the Runner then reads the user's 7 s itself
