@@ -1,10 +1,11 @@
 """End to end, real parts: PostgreSQL, `prefect server start`, `alignflow serve`, REST as the UI, headless Chromium.
 
 The tests of this module share one team topology (`team` fixture) and build on each other in file order: the
-UI-launched demo run is the passing baseline the nightly's first run finds; the nightly's first run is the
-baseline its second run (after the `drifting` experiment was made to regress) is compared with; then a launch
-is cancelled from the UI and `alignflow serve` is stopped with SIGTERM while a nightly is training; last,
-`prefect.yaml` is deployed to a process work pool whose worker runs a launch.
+UI-launched demo run is the passing baseline the nightly's first run finds (launched as the demo run's page is
+opened in Chromium, waited for by the nightly's test); the nightly's first run is the baseline its second run
+(after the `drifting` experiment was made to regress) is compared with; then a launch is cancelled from the UI
+and `alignflow serve` is stopped with SIGTERM while a nightly is training; last, `prefect.yaml` is deployed to a
+process work pool whose worker runs a launch.
 """
 
 from __future__ import annotations
@@ -46,6 +47,16 @@ def demo_run(team: Team) -> dict[str, Any]:
     """The demo experiment launched from the alignment deployment, exactly as the UI's Run button does."""
     flow_run_id = launch(team, "alignment", "launch", {"experiment": "demo"})
     return team.server.wait_final(flow_run_id, timeout_s=900, proc=team.serve)
+
+
+NIGHTLY_PARAMS = {"config": {"experiments": ["demo", "drifting"]}}
+
+
+@pytest.fixture(scope="module")
+def first_nightly(team: Team, demo_run: dict[str, Any]) -> str:
+    """The nightly's first run (both experiments, nothing changed: no regression), launched once the demo run is
+    checked and left to run while its page is looked at in Chromium; the nightly's test waits for it."""
+    return launch(team, "nightly-regression", "nightly", NIGHTLY_PARAMS)
 
 
 def test_the_server_refuses_an_experiment_that_is_not_in_the_catalog(team: Team) -> None:
@@ -103,7 +114,7 @@ def test_ui_run_of_the_demo_completes_and_the_store_on_postgres_holds_it(team: T
 
 
 def test_flow_run_page_in_chromium_shows_completed_and_the_report_artifact(
-    team: Team, demo_run: dict[str, Any], tmp_path: Path
+    team: Team, demo_run: dict[str, Any], first_nightly: str, tmp_path: Path
 ) -> None:
     from playwright.sync_api import expect, sync_playwright
 
@@ -130,17 +141,15 @@ def test_flow_run_page_in_chromium_shows_completed_and_the_report_artifact(
     assert shot.stat().st_size > 10_000
 
 
-def test_nightly_on_demand_fails_and_names_the_experiment_that_regressed(team: Team, demo_run: dict[str, Any]
-                                                                          ) -> None:
+def test_nightly_on_demand_fails_and_names_the_experiment_that_regressed(team: Team, first_nightly: str) -> None:
     nightly = team.server.deployment("nightly-regression", "nightly")
     assert nightly is not None
     [schedule] = nightly["schedules"]
     assert (schedule["schedule"]["cron"], schedule["schedule"]["timezone"]) == ("0 2 * * *", "UTC")
     assert nightly["global_concurrency_limit"]["limit"] == 1  # one nightly at a time
-    params = {"config": {"experiments": ["demo", "drifting"]}}
+    params = NIGHTLY_PARAMS
 
-    first = team.server.wait_final(launch(team, "nightly-regression", "nightly", params), timeout_s=900,
-                                   proc=team.serve)
+    first = team.server.wait_final(first_nightly, timeout_s=900, proc=team.serve)
     assert first["state_type"] == "COMPLETED", (first["state"]["message"], team.server.logs(first["id"]))
     assert "no regression" in first["state"]["message"]
 

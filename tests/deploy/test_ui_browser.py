@@ -6,8 +6,8 @@ with two experiments that share everything but their criteria: `tiny` (default c
 (a criterion no run can meet, so its verdict is fail; its trainings are reused from `tiny`'s run).
 
 In file order: `tiny` launched as the UI's Run button does (everything runs), `strict` (Not aligned), `tiny` again
-from the run form in Chromium (everything cached), then the pages of those runs, then a nightly of `strict`,
-which regresses and must reach the webhook. Screenshots go to `$ALIGNFLOW_SCREENSHOTS` when set.
+from the run form in Chromium (everything cached) while a nightly of `strict` runs, then the pages of those runs,
+then that nightly, which regresses and must reach the webhook. Screenshots go to `$ALIGNFLOW_SCREENSHOTS` when set.
 """
 
 from __future__ import annotations
@@ -103,6 +103,10 @@ class UI:
         with Store.open(state_dir=self.state, upgrade=False) as store:
             return store.list_runs(experiment=experiment, limit=1)[0]
 
+    def run(self, run_id: str) -> Any:
+        with Store.open(state_dir=self.state, upgrade=False) as store:
+            return store.get_run(run_id)
+
 
 def write_workspace(root: Path, repo_root: Path, webhook: str) -> None:
     (root / "experiments").mkdir(parents=True)
@@ -165,6 +169,14 @@ def failing(ui: UI, passing: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
+def nightly_in_flight(ui: UI, failing: dict[str, Any]) -> str:
+    """The nightly of `strict`, launched once `strict`'s run is judged (what it regresses against) and left to run
+    while the form's run and the pages are looked at; the last test waits for it. Its `strict` run is newer than
+    `failing`'s from here on: the tests after this one name `failing`'s run by its flow run's name."""
+    return ui.launch("nightly-regression", "nightly", {})
+
+
+@pytest.fixture(scope="module")
 def from_the_form(ui: UI, passing: dict[str, Any], browser: Any) -> dict[str, Any]:
     """`tiny` again, submitted from the deployment's run form in Chromium: everything is reused."""
     page = browser.new_page(viewport={"width": 1400, "height": 1400})
@@ -223,6 +235,7 @@ def test_a_failed_verdict_ends_not_aligned_with_the_failed_criterion(ui: UI, fai
 
 
 def test_a_run_from_the_form_reuses_every_step_and_its_tasks_end_cached(ui: UI, passing: dict[str, Any],
+                                                                        nightly_in_flight: str,
                                                                         from_the_form: dict[str, Any]) -> None:
     original = passing["name"].removeprefix("align-tiny-")
     run = ui.newest_run("tiny")
@@ -265,7 +278,7 @@ def test_the_runs_list_tells_failed_from_aligned_runs_by_name_and_colour(
 
 def test_the_failed_run_shows_its_verdict_curves_table_and_a_report_that_opens(ui: UI, page: Any,
                                                                                failing: dict[str, Any]) -> None:
-    run = ui.newest_run("strict")
+    run = ui.run(failing["name"].removeprefix("align-strict-"))  # not the newest: the nightly's is in flight
     page.goto(f"{ui.server.url}/v2/runs/flow-run/{failing['id']}", wait_until="networkidle")
     assert badge(page, "Not aligned")["state"] == "failed"
     page.get_by_role("tab", name="Artifacts").click()
@@ -325,8 +338,8 @@ def test_the_cached_run_links_the_report_it_reused_and_says_so(ui: UI, page: Any
     assert httpx.get(url, timeout=30).status_code == 200
 
 
-def test_a_regressed_nightly_names_it_and_calls_the_webhook(ui: UI, failing: dict[str, Any]) -> None:
-    nightly = ui.finished(ui.launch("nightly-regression", "nightly", {}))
+def test_a_regressed_nightly_names_it_and_calls_the_webhook(ui: UI, nightly_in_flight: str) -> None:
+    nightly = ui.finished(nightly_in_flight)
     assert (nightly["state_type"], nightly["state_name"]) == ("FAILED", "Regressed")
     assert nightly["state"]["message"].startswith("nightly: 1 of 1 experiment(s) regressed: strict (verdict fail")
     alert = ui.hooks.received.get(timeout=120)  # the automation `serve` installed, sent by the Prefect server

@@ -185,7 +185,7 @@ def _launch_from_the_form(walk: Walk, page: Any, serve: Background, api: httpx.C
     flow_run_id = json.loads(body)["id"]
     final = wait_for("the launched run to end", lambda: (r := api.get(f"/flow_runs/{flow_run_id}").json())
                      ["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") and r,
-                     timeout_s=900, every_s=2.0, proc=serve)
+                     timeout_s=900, every_s=0.5, proc=serve)
     assert (final["state_type"], final["state_name"]) == ("COMPLETED", "Completed"), final["state"]
     assert re.fullmatch(r"align-demo-[0-9a-f]{12}", final["name"])
 
