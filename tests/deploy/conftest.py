@@ -75,9 +75,7 @@ def serve_env(base: dict[str, str], *, api_url: str, db_url: str, state: Path, h
               reports_url: str) -> dict[str, str]:
     return {**base, "PREFECT_API_URL": api_url, "PREFECT_HOME": str(home), "ALIGNFLOW_DB_URL": db_url,
             "ALIGNFLOW_STATE_DIR": str(state), "ALIGNFLOW_REPORTS_URL": reports_url,
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "GLOG_v": "3",
-            # the runner asks for due flow runs every 10 s by default; the tests should not wait for that
-            "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "GLOG_v": "3"}  # serve polls for due runs every 2 s
 
 
 @pytest.fixture(scope="module")

@@ -139,7 +139,7 @@ def ui(tmp_path_factory: pytest.TempPathFactory, repo_root: Path, subprocess_env
         port = free_port()
         env = {**base, "PREFECT_API_URL": server.api_url, "PREFECT_HOME": str(root / "prefect-serve"),
                "ALIGNFLOW_STATE_DIR": str(root / "state"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-               "GLOG_v": "3", "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+               "GLOG_v": "3"}
         serve = Proc.start("alignflow serve", [sys.executable, "-m", "alignflow", "serve", "--reports-port", str(port)],
                            env=env, cwd=root, log=root / "logs" / "serve.log")
         started.append(serve)
