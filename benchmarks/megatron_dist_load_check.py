@@ -2,8 +2,8 @@
 local tensor with the TP = 1 model's.
 
     python benchmarks/megatron_dist_load_check.py --reference LEGACY_TP1_CKPT --spec twin-moe --out REF.pt
-    torchrun --standalone --nproc_per_node 8 benchmarks/megatron_dist_load_check.py DIST_CKPT --spec twin-moe \\
-        --tp 2 --pp 2 --ep 2 --expected REF.pt [--device cpu|cuda] [--json REPORT.json]
+    torchrun --standalone --nproc_per_node 8 benchmarks/megatron_dist_load_check.py DIST_CKPT [CKPT ...] \\
+        --spec twin-moe --tp 2 --pp 2 --ep 2 --expected REF.pt [--device cpu|cuda] [--json REPORT.json ...]
 
 Step 1 (one process) builds the TP = 1 GPTModel, loads a legacy single-file checkpoint into it with
 `load_state_dict(strict=True)` (the check `megatron_load_check.py` makes) and stores its global tensors, each
@@ -15,7 +15,8 @@ way Megatron-LM does - `dist_checkpointing.load(model.sharded_state_dict(metadat
 the checkpoint's content metadata, then `load_state_dict(strict=True)`; a legacy checkpoint of many ranks: this
 rank's own `mp_rank_TT[_PPP][_EEE]` file, then `load_state_dict(strict=True)` - and compares each of its sharded tensors
 (factories built, so a SwiGLU `linear_fc1` is its two halves) with the same region of the reference, bit for bit.
-Rank 0 prints one report for the world; exit 1 if any rank differs or fails.
+Rank 0 prints one report for the world per checkpoint (several checkpoints are checked one after the other in the
+same world, each by a freshly built model; `--json` once per checkpoint); exit 1 if any rank differs or fails.
 
 On a CPU-only torch the model is built with `alignflow.convert.mcore.cpu_construction` (router buffers on "cpu",
 `Tensor.cuda()` a no-op for the last stage's MTP embedding copy) and megatron-core's load validation all-reduces
@@ -89,7 +90,29 @@ def make_reference(args: argparse.Namespace) -> int:
 
 
 def check_rank(args: argparse.Namespace) -> int:
-    """Step 2, on one rank of the torchrun world."""
+    """Step 2, on one rank of the torchrun world: each checkpoint in turn, one world report each."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    device = args.device
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    parallel = ParallelConfig(tp=args.tp, pp=args.pp, ep=args.ep,
+                              dp=dist.get_world_size() // (args.tp * args.pp))
+    ps.initialize_model_parallel(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
+                                 expert_model_parallel_size=args.ep)
+    ok = True
+    for i, checkpoint in enumerate(args.checkpoint):
+        ok &= _check_checkpoint(args, checkpoint, parallel, args.json[i] if args.json else None)
+    ps.destroy_model_parallel()
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+def _check_checkpoint(args: argparse.Namespace, checkpoint: Path, parallel: ParallelConfig,
+                      json_path: Path | None) -> bool:
+    """A fresh GPTModel of this rank loads `checkpoint` and is compared with the reference; the world's report."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
     from megatron.core import parallel_state as ps
@@ -101,18 +124,11 @@ def check_rank(args: argparse.Namespace) -> int:
     from alignflow.convert.sharding import rank_file_dir
 
     device = args.device
-    if device == "cuda":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if device == "cuda" else "gloo")
-    parallel = ParallelConfig(tp=args.tp, pp=args.pp, ep=args.ep,
-                              dp=dist.get_world_size() // (args.tp * args.pp))
-    ps.initialize_model_parallel(tensor_model_parallel_size=args.tp, pipeline_model_parallel_size=args.pp,
-                                 expert_model_parallel_size=args.ep)
     report: dict[str, Any] = {"rank": dist.get_rank(), "tp": ps.get_tensor_model_parallel_rank(),
                               "pp": ps.get_pipeline_model_parallel_rank(), "ep": ps.get_expert_model_parallel_rank()}
     try:
         gpt = build_gpt_model(_model(args), device=device, parallel=parallel)
-        fmt = detect(args.checkpoint)
+        fmt = detect(checkpoint)
         if fmt.ckpt_format == "torch_dist":
             metadata = dist_checkpointing.load_content_metadata(str(fmt.directory))
             sharded = {"model": gpt.sharded_state_dict(metadata=metadata)}  # as Megatron-LM's generate_state_dict
@@ -141,23 +157,22 @@ def check_rank(args: argparse.Namespace) -> int:
     reports: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(reports, report)
     if dist.get_rank() == 0:
-        summary = {"megatron_core": megatron_core_version(), "torch": torch.__version__, "device": device,
-                   "tp": args.tp, "pp": args.pp, "ep": args.ep, "world": dist.get_world_size(),
+        summary = {"checkpoint": str(checkpoint), "megatron_core": megatron_core_version(), "torch": torch.__version__,
+                   "device": device, "tp": args.tp, "pp": args.pp, "ep": args.ep, "world": dist.get_world_size(),
                    "ok": all(r["ok"] for r in reports), "ranks": reports}
         text = json.dumps(summary, indent=2)
         print(text)
-        if args.json is not None:
-            Path(args.json).write_text(text)
-    ok = all(r["ok"] for r in reports)
-    ps.destroy_model_parallel()
-    dist.destroy_process_group()
-    return 0 if ok else 1
+        if json_path is not None:
+            Path(json_path).write_text(text)
+    return all(r["ok"] for r in reports)
 
 
 def main(argv: list[str] | None = None) -> int:
     warnings.simplefilter("ignore")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("checkpoint", type=Path, nargs="?", help="torch_dist checkpoint directory (an iter_* directory)")
+    ap.add_argument("checkpoint", type=Path, nargs="*",
+                    help="step 2: the checkpoints to check, one after the other in the same world (a torch_dist "
+                         "directory, or legacy files of this layout)")
     ap.add_argument("--spec", required=True, help="conversion spec name or file (gives the model)")
     ap.add_argument("--experiment", type=Path, help="take the model section of this experiment instead")
     ap.add_argument("--reference", type=Path, help="step 1: the legacy TP = 1 checkpoint to take the reference from")
@@ -167,10 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--ep", type=int, default=1)
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--json", type=Path, help="step 2: also write the world's report here")
+    ap.add_argument("--json", type=Path, action="append",
+                    help="step 2: also write the world's report here; once per checkpoint, in their order")
     args = ap.parse_args(argv)
+    if args.json and len(args.json) != len(args.checkpoint):
+        ap.error(f"{len(args.json)} --json for {len(args.checkpoint)} checkpoints: give one per checkpoint")
     if args.reference is not None:
         return make_reference(args)
+    if not args.checkpoint:
+        ap.error("step 2 needs a checkpoint to check (or --reference for step 1)")
     return check_rank(args)
 
 
