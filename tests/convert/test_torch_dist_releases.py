@@ -7,6 +7,7 @@ release is then given the same checkpoint, whichever release converted it.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-from alignflow.convert import convert_bf16
+from alignflow.convert import convert_bf16, convert_to_megatron
 from alignflow.frameworks.megatron_installs import DEFAULT_DIR, python_path, releases
 
 from .synthetic import read_mindformers, same_bits, source_state, write_mindformers
@@ -28,12 +29,28 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow,
 REPO = Path(__file__).resolve().parents[2]
 
 
+# The two conversions of one release, in one interpreter: `alignflow.cli.main` (the `alignflow` command's entry point)
+# run once per command line; the first that does not exit 0 ends the interpreter with its code.
+DRIVER = """
+import json, sys
+from alignflow.cli import main
+for argv in json.loads(sys.argv[1]):
+    sys.argv = ["alignflow", *argv]
+    try:
+        main()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
+"""
+
+
 def _convert(bf16: Path, dst: Path, env: dict[str, str]) -> None:
-    for argv in (["megatron", str(bf16), str(dst / "td"), "--ckpt-format", "torch_dist", "--workers", "2"],
-                 ["mindformers", str(dst / "td"), str(dst / "back")]):
-        done = subprocess.run([sys.executable, "-m", "alignflow", "convert", *argv, "--spec", "twin-moe"], env=env,
-                              capture_output=True, text=True, timeout=1200, check=False)
-        assert done.returncode == 0, done.stderr[-3000:]
+    commands = [["convert", *argv, "--spec", "twin-moe"] for argv in (
+        ["megatron", str(bf16), str(dst / "td"), "--ckpt-format", "torch_dist", "--workers", "2"],
+        ["mindformers", str(dst / "td"), str(dst / "back")])]
+    done = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands)], env=env, capture_output=True,
+                          text=True, timeout=1200, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 
 def _tensors(td: Path) -> dict[str, Any]:
@@ -46,8 +63,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory, subprocess_env: dict[str
     root = tmp_path_factory.mktemp("releases")
     write_mindformers(root / "base", source_state("twin-moe", dtype=torch.float32))
     convert_bf16(root / "base", root / "bf16")
-    env = {**subprocess_env, "ALIGNFLOW_CACHE_DIR": str(root / "cache-installed")}
-    _convert(root / "bf16", root / "installed", env)
+    with pytest.MonkeyPatch.context() as mp:  # the installed release, in this process: a cold layout cache
+        mp.setenv("ALIGNFLOW_CACHE_DIR", str(root / "cache-installed"))
+        convert_to_megatron(root / "bf16", root / "installed" / "td", spec="twin-moe", ckpt_format="torch_dist",
+                            workers=2)
     return {"root": root, "tensors": _tensors(root / "installed" / "td")}
 
 
