@@ -28,9 +28,10 @@ from alignflow.logs.lines import MAX_STEP, StepLine, snake
 from alignflow.logs.sentinels import CHECKPOINT_LOADED, LineRule, Marker
 
 _ITER = re.compile(r"iteration\s+(\d+)/\s*(\d+)\s*\|(.*)$")
-# One ` <key>: <value> |` field; the second branch consumes a segment without a colon, so that a long or damaged
-# line is scanned once (linear time), never retried from every position inside a segment.
-_FIELD = re.compile(r"([^|:]*):([^|]*)\||[^|]*\|")
+# One ` <key>: <value> |` field; the second branch consumes a run of segments without a colon, so that a long or
+# damaged line is scanned once (linear time), never retried from every position inside a segment, and the run is one
+# empty pair (a pasted line of a million `|` was a million pairs: 64 MiB for a 1 MB line).
+_FIELD = re.compile(r"([^|:]*):([^|]*)\||(?:[^|:]*+\|)++")
 _MTP = re.compile(r"^mtp_(\d+) loss$")
 # The timestamp right before the `iteration` anchor: megatron-core's own ` [%Y-%m-%d %H:%M:%S.%f]` (0.16+) or
 # ` [%Y-%m-%d %H:%M:%S]`, or an RFC 3339 one (`[2025-10-21T16:18:53+08:00]`, `2025-10-21T08:18:53.123Z`, what a fork
