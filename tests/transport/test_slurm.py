@@ -63,8 +63,10 @@ def test_a_job_is_pending_with_slurms_reason_then_runs_and_completes(slurm_lab: 
         assert handle.scheduler_id.isdigit()
         assert (Path(handle.job_dir) / "slurm_job_id").read_text().strip() == handle.scheduler_id
         pending = _until(t, handle, {"pending"})
-        time.sleep(3)  # the scheduler has looked at it: the reason is the drained node
-        pending = t.status(handle)
+        deadline = time.monotonic() + 30
+        while "DRAINED" not in pending.note and time.monotonic() < deadline:  # until the scheduler has looked at it
+            time.sleep(0.3)
+            pending = t.status(handle)
         assert pending.kind == "pending"
         assert not pending.finished
         assert pending.note.startswith("Slurm PENDING in partition debug: ")
