@@ -47,6 +47,7 @@ def _command_from_twin(experiment: Path) -> dict[str, object]:
 def test_megatron_against_a_command_side_runs_with_no_conversion_and_passes(
         repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(repo_root), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the local jobs inherit it: see tests.flows.conftest.LOCAL_HOST_ENV
     twins = copy_twin(repo_root, tmp_path / "exp", edits={"npu": {"kind": "twin-torch"},
                                                            "gpu": {"kind": "twin-torch"}, "conversion": None})
     data = yaml.safe_load(twins.read_text())
@@ -67,6 +68,7 @@ def test_megatron_against_a_command_side_runs_with_no_conversion_and_passes(
 def test_both_sides_train_from_a_transformers_qwen3_checkpoint_and_pass(
         repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(repo_root), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the local jobs inherit it: see tests.flows.conftest.LOCAL_HOST_ENV
     qwen3 = {"family": "qwen3", "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4,
              "num_query_groups": 2, "kv_channels": 16, "vocab_size": 256, "seq_length": 32, "rotary_base": 10000,
              "norm_epsilon": 1.0e-6, "qk_layernorm": True}

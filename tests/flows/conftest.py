@@ -16,6 +16,13 @@ import yaml
 
 from alignflow.convert.registry import SPEC_DIR
 
+LOCAL_HOST_ENV = {"OMP_NUM_THREADS": "1"}
+"""What the three local hosts set for every command (hosts.yaml `env:`, as a user sharing one machine between hosts
+does): one OpenMP thread per process. The PyTorch twin's tiny steps each run hundreds of small parallel regions;
+with the NPU and GPU trainings side by side on a busy 2-core machine, OpenMP's spinning threads wait out each other's
+time slices: a gpu_train step took 1.5-6.8 s, 0.1-0.4 s with one thread (8 steps: 41-47 s, 16-17 s; 7.6 CPU-s,
+2.7; load 18 on 2 cores, 2026-12-06)."""
+
 
 @dataclass(frozen=True)
 class FlowEnv:
@@ -44,7 +51,8 @@ def make_flow_env(root: Path, repo_root: Path, hosts: Path | None = None) -> Flo
     if hosts is None:
         hosts = root / "hosts.yaml"
         hosts.write_text(yaml.safe_dump({"hosts": {
-            name: {"role": name, "transport": "local", "workdir": f"hosts/{name}"} for name in ("ascend", "cpu", "cuda")
+            name: {"role": name, "transport": "local", "workdir": f"hosts/{name}", "env": LOCAL_HOST_ENV}
+            for name in ("ascend", "cpu", "cuda")
         }}))
     return FlowEnv(root=root, state=root / "state", experiment=experiment, hosts=hosts)
 

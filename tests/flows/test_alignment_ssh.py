@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from alignflow.store import Store
-from tests.flows.conftest import FlowEnv, make_flow_env
+from tests.flows.conftest import LOCAL_HOST_ENV, FlowEnv, make_flow_env
 from tests.lab.sshd import SSHLab
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -29,7 +29,7 @@ def env(tmp_path_factory: pytest.TempPathFactory, repo_root: Path, prefect_harne
         ) -> Iterator[FlowEnv]:
     root = tmp_path_factory.mktemp("flow-ssh")
     hosts = ssh_lab.write_hosts_yaml(root / "hosts.yaml", overrides={
-        name: {"env": {"PYTHONPATH": ssh_lab.pythonpath, "GLOG_v": "3"}} for name in ssh_lab.hosts})
+        name: {"env": {"PYTHONPATH": ssh_lab.pythonpath, "GLOG_v": "3", **LOCAL_HOST_ENV}} for name in ssh_lab.hosts})
     flow_env = make_flow_env(root, repo_root, hosts=hosts)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ALIGNFLOW_STATE_DIR", str(flow_env.state))

@@ -26,7 +26,7 @@ from alignflow.runner.run import data_artifact, execute_pipeline, start_run
 from alignflow.runner.session import open_run
 from alignflow.store import Store
 from alignflow.transport import JobHandle, JobSpec, open_transport
-from tests.flows.conftest import FlowEnv, make_flow_env
+from tests.flows.conftest import LOCAL_HOST_ENV, FlowEnv, make_flow_env
 from tests.lab.slurm import SlurmLab
 
 pytestmark = pytest.mark.integration
@@ -36,11 +36,13 @@ def _hosts(root: Path, lab: SlurmLab, slurm_roles: dict[str, dict[str, Any]]) ->
     """Local hosts ascend, cpu, cuda; the roles in `slurm_roles` are Slurm hosts of the lab with those settings."""
     hosts: dict[str, Any] = {}
     for name in ("ascend", "cpu", "cuda"):
-        body: dict[str, Any] = {"role": name, "transport": "local", "workdir": str(root / "hosts" / name)}
+        body: dict[str, Any] = {"role": name, "transport": "local", "workdir": str(root / "hosts" / name),
+                                "env": dict(LOCAL_HOST_ENV)}
         if name in slurm_roles:
             settings = dict(slurm_roles[name])
             devices = settings.pop("devices", None)
-            body |= {"scheduler": "slurm", "slurm": {"partition": "debug", **settings}, "env": lab.env()}
+            body |= {"scheduler": "slurm", "slurm": {"partition": "debug", **settings},
+                     "env": {**LOCAL_HOST_ENV, **lab.env()}}
             if devices:
                 body["devices"] = devices
         hosts[name] = body
@@ -146,9 +148,13 @@ def test_a_preempted_job_is_retried_with_a_new_job_when_the_step_says_so(env: Fl
                                                      consumed_samples=4 * s, global_batch_size=4) + "\n"
                            for s in range(1, 5)))
     exp = yaml.safe_load(env.experiment.read_text())
+    # the first job sleeps long enough to be seen running and preempted; the retry's job (the same command) finds
+    # the first one's mark and need not wait
+    attempted = tmp_path / "attempted"
     exp["steps"] = {"npu_base_train": {"retry_on": ["preempted"], "command": [
-        "bash", "-c", 'sleep 8; mkdir -p "$1/checkpoint" && echo 1 > "$1/checkpoint/latest_checkpointed_iteration.txt"'
-        ' && cat "$2"', "x", "{out}", str(log)]}}
+        "bash", "-c", '[ -e "$3" ] || { : > "$3"; sleep 8; }; mkdir -p "$1/checkpoint" && '
+        'echo 1 > "$1/checkpoint/latest_checkpointed_iteration.txt" && cat "$2"', "x", "{out}", str(log),
+        str(attempted)]}}
     env.experiment.write_text(yaml.safe_dump(exp, sort_keys=False))
     done, preempted = threading.Event(), []
     urgent = threading.Thread(target=_preempt_when_running, args=(env, slurm_lab, done, preempted))
