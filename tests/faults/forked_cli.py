@@ -24,8 +24,7 @@ from pathlib import Path
 _ZYGOTE = r"""
 import json, os, signal, sys, warnings
 warnings.simplefilter("ignore")
-import torch, safetensors.torch, pandas, tensorboard.summary, mlflow.tracking  # the slow imports, once
-import alignflow.cli, alignflow.convert, alignflow.export, alignflow.fingerprint, alignflow.store
+PRELOAD
 print("ready", flush=True)
 for line in sys.stdin:
     req = json.loads(line)
@@ -51,7 +50,7 @@ for line in sys.stdin:
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
-            os._exit(code)
+            EXIT(code)
     print(json.dumps({"pid": pid}), flush=True)
     _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
@@ -69,13 +68,27 @@ class Finished:
     seconds: float
 
 
-class Zygote:
-    """The forking process; `start(argv)` -> a running command, `wait()` -> how it ended."""
+# the slow imports of the writing commands (issue 33's tests), once
+WRITERS = """\
+import torch, safetensors.torch, pandas, tensorboard.summary, mlflow.tracking
+import alignflow.cli, alignflow.convert, alignflow.export, alignflow.fingerprint, alignflow.store
+"""
 
-    def __init__(self, env: dict[str, str], scratch: Path) -> None:
+
+class Zygote:
+    """The forking process; `start(argv)` -> a running command, `wait()` -> how it ended.
+
+    `preload` is the Python that imports what the commands will need (it must start no thread: the children are
+    forked from it). A child leaves with `os._exit`, or with `exit_like_a_process` through the interpreter's own
+    exit (threads joined, atexit handlers run: what a command that talks to a Prefect server does as it ends).
+    """
+
+    def __init__(self, env: dict[str, str], scratch: Path, preload: str = WRITERS, *,
+                 exit_like_a_process: bool = False) -> None:
         self.scratch = scratch
-        self.proc = subprocess.Popen([sys.executable, "-c", _ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, env=env)
+        script = _ZYGOTE.replace("PRELOAD", preload).replace("EXIT", "sys.exit" if exit_like_a_process else "os._exit")
+        self.proc = subprocess.Popen([sys.executable, "-c", script],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
         assert self.proc.stdout.readline().strip() == "ready"
         self.n = 0

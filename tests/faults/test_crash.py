@@ -12,6 +12,9 @@ the first run took from the forced step's start on) and then runs the experiment
 
 Every run uses the session's Prefect server, so that each kill lands in the pipeline rather than in a server's
 start-up: a per-run server killed with its controller, at start-up or later, is tests/flows/test_server.py's.
+Each command is a real process forked from one that imported alignflow, Prefect and the flow once
+(tests/faults/forked_cli.py): its own pid, signal handlers and children, ending through the interpreter's exit; the
+point is where the kill lands in the pipeline, not ~3 CPU-s of imports per command (three commands a seed).
 
 ALIGNFLOW_CRASH_SEEDS sets how many seeds (default 5 in `make test`, about 20 s each; 10 as the issue asks).
 """
@@ -21,8 +24,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,7 +32,8 @@ import pytest
 from alignflow.store import RunStatus, Store
 from alignflow.transport import JobHandle
 from tests.deploy.test_team import live_in_group
-from tests.flows.conftest import FlowEnv, make_flow_env
+from tests.faults.forked_cli import Finished, Zygote
+from tests.flows.conftest import make_flow_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -70,9 +72,11 @@ def _leftovers(*roots: Path) -> list[str]:
                   if p.name.startswith(".af-partial-") or p.name.endswith(".partial"))
 
 
-def _cli(env: FlowEnv, cli_env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "alignflow", *args], cwd=env.root, env=cli_env, capture_output=True,
-                          text=True, timeout=1200, check=False)
+# what `alignflow run` and `alignflow cancel` import (flows.cli's commands load these as they start)
+PRELOAD = """\
+import prefect, prefect.flows, prefect.tasks, alignflow.cli, flows.cli, flows.alignment, flows.prefect_client
+import alignflow.runner.run, alignflow.runner.session, alignflow.runner.control, alignflow.runview, tasks.progress
+"""
 
 
 def test_a_run_killed_at_random_points_leaves_a_consistent_store_and_nothing_behind(
@@ -80,13 +84,25 @@ def test_a_run_killed_at_random_points_leaves_a_consistent_store_and_nothing_beh
     env = make_flow_env(tmp_path / "crash", repo_root)
     cli_env = {k: v for k, v in subprocess_env.items() if not k.startswith("PREFECT_API")}
     cli_env.update(ALIGNFLOW_STATE_DIR=str(env.state), PREFECT_HOME=str(env.root / "prefect-home"), GLOG_v="3",
-                   PREFECT_API_URL=prefect_api_url)
+                   PREFECT_API_URL=prefect_api_url, DO_NOT_TRACK="1")  # what the command adds before Prefect loads
     run_args = ["run", str(env.experiment), "--hosts", str(env.hosts), "--quiet"]
+    (tmp_path / "zygote").mkdir()
+    zygote = Zygote(cli_env, tmp_path / "zygote", PRELOAD, exit_like_a_process=True)
+    try:
+        _killed_at_random_points(zygote, env.root, env.state, run_args)
+    finally:
+        zygote.close()
+
+
+def _killed_at_random_points(zygote: Zygote, root: Path, state: Path, run_args: list[str]) -> None:
+    def cli(*args: str) -> Finished:
+        return zygote.run(list(args), cwd=root)
+
     t0 = time.monotonic()
-    first = _cli(env, cli_env, *run_args)  # fills the cache; its timing bounds the kill points
-    assert first.returncode == 0, first.stdout + first.stderr
+    first = cli(*run_args)  # fills the cache; its timing bounds the kill points
+    assert first.code == 0, first.stdout + first.stderr
     full_s = time.monotonic() - t0
-    with Store.open(state_dir=env.state) as store:
+    with Store.open(state_dir=state) as store:
         (run,) = store.list_runs(limit=1000)
         began = {s.step: (s.started_at - run.started_at).total_seconds() for s in store.steps(run.id) if s.started_at}
     tried, recorded = [], 1
@@ -96,26 +112,25 @@ def test_a_run_killed_at_random_points_leaves_a_consistent_store_and_nothing_beh
         # a kill point inside the run: what precedes the forced step is taken from the cache in a moment, so the run
         # lasts about as long as the first one did from that step's start on (a delay past it killed nothing)
         delay = rng.uniform(1.0, max(2.0, full_s - began[step]))
-        proc = subprocess.Popen([sys.executable, "-m", "alignflow", *run_args, "--force", step], cwd=env.root,
-                                env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = zygote.start([*run_args, "--force", step], cwd=root)
         deadline, below = time.monotonic() + delay, set()
-        while time.monotonic() < deadline and proc.poll() is None:
+        while time.monotonic() < deadline and _alive(proc.pid):
             below |= _descendants(proc.pid)
             time.sleep(0.2)
         below |= _descendants(proc.pid)
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
+        if _alive(proc.pid):
+            os.kill(proc.pid, signal.SIGKILL)  # the controller alone, as `kill -9 PID` does: not its group
             tried.append(f"seed {seed}: --force {step}, killed after {delay:.1f} s")
+            proc.wait()
         else:  # the forced step and what follows it took less than the delay: a run that ended on its own
-            tried.append(f"seed {seed}: --force {step}, ended (exit {proc.returncode}) before {delay:.1f} s")
-        proc.wait()
+            tried.append(f"seed {seed}: --force {step}, ended (exit {proc.wait().code}) before {delay:.1f} s")
 
         t_again = time.monotonic()
-        again = _cli(env, cli_env, *run_args)
+        again = cli(*run_args)
         tried[-1] += f"; the next run took {time.monotonic() - t_again:.1f} s"
-        assert again.returncode == 0, (tried[-1], again.stdout + again.stderr)
+        assert again.code == 0, (tried[-1], again.stdout + again.stderr)
         assert "verdict PASS" in again.stdout, (tried[-1], again.stdout)
-        with Store.open(state_dir=env.state) as store:
+        with Store.open(state_dir=state) as store:
             runs = store.list_runs(limit=1000)
             assert not [r.id for r in runs if r.status == RunStatus.RUNNING], tried[-1]
             # the next run and the killed one, unless it was killed before it recorded anything (still importing
@@ -133,11 +148,11 @@ def test_a_run_killed_at_random_points_leaves_a_consistent_store_and_nothing_beh
         survivors = [pid for pid in below if _alive(pid) and _pgid(pid) not in job_groups]
         assert not survivors, (tried[-1], "processes of the killed controller survive it", survivors)
         if killed is not None and killed.status == RunStatus.INTERRUPTED:
-            cancelled = _cli(env, cli_env, "cancel", killed.id)
-            assert cancelled.returncode == 0, (tried[-1], cancelled.stdout + cancelled.stderr)
+            cancelled = cli("cancel", killed.id)
+            assert cancelled.code == 0, (tried[-1], cancelled.stdout + cancelled.stderr)
         for job in jobs:
             assert not live_in_group(job.pgid), (tried[-1], "a job of the killed run still runs", job)
-        assert not _leftovers(env.state), (tried[-1], _leftovers(env.state))
+        assert not _leftovers(state), (tried[-1], _leftovers(state))
     print("\n".join(tried))
 
 
