@@ -21,9 +21,13 @@ deployments it serves the state dir's reports read-only over http (`alignflow.re
 No `from __future__ import annotations` in this module (docs/orchestration.md#g4-no-future-annotations-in-flow-modules).
 """
 
+import contextlib
 import logging
 import os
+import signal
 import socket
+import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +42,7 @@ from alignflow.errors import ConfigError
 if TYPE_CHECKING:
     from prefect import Flow
     from prefect.client.schemas.objects import State
+    from prefect.runner import Runner
     from prefect.schedules import Schedule
 
 log = logging.getLogger(__name__)
@@ -195,10 +200,78 @@ def serve_deployments(spec: ServeSpec, *, limit: int | None = None) -> None:
     runner = Runner(name="alignflow-serve", pause_on_shutdown=False, limit=limit, query_seconds=poll_seconds())
     for served in served_flows(spec):
         runner.add_flow(served.flow, name=served.name, **served.options)
+    previous, done = _stop_on_ctrl_c(runner), threading.Event()
+    threading.Thread(target=_stop_within, args=(runner, STOP_GRACE_S, done), name="alignflow-serve-stop",
+                     daemon=True).start()
     try:
         asyncio.run(runner.start())
     except (KeyboardInterrupt, TerminationSignal) as exc:
         log.info("%s: stopping", type(exc).__name__)
+    finally:
+        done.set()
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+STOP_GRACE_S = 45.0
+"""How long `serve` may take to stop once told to (Ctrl-C, SIGTERM): in-flight flow runs are cancelled and their
+hooks kill the remote jobs (Prefect gives a flow-run process 30 s after its SIGTERM). Past it, serve kills what it
+started itself and exits 130."""
+
+
+def _stop_on_ctrl_c(runner: "Runner") -> Any:
+    """Ctrl-C stops `serve` as SIGTERM does (what Prefect's `Runner.handle_sigterm` does: the runner's `astop` on
+    its own loop, in-flight runs cancelled, the polling ended); a second Ctrl-C raises KeyboardInterrupt at once.
+    Without this, asyncio cancelled the runner's task at whatever await it stood, and under load a Ctrl-C right as a
+    flow run ended left `serve` running for minutes. Returns the handler it replaced (None: not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    pressed: list[bool] = []
+
+    def on_ctrl_c(signum: int, frame: Any) -> None:
+        if pressed or not runner.started or runner._loop is None:
+            signal.default_int_handler(signum, frame)
+        pressed.append(True)
+        log.warning("Ctrl-C: stopping (in-flight runs are cancelled; Ctrl-C again to stop at once)")
+        runner.stopping = True
+        runner.execute_in_background(runner.astop)
+
+    return signal.signal(signal.SIGINT, on_ctrl_c)
+
+
+def _stop_within(runner: "Runner", grace_s: float, done: threading.Event) -> None:
+    """Watch the runner (a daemon thread) until `done`: once it is stopping, give it `grace_s`; a runner still
+    stopping then is stuck: the Python stacks of every thread go to stderr (what it waited on), the processes serve
+    started are killed (no orphan flow run), and the process exits 130."""
+    import faulthandler
+
+    while not runner.stopping:
+        if done.wait(0.5):
+            return
+    if done.wait(grace_s):
+        return
+    log.error("serve did not stop within %.0f s of being told to; its threads' stacks follow, then it exits", grace_s)
+    faulthandler.dump_traceback(all_threads=True)
+    for pid in _descendants(os.getpid()):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    sys.stderr.flush()
+    os._exit(130)
+
+
+def _descendants(root: int) -> list[int]:
+    """Every process below `root` (/proc: field 4 of /proc/PID/stat is the parent's pid)."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                parent[int(entry.name)] = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+    found, frontier = [], [root]
+    while frontier:
+        below = [pid for pid, ppid in parent.items() if ppid in frontier]
+        found += below
+        frontier = below
+    return found
 
 
 REPORTS_PORT = 4201  # beside Prefect's 4200

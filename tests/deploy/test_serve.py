@@ -336,3 +336,34 @@ def test_serve_polls_for_launched_runs_every_2_s_unless_the_user_set_prefects_po
     assert poll_seconds() == 2.0
     with temporary_settings({PREFECT_RUNNER_POLL_FREQUENCY: 7}):
         assert poll_seconds() is None  # the Runner then reads the user's 7 s itself
+
+
+STUCK_STOP = """
+import subprocess, sys, threading, time
+from flows.serve import _stop_within
+
+class Runner:  # a runner told to stop that never gets there (what Prefect's Runner says of itself)
+    stopping = True
+
+def stuck_in_the_runner() -> None:
+    time.sleep(60)
+
+flow_run = subprocess.Popen(["sleep", "300"])  # a flow-run process serve started
+print(flow_run.pid, flush=True)
+threading.Thread(target=_stop_within, args=(Runner(), float(sys.argv[1]), threading.Event()), daemon=True).start()
+stuck_in_the_runner()
+"""
+
+
+@pytest.mark.integration
+def test_a_serve_that_does_not_stop_in_time_shows_where_it_waited_kills_its_processes_and_exits_130(
+        repo_root: Path, subprocess_env: dict[str, str]) -> None:
+    """Ctrl-C or SIGTERM that the runner does not finish within its grace (a Ctrl-C as a flow run ended, under load,
+    once left serve running for minutes): the stacks of its threads, no process left behind, exit 130."""
+    done = subprocess.run([sys.executable, "-c", STUCK_STOP, "1"], cwd=repo_root, env=subprocess_env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 130, done.stderr
+    assert "did not stop within 1 s" in done.stderr
+    assert "in stuck_in_the_runner" in done.stderr  # faulthandler's dump of every thread: where the main one waits
+    pid = int(done.stdout.split()[0])
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
