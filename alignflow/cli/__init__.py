@@ -105,9 +105,9 @@ def _caches_in_state_dir() -> None:
 
 def main() -> None:
     """Console-script entry point: run the app and map alignflow errors to their exit codes."""
-    _caches_in_state_dir()
     err = Console(stderr=True)
     try:
+        _caches_in_state_dir()  # inside: a Ctrl-C this early is an interrupted command too, not a traceback
         # In non-standalone mode click *returns* the code of a `typer.Exit` raised by a command.
         rc = app(standalone_mode=False)
     except typer.Exit as exc:

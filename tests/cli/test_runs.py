@@ -146,3 +146,27 @@ def test_history_reconcile_names_runs_it_cannot_judge(tmp_path: Path, repo_root:
     finally:
         with open_transport(_ascend(rec.env, rec.run_id)) as t:
             t.cancel(rec.handle, grace_s=1)
+
+
+def test_a_ctrl_c_as_the_command_starts_ends_it_interrupted_without_a_traceback(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C before the command ran a line of its own (the state dir being resolved): exit 130, `interrupted`."""
+    from alignflow import state
+    from alignflow.cli import main
+
+    def pressed() -> Path:
+        raise KeyboardInterrupt
+
+    monkeypatch.delenv("MPLCONFIGDIR", raising=False)
+    monkeypatch.setattr(state, "state_dir", pressed)
+    monkeypatch.setattr("sys.argv", ["alignflow", "history"])
+    try:
+        main()
+    except SystemExit as ended:
+        code = ended.code
+    except KeyboardInterrupt:  # not raised on: it would end the test session
+        code = "KeyboardInterrupt escaped main()"
+    out = capsys.readouterr()
+    assert code == 130
+    assert "interrupted" in out.err
+    assert "Traceback" not in out.err + out.out
