@@ -67,20 +67,19 @@ GROUP_OF_FIXTURE = {"ssh_lab": "ssh-labs", "lab_hosts_yaml": "ssh-labs", "jump_l
                     "make_transport": "ssh-labs", "slurm_lab": "slurm-lab", "ms_base": "twin-ms-base"}
 _ASKS_FOR_A_FIXTURE = re.compile(r"""getfixturevalue\(["'](\w+)["']\)""")
 
-# Seconds each long group took under `make test` on the idle 2-core machine (2026-12-05, 493cac2, three workers with
-# the lane of tests/scheduling.py: junit times summed per group), for the order alone: within each kind of group the
-# longest start first (longest-processing-time scheduling), so that no long group starts while the other workers run
-# out of work. A module not listed counts 30 s if it has slow tests, else 5 s.
+# Seconds each long group took under `make test` on the idle 2-core machine (2026-12-06, issue 40's cuts, three
+# workers with the lane of tests/scheduling.py: junit times summed per group), for the order alone: within each kind
+# of group the longest start first (longest-processing-time scheduling), so that no long group starts while the other
+# workers run out of work. A module not listed counts 30 s if it has slow tests, else 5 s.
 MEASURED_S = {
-    "ssh-labs": 198, "tests/deploy/test_team.py": 141, "slurm-lab": 133, "tests/flows/test_server.py": 46,  # the lane's
-    "tests/faults/test_crash.py": 136, "tests/flows/test_alignment.py": 113, "tests/deploy/test_ui_browser.py": 107,
-    "twin-ms-base": 103, "tests/flows/test_gate.py": 90, "tests/diagnose/test_msprobe.py": 77,
-    "tests/recipes/test_megatron_core.py": 280,
-    "tests/lab/test_mindformers_lab.py": 65, "tests/flows/test_interrupt.py": 110,
-    "tests/diagnose/test_seed_bugs.py": 48, "tests/logs/test_fuzz.py": 32, "tests/store/test_concurrency.py": 28,
-    # Estimated on a loaded machine, to be measured under `make test`: the journey (a demo run, two Prefect servers,
-    # serve, Chromium), and test_interrupt with its Ctrl-C test (58 s before it; two more trainings).
-    "tests/journeys/test_walk.py": 190,
+    "ssh-labs": 170, "tests/deploy/test_team.py": 129, "slurm-lab": 97, "tests/flows/test_server.py": 47,  # the lane's
+    "tests/journeys/test_walk.py": 123, "tests/faults/test_crash.py": 94, "tests/flows/test_alignment.py": 93,
+    "tests/deploy/test_ui_browser.py": 91, "twin-ms-base": 74, "tests/recipes/test_megatron_core.py": 69,
+    "tests/flows/test_gate.py": 52, "tests/flows/test_interrupt.py": 49,
+    "tests/convert/test_megatron_core_dist.py": 48, "tests/lab/test_mindformers_lab.py": 47,
+    "tests/faults/test_interrupted_writers.py": 46, "tests/twin/test_model_parallel.py": 40,
+    "tests/diagnose/test_seed_bugs.py": 35, "tests/diagnose/test_msprobe.py": 32, "tests/store/test_concurrency.py": 23,
+    "tests/logs/test_fuzz.py": 21,
 }
 
 
