@@ -151,14 +151,14 @@ def test_history_reconcile_names_runs_it_cannot_judge(tmp_path: Path, repo_root:
 def test_a_ctrl_c_as_the_command_starts_ends_it_interrupted_without_a_traceback(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C before the command ran a line of its own (the state dir being resolved): exit 130, `interrupted`."""
-    from alignflow import state
     from alignflow.cli import main
 
-    def pressed() -> Path:
+    def pressed() -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.delenv("MPLCONFIGDIR", raising=False)
-    monkeypatch.setattr(state, "state_dir", pressed)
+    # what main() calls first, replaced where main looks it up (another test of the worker may have imported the
+    # CLI's modules afresh, and MPLCONFIGDIR may be set: the state dir is then not resolved at all)
+    monkeypatch.setitem(main.__globals__, "_caches_in_state_dir", pressed)
     monkeypatch.setattr("sys.argv", ["alignflow", "history"])
     try:
         main()
