@@ -152,6 +152,7 @@ def test_a_ctrl_c_as_the_command_starts_ends_it_interrupted_without_a_traceback(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C before the command ran a line of its own (the state dir being resolved): exit 130, `interrupted`."""
     from alignflow.cli import main
+    from alignflow.staging import completed_in_process
 
     def pressed() -> None:
         raise KeyboardInterrupt
@@ -159,6 +160,9 @@ def test_a_ctrl_c_as_the_command_starts_ends_it_interrupted_without_a_traceback(
     # what main() calls first, replaced where main looks it up (another test of the worker may have imported the
     # CLI's modules afresh, and MPLCONFIGDIR may be set: the state dir is then not resolved at all)
     monkeypatch.setitem(main.__globals__, "_caches_in_state_dir", pressed)
+    # nothing committed by this process yet (an earlier test's writes in this worker would make it "interrupted
+    # after ... completed: the result is whole", exit 0)
+    monkeypatch.setitem(completed_in_process.__globals__, "_completed", [])
     monkeypatch.setattr("sys.argv", ["alignflow", "history"])
     try:
         main()
