@@ -101,8 +101,8 @@ def test_nonzero_exit_raises_with_exit_code_and_stderr_tail(transport: Transport
 def test_timeout_kills_the_command(transport: Transport, area: str) -> None:
     transport.mkdir(area)
     with pytest.raises(CommandTimeout, match="timed out"):
-        transport.run(["bash", "-c", f"sleep 1.5; touch {area}/late"], timeout_s=0.5)
-    transport.run(["sleep", "1.5"])  # the command would have touched the file by now
+        transport.run(["bash", "-c", f"sleep 2.5; touch {area}/late"], timeout_s=0.5)
+    transport.run(["sleep", "2.5"])  # the command would have touched the file by now
     assert not transport.exists(f"{area}/late")
 
 
