@@ -19,7 +19,6 @@ from alignflow.compare.comparison import compare
 from alignflow.compare.report import write_report
 from alignflow.config.criteria import default_criteria
 from alignflow.logs import parse_log
-from tests.chromium import CHROMIUM, CHROMIUM_FLAGS
 from tests.logfixtures import make_run, megatron_lines, mindformers_lines, perturbed
 from tests.recorded_run import snapshot
 
@@ -39,8 +38,6 @@ LINES_OF_NUMBERS = """() => [...document.querySelectorAll('td.num')].map(td => {
 def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from alignflow.compare.context import FingerprintRow, ReportContext, StepRow
 
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium")
     ref_run = make_run(120, seed=21)
     test_run = perturbed(ref_run, loss_noise=1e-4, loss_offset=0.003, seed=22)
     result = compare(parse_log(mindformers_lines(test_run), source="ascend:/w/npu.log"),
@@ -56,18 +53,6 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("report")
     return write_report(result, out, title="GLM mini — run 5f1c0a9e2b7d", labels=("NPU", "GPU"),
                         context=context).html
-
-
-@pytest.fixture(scope="module")
-def browser() -> Any:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
 
 
 def _open(browser: Any, report: Path, width: int) -> tuple[Any, list[str]]:
