@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from alembic import command
-from sqlalchemy import inspect, text
+from sqlalchemy import Engine, inspect, text
 
 from alignflow.errors import StoreError, StoreSchemaError
 from alignflow.store import Store
 from alignflow.store import database as db
 from alignflow.store.models import Base
 from tests.store.sample import run_params
+
+
+@pytest.fixture
+def upgraded(db_url: str) -> Iterator[Engine]:
+    """An engine on the test's database, migrated to the head."""
+    engine = db.create_store_engine(db_url)
+    try:
+        db.upgrade(engine)
+        yield engine
+    finally:
+        engine.dispose()
 
 
 def test_upgrade_from_an_empty_database_creates_every_table(db_url: str) -> None:
@@ -30,37 +43,22 @@ def test_the_head_every_command_checks_is_alembics_own() -> None:
     assert db.head_revision() == db.alembic_head_revision()
 
 
-def test_a_database_with_two_heads_is_refused_by_name(db_url: str) -> None:
-    engine = db.create_store_engine(db_url)
-    try:
-        db.upgrade(engine)
-        with engine.begin() as conn:
-            conn.execute(text("INSERT INTO alembic_version (version_num) VALUES ('0004')"))
-        with pytest.raises(StoreSchemaError, match="several schema heads"):
-            db.schema_state(engine)
-    finally:
-        engine.dispose()
+def test_a_database_with_two_heads_is_refused_by_name(upgraded: Engine) -> None:
+    with upgraded.begin() as conn:
+        conn.execute(text("INSERT INTO alembic_version (version_num) VALUES ('0004')"))
+    with pytest.raises(StoreSchemaError, match="several schema heads"):
+        db.schema_state(upgraded)
 
 
-def test_models_match_the_migrations(db_url: str) -> None:
-    engine = db.create_store_engine(db_url)
-    try:
-        db.upgrade(engine)
-        assert db.model_drift(engine) == []
-    finally:
-        engine.dispose()
+def test_models_match_the_migrations(upgraded: Engine) -> None:
+    assert db.model_drift(upgraded) == []
 
 
-def test_migrations_downgrade_to_empty_and_upgrade_again(db_url: str) -> None:
-    engine = db.create_store_engine(db_url)
-    try:
-        db.upgrade(engine)
-        with engine.begin() as conn:
-            command.downgrade(db.alembic_config(conn), "base")
-        assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
-        assert db.upgrade(engine).up_to_date
-    finally:
-        engine.dispose()
+def test_migrations_downgrade_to_empty_and_upgrade_again(upgraded: Engine) -> None:
+    with upgraded.begin() as conn:
+        command.downgrade(db.alembic_config(conn), "base")
+    assert set(inspect(upgraded).get_table_names()) <= {"alembic_version"}
+    assert db.upgrade(upgraded).up_to_date
 
 
 def test_open_without_upgrade_on_an_empty_database_says_to_run_db_upgrade(db_url: str) -> None:
@@ -75,14 +73,9 @@ def test_open_with_upgrade_migrates_and_later_opens_need_nothing(db_url: str) ->
         assert store.list_runs() == []
 
 
-def test_a_schema_from_a_newer_alignflow_is_refused_even_with_upgrade(db_url: str) -> None:
-    engine = db.create_store_engine(db_url)
-    try:
-        db.upgrade(engine)
-        with engine.begin() as conn:
-            conn.execute(text("UPDATE alembic_version SET version_num = 'ffff_future'"))
-    finally:
-        engine.dispose()
+def test_a_schema_from_a_newer_alignflow_is_refused_even_with_upgrade(db_url: str, upgraded: Engine) -> None:
+    with upgraded.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'ffff_future'"))
     with pytest.raises(StoreSchemaError, match="ffff_future, which this alignflow does not know"):
         Store.open(db_url, upgrade=True)
 
