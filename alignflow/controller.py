@@ -67,6 +67,21 @@ def process_start_ticks(pid: int, proc: Path = PROC) -> int | None:
     return int(fields[19]) if fields and len(fields) > 19 else None  # field 22 = index 19 after pid and comm
 
 
+def descendants(pid: int, proc: Path = PROC) -> list[int]:
+    """Every process below `pid` on this host, children first (field 4 of /proc/PID/stat: the parent's pid)."""
+    parent: dict[int, int] = {}
+    for entry in proc.iterdir() if proc.is_dir() else ():
+        fields = _stat_fields(int(entry.name), proc) if entry.name.isdigit() else None
+        if fields and len(fields) > 1 and fields[1].isdigit():
+            parent[int(entry.name)] = int(fields[1])
+    found, frontier = [], {pid}
+    while frontier:
+        below = [child for child, ppid in parent.items() if ppid in frontier]
+        found += below
+        frontier = set(below)
+    return found
+
+
 def current(*, pid: int | None = None, proc: Path = PROC) -> ControllerIdentity:
     """The identity of this process (or of `pid` on this host)."""
     pid = os.getpid() if pid is None else pid

@@ -252,26 +252,14 @@ def _stop_within(runner: "Runner", grace_s: float, done: threading.Event) -> Non
         return
     log.error("serve did not stop within %.0f s of being told to; its threads' stacks follow, then it exits", grace_s)
     faulthandler.dump_traceback(all_threads=True)
-    for pid in _descendants(os.getpid()):
+    from alignflow.controller import descendants
+
+    for pid in descendants(os.getpid()):
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     sys.stderr.flush()
     os._exit(130)
 
-
-def _descendants(root: int) -> list[int]:
-    """Every process below `root` (/proc: field 4 of /proc/PID/stat is the parent's pid)."""
-    parent: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                parent[int(entry.name)] = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
-    found, frontier = [], [root]
-    while frontier:
-        below = [pid for pid, ppid in parent.items() if ppid in frontier]
-        found += below
-        frontier = below
-    return found
 
 
 REPORTS_PORT = 4201  # beside Prefect's 4200
