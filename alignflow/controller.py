@@ -76,7 +76,7 @@ def descendants(pid: int, proc: Path = PROC) -> list[int]:
             parent[int(entry.name)] = int(fields[1])
     found, frontier = [], {pid}
     while frontier:
-        below = [child for child, ppid in parent.items() if ppid in frontier]
+        below = sorted(child for child, ppid in parent.items() if ppid in frontier)
         found += below
         frontier = set(below)
     return found
