@@ -10,17 +10,37 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from typer.core import TyperOption
+from typer.core import TyperGroup, TyperOption
 
 from alignflow.errors import AlignflowError
 
+
+class _CommandInterrupted(Exception):
+    """A KeyboardInterrupt (Ctrl-C, or `alignflow.staging.Interrupted`) raised inside a command, carried past typer
+    to `main()`: typer >= 0.29 turns it into a silent exit 130, also when every write of the command had completed
+    (a Ctrl-C while it reported them), which `main()` must say and exit 0 for."""
+
+    def __init__(self, interrupt: KeyboardInterrupt) -> None:
+        super().__init__(repr(interrupt))
+        self.interrupt = interrupt
+
+
+class _Group(TyperGroup):
+    def invoke(self, ctx: Any) -> Any:  # a click Context (typer vendors click: its module path is private)
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as exc:
+            raise _CommandInterrupted(exc) from exc
+
+
 app = typer.Typer(
     name="alignflow",
+    cls=_Group,
     help="Training-precision alignment experiments: MindSpore/MindFormers on Ascend vs Megatron-LM on CUDA.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -86,7 +106,8 @@ def _interrupted(err: Console, exc: KeyboardInterrupt | None) -> NoReturn:
 
     done = completed_in_process()
     if done and exc is not None and not isinstance(exc, Interrupted):
-        err.print(f"interrupted after {', '.join(map(str, done))} completed: the result is whole", highlight=False)
+        err.print(f"interrupted after {', '.join(map(str, done))} completed: the result is whole", highlight=False,
+                  soft_wrap=True)
         sys.exit(0)
     err.print("interrupted")
     sys.exit(getattr(exc, "exit_code", 130))
@@ -117,6 +138,8 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except KeyboardInterrupt as exc:
         _interrupted(err, exc)
+    except _CommandInterrupted as exc:
+        _interrupted(err, exc.interrupt)
     except Exception as exc:  # click usage errors arrive here in non-standalone mode
         import click
 

@@ -174,3 +174,43 @@ def test_a_ctrl_c_as_the_command_starts_ends_it_interrupted_without_a_traceback(
     assert code == 130
     assert "interrupted" in out.err
     assert "Traceback" not in out.err + out.out
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["after-the-rename", "before-the-rename"])
+def test_a_ctrl_c_inside_a_conversion_says_whether_its_result_is_whole(
+        committed: bool, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C inside a command reaches main(), not typer (which ends it with a silent exit 130): after the
+    conversion's rename (while it prints its summary) the result is whole, exit 0 and said so; before it, 130."""
+    import torch
+
+    import alignflow.cli.convert as convert_cli
+    from alignflow.cli import main
+    from alignflow.staging import completed_in_process
+    from tests.convert.synthetic import source_state, write_mindformers
+
+    base = write_mindformers(tmp_path / "base", source_state("twin-dense", dtype=torch.float32))
+    dst = tmp_path / "bf16"
+
+    def pressed(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(completed_in_process.__globals__, "_completed", [])
+    if committed:  # the summary, printed once the destination is renamed into place and recorded
+        monkeypatch.setitem(convert_cli._run.__globals__, "_report", pressed)
+    else:  # the conversion itself, before anything is renamed into place
+        monkeypatch.setitem(convert_cli._run.__globals__, "_progress", pressed)
+    monkeypatch.setattr("sys.argv", ["alignflow", "convert", "bf16", str(base), str(dst)])
+    try:
+        main()
+    except SystemExit as ended:
+        code = ended.code
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt escaped main()"
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err + out.out
+    if committed:
+        assert (code, dst.is_dir()) == (0, True)
+        assert f"interrupted after {dst} completed: the result is whole" in out.err
+    else:
+        assert (code, dst.exists()) == (130, False)
+        assert "interrupted" in out.err
