@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -129,7 +131,7 @@ def test_an_interrupted_matrix_kills_its_variants_jobs_and_records_every_run_can
     from alignflow.runner.run import execute_pipeline
     from alignflow.testing import Command
     from alignflow.transport import Transport
-    from tests.runner.hosts import DirHost, dir_transport
+    from tests.runner.hosts import DirHost, VirtualClock, dir_transport
 
     with_variants(lab, {"configs": {"01_recompute": {"patch": {"training": {"recompute": "full"}}}}})
     run_id = lab.start()
@@ -139,14 +141,29 @@ def test_an_interrupted_matrix_kills_its_variants_jobs_and_records_every_run_can
         job = matrix_job(spec)
         return job if spec.name.startswith(run_id) else FakeJob(stdout=job.stdout, running_polls=None)
 
-    pressed: list[bool] = []
+    pressed: list[float] = []
+
+    class StoppedByCtrlC(VirtualClock):
+        """Virtual time that the variants' polling threads stop moving once Ctrl-C is pressed (for 30 real
+        seconds): the hung variant's job must end cancelled by the interrupt, not by its time limit, which its
+        thread would otherwise spin through (a day of virtual time in a fraction of a second) before a busy main
+        thread has taken the signal. The main thread's own waits (the cancellation's) still move it."""
+
+        def sleep(self, seconds: float) -> None:
+            if (pressed and threading.current_thread() is not threading.main_thread()
+                    and time.monotonic() - pressed[0] < 30):
+                time.sleep(0.01)
+            else:
+                super().sleep(seconds)
+
+    clock = StoppedByCtrlC()
 
     def interrupted(command: Command) -> None:
         """Ctrl-C once a variant's job is running: SIGINT to this process, which Python delivers to the main thread
         (blocked on the variants' walks), as a terminal's Ctrl-C."""
         if command.name == "status" and not pressed and any(
                 not s.name.startswith(run_id) for h in handlers.values() for s in h.launched):
-            pressed.append(True)
+            pressed.append(time.monotonic())
             os.kill(os.getpid(), signal.SIGINT)
 
     def factory(host: object) -> Transport:
@@ -157,7 +174,7 @@ def test_an_interrupted_matrix_kills_its_variants_jobs_and_records_every_run_can
         if handler is None:
             handler = handlers[host.name] = DirHost(host, script=variant_hangs)
             handler.before = interrupted
-        return dir_transport(host, handler, controller=lab.controller_transport, clock=lab.clock)
+        return dir_transport(host, handler, controller=lab.controller_transport, clock=clock)
 
     # Python's own SIGINT handler, installed again: a runtime that ran in this worker before (MindSpore's, after its
     # first op) replaces it at the C level without Python knowing (signal.getsignal still names Python's), and then
