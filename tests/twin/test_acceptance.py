@@ -43,7 +43,8 @@ def both_sides(converted: dict[str, Path], twin_data: TwinData, subprocess_env: 
                tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, list[str]]:
     work = tmp_path_factory.mktemp("acceptance")
     cfg = mindformers_config(preset(), training(STEPS), data_path=str(twin_data.path), data_sha256=twin_data.sha256,
-                             load_path=str(converted["bf16"]), save_path=None, steps=STEPS)
+                             load_path=str(converted["bf16"]), save_path=None, steps=STEPS,
+                             jit=False)
     npu = run_mindspore(cfg, work / "npu", subprocess_env)
     assert npu.returncode == 0, npu.stdout + npu.stderr
     gpu = run_torch(torch_argv(twin_data, load=converted["megatron"], steps=STEPS), work / "gpu", subprocess_env,

@@ -39,7 +39,7 @@ def _megatron_checkpoint(root: Path, *, drop: str | None = None) -> Path:
 
 def _ms_cfg(data: TwinData, **kw: object) -> dict[str, object]:
     args: dict[str, object] = dict(data_path=str(data.path), data_sha256=data.sha256, load_path=None,
-                                   save_path=None, steps=2)
+                                   save_path=None, steps=2, jit=False)
     args.update(kw)
     return mindformers_config(preset(), training(2), **args)  # type: ignore[arg-type]
 

@@ -31,7 +31,7 @@ def test_two_msrun_ranks_log_what_one_process_logs(repo_root: Path, tmp_path: Pa
     training = exp.training.model_copy(update={"micro_batch_size": 2, "global_batch_size": 4})
     sha = make_data(tmp_path / "data" / "tiny", 20000, 7)
     config = mindformers_config(exp.model, training, data_path=str(tmp_path / "data" / "tiny"), data_sha256=sha,
-                                load_path=None, save_path=None, steps=3)
+                                load_path=None, save_path=None, steps=3, jit=False)
     (tmp_path / "config.yaml").write_text(yaml_text(config))
     (tmp_path / "launch.py").write_text("from alignflow.twin.mindspore_train import main\nraise SystemExit(main())\n")
     args = ["--config", str(tmp_path / "config.yaml"), "--mode", "1"]

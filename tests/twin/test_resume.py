@@ -20,7 +20,7 @@ def test_mindspore_resume_from_step_two_repeats_steps_three_and_four(
         ms_base: Path, twin_data: TwinData, subprocess_env: dict[str, str], tmp_path: Path) -> None:
     cfg = mindformers_config(preset(), training(BASE_STEPS), data_path=str(twin_data.path),
                              data_sha256=twin_data.sha256, load_path=str(ms_base / "iteration_00000002"),
-                             save_path=None, steps=BASE_STEPS, no_load_optim=False)
+                             save_path=None, steps=BASE_STEPS, no_load_optim=False, jit=False)
     run = run_mindspore(cfg, tmp_path, subprocess_env)
     assert run.returncode == 0, run.stdout + run.stderr
     resumed = parse_log(run.lines).frame
