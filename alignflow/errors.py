@@ -222,6 +222,11 @@ class ImmutableRecord(StoreError):
     """A finished record cannot change: nothing recorded is overwritten, a re-run creates new records."""
 
 
+class RunCancelled(AlignflowError):
+    """The run was cancelled by this process (Ctrl-C, a stopped `serve`) while a step waited on a job that the
+    cancellation did not see yet (launched as it read the run's jobs): the step kills its job itself."""
+
+
 class PipelineError(AlignflowError):
     """A pipeline step cannot run: unknown step, missing upstream artifact, inconsistent request."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from alignflow.errors import ImmutableRecord
-from alignflow.runner.engine import TransportFactory
+from alignflow.runner.engine import TransportFactory, note_cancelled
 from alignflow.runner.recording import recorded_jobs
 from alignflow.runner.session import open_run
 from alignflow.store import Store
@@ -22,6 +22,7 @@ def cancel_run_jobs(store: Store, run_id: str, *, transport_factory: TransportFa
     switch matrix (children with trigger `matrix`) are cancelled with it."""
     if store.get_run(run_id).status != RunStatus.RUNNING:
         return []
+    note_cancelled(run_id)  # its steps that wait on a job this look misses kill it themselves at their next poll
     inventory = open_run(store, run_id).inventory
     killed = []
     for child in store.children(run_id):

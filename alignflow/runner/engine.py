@@ -29,7 +29,14 @@ from alignflow.codeversion import repo_version
 from alignflow.config.experiment import Experiment
 from alignflow.config.hosts import Host, Inventory
 from alignflow.config.placement import CONTROLLER
-from alignflow.errors import AlignflowError, FingerprintMismatch, PathMissing, PipelineError, SentinelError
+from alignflow.errors import (
+    AlignflowError,
+    FingerprintMismatch,
+    PathMissing,
+    PipelineError,
+    RunCancelled,
+    SentinelError,
+)
 from alignflow.logs.schema import ParsedLog
 from alignflow.logs.sentinels import CHECKPOINT_LOADED, check_sentinels
 from alignflow.runner.artifacts import ArtifactRef
@@ -46,6 +53,16 @@ if TYPE_CHECKING:
     from alignflow.logs.parse import FormatChoice
 
 log = logging.getLogger(__name__)
+
+# Runs this process has cancelled (`control.cancel_run_jobs`): a step still waiting on a job of one of them stops at
+# its next poll and kills the job. The cancellation kills the jobs recorded when it looks; a job launched meanwhile
+# (its step had not recorded it yet) would otherwise keep the step, and the interrupted controller, waiting.
+_cancelled_here: set[str] = set()
+
+
+def note_cancelled(run_id: str) -> None:
+    """Record that this process cancels `run_id` (before it kills the jobs it can see)."""
+    _cancelled_here.add(run_id)
 
 POLL_S = 2.0
 TAIL_BYTES = 8192
@@ -328,8 +345,11 @@ class StepRunner:
         log has reached, of `total`, with its loss, rate and ETA (`StepProgress`)."""
         tracker = ProgressTracker(label, handle.host, total=total, log_format=log_format)
         last = [-self.progress_every_s]
+        step = label
 
         def on_poll(state: JobState) -> None:
+            if not state.finished and self.run_id in _cancelled_here:
+                raise RunCancelled(f"run {self.run_id} was cancelled while {step} waited on job {handle.job_dir}")
             now = time.monotonic()
             if now - last[0] < self.progress_every_s or state.finished:
                 return

@@ -15,7 +15,15 @@ from alignflow import pipeline
 from alignflow.backends.commands import StepCommand, retry_on, step_command, timeout_for
 from alignflow.backends.launch import failed_rank
 from alignflow.config.hosts import Host
-from alignflow.errors import AlignflowError, CommandTimeout, PathMissing, PipelineError, RemoteJobError, SentinelError
+from alignflow.errors import (
+    AlignflowError,
+    CommandTimeout,
+    PathMissing,
+    PipelineError,
+    RemoteJobError,
+    RunCancelled,
+    SentinelError,
+)
 from alignflow.runner.artifacts import ArtifactRef, declared_inputs
 from alignflow.runner.cache import cache_key, one_at_a_time
 from alignflow.runner.engine import StepRunner
@@ -88,6 +96,11 @@ def _finish_job(runner: StepRunner, spec: pipeline.StepSpec, host: Host, transpo
         raise PipelineError(f"{host.name}: step {spec.name} still running after {timeout_s:.0f} s (its time limit; "
                             f"steps.{spec.name}.timeout_s raises it); the job was killed, job dir {handle.job_dir}"
                             ) from None
+    except RunCancelled as exc:  # the run was cancelled after its canceller looked for this job: kill it here
+        _cancel_quietly(transport, handle)
+        rec.stdout_tail, rec.stderr_tail = runner.tails(transport, handle)
+        rec.end(StepStatus.CANCELLED, f"cancelled: {exc}; its remote job was killed")
+        raise
     except AlignflowError as exc:
         if not exc.retryable:
             rec.stdout_tail, rec.stderr_tail = runner.tails(transport, handle)
