@@ -22,7 +22,6 @@ def cancel_run_jobs(store: Store, run_id: str, *, transport_factory: TransportFa
     switch matrix (children with trigger `matrix`) are cancelled with it."""
     if store.get_run(run_id).status != RunStatus.RUNNING:
         return []
-    note_cancelled(run_id)  # its steps that wait on a job this look misses kill it themselves at their next poll
     inventory = open_run(store, run_id).inventory
     killed = []
     for child in store.children(run_id):
@@ -44,6 +43,9 @@ def cancel_run_jobs(store: Store, run_id: str, *, transport_factory: TransportFa
                               error=f"cancelled: {why}; its remote job was killed")
         except ImmutableRecord:  # the step's own thread saw its job end, killed, and recorded it first
             log.info("step run %s (%s): recorded by its own step as its job ended", sr.id, sr.step)
+    # a step still waiting on a job of the run now waits on one this look missed (launched as it read the steps):
+    # the step kills it itself at its next poll
+    note_cancelled(run_id)
     try:
         store.finish_run(run_id, status=RunStatus.CANCELLED, verdict=None, report=None, error=f"cancelled: {why}")
     except ImmutableRecord:  # its walker saw the cancelled steps and closed the run first (`run.finish`)

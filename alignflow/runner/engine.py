@@ -54,14 +54,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Runs this process has cancelled (`control.cancel_run_jobs`): a step still waiting on a job of one of them stops at
-# its next poll and kills the job. The cancellation kills the jobs recorded when it looks; a job launched meanwhile
-# (its step had not recorded it yet) would otherwise keep the step, and the interrupted controller, waiting.
+# Runs this process has cancelled (`control.cancel_run_jobs`, once it has killed the jobs the store recorded): a step
+# still waiting on a running job of one of them waits on a job launched as the cancellation read the steps (not yet
+# recorded), which would keep the step, and the interrupted controller, waiting; it kills the job at its next poll.
 _cancelled_here: set[str] = set()
 
 
 def note_cancelled(run_id: str) -> None:
-    """Record that this process cancels `run_id` (before it kills the jobs it can see)."""
+    """Record that this process has cancelled `run_id` (after it killed the jobs it could see)."""
     _cancelled_here.add(run_id)
 
 POLL_S = 2.0
