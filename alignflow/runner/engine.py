@@ -345,11 +345,10 @@ class StepRunner:
         log has reached, of `total`, with its loss, rate and ETA (`StepProgress`)."""
         tracker = ProgressTracker(label, handle.host, total=total, log_format=log_format)
         last = [-self.progress_every_s]
-        step = label
 
         def on_poll(state: JobState) -> None:
             if not state.finished and self.run_id in _cancelled_here:
-                raise RunCancelled(f"run {self.run_id} was cancelled while {step} waited on job {handle.job_dir}")
+                raise RunCancelled(f"run {self.run_id} was cancelled while {label} waited on job {handle.job_dir}")
             now = time.monotonic()
             if now - last[0] < self.progress_every_s or state.finished:
                 return
@@ -358,13 +357,13 @@ class StepRunner:
                 tail = transport.tail(handle, PROGRESS_TAIL_BYTES)
             except AlignflowError:
                 tail = ""
-            note = label = ""
+            note = status = ""
             if state.kind == "pending":  # in a scheduler's queue (Slurm PENDING): its reason says why
-                note, label = state.note, "pending"
+                note, status = state.note, "pending"
             elif not tail.strip():  # nothing printed yet: perhaps still waiting for a job slot on the host
                 slot = transport.slot_note(handle)
-                note, label = (slot, "waiting for a job slot") if slot.startswith("waiting") else ("", "")
-            progress = tracker.update(label or str(state), tail, note=note)
+                note, status = (slot, "waiting for a job slot") if slot.startswith("waiting") else ("", "")
+            progress = tracker.update(status or str(state), tail, note=note)
             if progress.iteration is None and tail.strip():
                 progress = replace(progress, last_output=tail.rstrip().splitlines()[-1].strip()[-160:])
             self._progress(progress)
