@@ -5,7 +5,8 @@ renaming of it (docs/megatron.md#transformer-engine-names): the input norm fuses
 dense layer's
 pre-MLP norm into `mlp.linear_fc1.layer_norm_weight` (MoE layers keep `pre_mlp_layernorm`), grouped experts
 become `mlp.experts.linear_fc{1,2}.weight{e}`, and every TE module carries an `_extra_state` that a strict load
-requires (`None` is a valid placeholder, docs/megatron.md#where-_extra_state-keys-come-from). Local linears have an
+requires, its norms (TENorm: final, MoE pre-MLP, MTP) included (`None` is a valid placeholder,
+docs/megatron.md#where-_extra_state-keys-come-from). Local linears have an
 optional `_extra_state` (their load hook
 fills it). The MTP inner layer is `transformer_layer` up to megatron-core 0.16 and `mtp_model_layer` from 0.17.
 """
@@ -53,6 +54,7 @@ class KeyLayout:
 
 
 _LAYER = re.compile(r"^(decoder\.layers\.\d+|mtp\.layers\.\d+\.[a-z_]+)\.")
+_TE_NORM = re.compile(r"^(decoder\.final_layernorm|mtp\.layers\.\d+\.(enorm|hnorm|final_layernorm))\.weight$")
 _LOCAL_EXPERT = re.compile(r"^(?P<p>.+)\.mlp\.experts\.local_experts\.(?P<e>\d+)\.linear_fc(?P<n>[12])\.weight$")
 
 
@@ -83,9 +85,13 @@ def megatron_layout(model_names: Iterable[str], flavour: Flavour, *, grouped_gem
         if f"{p}.mlp.linear_fc1.weight" in present:  # dense: the pre-MLP norm fuses into fc1
             to_ckpt[f"{p}.pre_mlp_layernorm.weight"] = f"{p}.mlp.linear_fc1.layer_norm_weight"
             required |= {f"{p}.mlp.linear_fc1._extra_state", f"{p}.mlp.linear_fc2._extra_state"}
+        elif f"{p}.pre_mlp_layernorm.weight" in present:  # MoE: a TENorm of its own
+            required.add(f"{p}.pre_mlp_layernorm._extra_state")
         if f"{p}.mlp.shared_experts.linear_fc1.weight" in present:
             required |= {f"{p}.mlp.shared_experts.linear_fc1._extra_state",
                          f"{p}.mlp.shared_experts.linear_fc2._extra_state"}
+    # every other norm is a TENorm, whose `_extra_state` a strict load requires as well (TE 2.x: tests/data/keysets/)
+    required |= {f"{n[: -len('.weight')]}._extra_state" for n in names if _TE_NORM.match(n)}
     for name in names:
         match = _LOCAL_EXPERT.match(name)
         if match is None:

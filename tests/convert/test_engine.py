@@ -99,6 +99,10 @@ def test_twin_te_layout_fuses_norms_groups_experts_and_writes_extra_state(tmp_pa
     prefixes = [("decoder.layers.0.", dense)] + [(f"decoder.layers.{i}.", moe) for i in (1, 2, 3)] + \
         [("mtp.layers.0.mtp_model_layer.", moe)]
     expected = {f"{p}{m}._extra_state" for p, ffn in prefixes for m in layer + ffn} | {"output_layer._extra_state"}
+    # the TE norms that do not fuse into a linear (TENorm) carry one too: MoE pre-MLP, final and MTP norms
+    expected |= {f"{p}pre_mlp_layernorm._extra_state" for p, ffn in prefixes if ffn is moe}
+    expected |= {f"{n}._extra_state" for n in ("decoder.final_layernorm", "mtp.layers.0.enorm", "mtp.layers.0.hnorm",
+                                                "mtp.layers.0.final_layernorm")}
     assert {k for k in mg if k.endswith("_extra_state")} == expected
     assert all(mg[k] is None for k in expected)
 
@@ -153,9 +157,11 @@ def test_glm52_mla_dsa_layout(tmp_path):
     qkv = src[p + "linear_qkv.weight"]
     assert torch.equal(mg[p + "linear_q_down_proj.weight"], qkv[:64])
     assert torch.equal(mg[p + "linear_kv_down_proj.weight"], qkv[64:])
-    norms = ("linear_q_up_proj.layer_norm_weight", "linear_kv_up_proj.layer_norm_weight")
-    assert torch.equal(mg[p + norms[0]], src[p + "q_layernorm.weight"])
-    assert torch.equal(mg[p + norms[1]], src[p + "k_layernorm.weight"])
+    # DSA's AbsorbedMLASelfAttention keeps its own q/kv TENorms (not fused into the up projections as plain MLA's)
+    assert torch.equal(mg[p + "q_layernorm.weight"], src[p + "q_layernorm.weight"])
+    assert torch.equal(mg[p + "kv_layernorm.weight"], src[p + "k_layernorm.weight"])
+    assert not any("up_proj.layer_norm_weight" in k for k in mg)
+    assert mg[p + "kv_layernorm._extra_state"] is None and mg[p + "core_attention.indexer.k_norm._extra_state"] is None
     assert torch.equal(mg[p + "core_attention.indexer.k_norm.bias"], src[p + "core_attention.indexer.k_norm.beta"])
     assert mg["decoder.layers.1.mlp.router.expert_bias"].dtype == torch.float32
     assert torch.equal(mg["decoder.layers.2.mlp.experts.linear_fc1.weight7"],

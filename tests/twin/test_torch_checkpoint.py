@@ -50,7 +50,9 @@ def test_transformer_engine_names_are_the_contract_s() -> None:
             "decoder.layers.1.mlp.experts.linear_fc1._extra_state",
             "decoder.layers.3.mlp.shared_experts.linear_fc2._extra_state"} <= layout.required_extra
     assert not any(k.startswith("decoder.layers.1.mlp.linear_fc1") for k in layout.required_extra)
-    assert len(layout.required_extra) == 33
+    assert {"decoder.layers.1.pre_mlp_layernorm._extra_state", "decoder.final_layernorm._extra_state",
+            "mtp.layers.0.enorm._extra_state"} <= layout.required_extra  # TENorms (tests/data/keysets/)
+    assert len(layout.required_extra) == 41  # 33 TE linears and attention + 8 TENorms
 
 
 @pytest.mark.parametrize("flavour", ["local", "transformer_engine"])
