@@ -39,7 +39,8 @@ def test_importing_every_core_module_and_the_cli_loads_no_prefect(repo_root: Pat
     probe = """
 import importlib, pkgutil, sys, alignflow
 names = [m.name for m in pkgutil.walk_packages(alignflow.__path__, "alignflow.")
-         if not m.name.endswith("__main__") and ".store.migrations" not in m.name]
+         if not m.name.endswith("__main__") and ".store.migrations" not in m.name
+         and ".megatron_fixes." not in m.name]  # a declared fix runs on the GPU host, inside Megatron-LM's launcher
 for name in names:
     importlib.import_module(name)
 import alignflow.cli

@@ -34,6 +34,7 @@ twin is one that real Megatron-LM accepts, and the twin's own settings travel in
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
@@ -54,6 +55,9 @@ from alignflow.frameworks.ascend import (
     adaptor_bootstrap,
     deterministic_flag,
 )
+from alignflow.frameworks.megatron_fixes import LAUNCHER as FIX_LAUNCHER
+from alignflow.frameworks.megatron_fixes import SHIPPED_FIXES, MegatronFix, resolve_fix
+from alignflow.frameworks.megatron_fixes import launcher as fix_launcher
 from alignflow.frameworks.megatron_versions import (
     accepted_problem,
     determinism_env,
@@ -144,7 +148,8 @@ def model_flags(model: ModelConfig, *, transformer_impl: str = "local", megatron
         f += ["--experimental-attention-variant", "dsa",
               "--dsa-indexer-n-heads", str(dsa.index_n_heads),
               "--dsa-indexer-head-dim", str(dsa.index_head_dim),
-              "--dsa-indexer-topk", str(dsa.index_topk)]
+              "--dsa-indexer-topk", str(dsa.index_topk),
+              "--dsa-indexer-loss-coeff", _num(dsa.indexer_loss_coeff)]
     return f
 
 
@@ -242,11 +247,14 @@ def pretrain_flags(
     save_interval: int | None = None,
     extra_args: Sequence[str] = (),
     ckpt_format: str = "torch",
+    attention_backend: str | None = None,
 ) -> list[str]:
     """The complete `pretrain_gpt.py` argument list of an alignment training on megatron-core `megatron_version`,
     on a host with `extensions` (None: not known, no fused kernel that needs one); `ckpt_format` is the format of
     the checkpoint it loads (and saves)."""
     f = ["--transformer-impl", transformer_impl]
+    if transformer_impl == "transformer_engine":  # the attention kernels decide the numerics: never left implicit
+        f += ["--attention-backend", attention_backend or "auto"]
     f += model_flags(model, transformer_impl=transformer_impl, megatron_version=megatron_version)
     f += training_flags(training, steps=steps)
     f += ["--data-path", data_path, "--split", "100,0,0", "--dataloader-type", "single"]
@@ -295,6 +303,13 @@ class MegatronConfig(SideConfig):
         "ASCEND_RT_VISIBLE_DEVICES on an Ascend host); left out: every device of the host.")
     extra_args: list[str] = Field(default_factory=list, description="Flags appended to the generated ones (a flag "
                                   "given here replaces the generated one).")
+    fixes: list[str] = Field(default_factory=list, description="Declared fixes of Megatron-LM run before the entry by "
+                             f"the step's launcher: ones alignflow ships ({', '.join(SHIPPED_FIXES)}) or .py files "
+                             "of yours (relative to the experiment); recorded with their sha256.")
+    attention_backend: Literal["flash", "fused", "unfused", "local", "auto"] | None = Field(
+        None, description="`--attention-backend` (Transformer Engine implementation; both sides' attention kernels "
+        "are compared by preflight). Left out: `auto` is rendered, TE's own choice; a TE × cuDNN pair known to fail "
+        "in fused attention is named by `preflight --check-hosts`.")
     repo: str | None = Field("megatron-lm", description="Name under the host's `repos:` whose git commit versions "
                              "the side (part of each step's cache key).")
 
@@ -319,17 +334,23 @@ def _command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
                            megatron_version=cfg.megatron_version, extensions=cfg.extensions,
                            save=spec.save, save_interval=experiment.training.save_interval if spec.save else None,
                            extra_args=extra,
-                           ckpt_format=megatron_load_format(experiment, spec, layout.parallel))
+                           ckpt_format=megatron_load_format(experiment, spec, layout.parallel),
+                           attention_backend=cfg.attention_backend)
     if npu:
         flags = [f for f in flags if f != "--deterministic-mode"]
     files: dict[str, str] = {}
     entry = cfg.entry
-    if npu and cfg.adaptor is not None:
+    fixes = declared_fixes(experiment, spec.side, cfg)
+    if npu and cfg.adaptor is not None and not fixes:
         files[ADAPTOR_LAUNCHER] = adaptor_bootstrap(cfg.adaptor, cfg.entry)
         entry = f"{{out}}/{ADAPTOR_LAUNCHER}"
-    elif cfg.adaptor is not None:
+    elif cfg.adaptor is not None and not npu:
         raise ConfigError(f"{spec.side}.adaptor {cfg.adaptor}: an adaptor is for an Ascend host; {spec.step} runs on a "
                           f"{role} host")
+    if fixes:
+        files[FIX_LAUNCHER] = fix_launcher(fixes, cfg.entry, adaptor=cfg.adaptor if npu else None)
+        files |= {f.file_name: f.source for f in fixes}
+        entry = f"{{out}}/{FIX_LAUNCHER}"
     argv, launch_env = torchrun(layout, [entry, *flags], cfg.torchrun)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1", **launch_env}
     if cfg.devices is not None:
@@ -342,7 +363,8 @@ def _command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
     return CommandTemplate(
         argv=tuple(argv),
         log_format="megatron",
-        code_version=f"entry {cfg.entry}" + (f" adaptor {cfg.adaptor}" if cfg.adaptor else ""),
+        code_version=f"entry {cfg.entry}" + (f" adaptor {cfg.adaptor}" if cfg.adaptor else "")
+        + "".join(f" fix {f.label()}" for f in fixes),
         files=files,
         env={**env, **cfg.env},
         checkpoint="checkpoint" if spec.save else None,
@@ -354,9 +376,25 @@ def _command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
 ADAPTOR_LAUNCHER = "mindspeed_launch.py"
 
 
+def declared_fixes(experiment: Experiment, side_name: str, cfg: MegatronConfig) -> tuple[MegatronFix, ...]:
+    """`<side>.fixes` resolved (a user's file relative to the experiment), each checked against the side's
+    megatron-core series."""
+    base = Path(experiment.source).parent if experiment.source else None
+    out = []
+    for name in cfg.fixes:
+        fix = resolve_fix(name, base=base)
+        series = ".".join(cfg.megatron_version.split(".")[:2])
+        if fix.releases is not None and series not in fix.releases:
+            raise ConfigError(f"{side_name}.fixes: {name} is written for megatron-core {', '.join(fix.releases)}, "
+                              f"not {cfg.megatron_version} ({side_name}.megatron_version)")
+        out.append(fix)
+    return tuple(out)
+
+
 def _settings(experiment: Experiment, spec: TrainSpec, template: CommandTemplate) -> MegatronArgs:
     cfg = own_config(experiment, spec.side, MegatronConfig)
-    entry = f"{{out}}/{ADAPTOR_LAUNCHER}" if ADAPTOR_LAUNCHER in template.files else cfg.entry
+    launcher = next((n for n in (FIX_LAUNCHER, ADAPTOR_LAUNCHER) if n in template.files), None)
+    entry = f"{{out}}/{launcher}" if launcher else cfg.entry
     argv = template.argv
     if entry not in argv:
         raise ConfigError(f"{experiment.source or experiment.name}: the {spec.step} command does not run {entry} "
@@ -364,7 +402,8 @@ def _settings(experiment: Experiment, spec: TrainSpec, template: CommandTemplate
     role = spec.role or side(spec.side).role
     return MegatronArgs(argv[argv.index(entry) + 1:], cfg.megatron_version,
                         tuple(cfg.extensions) if cfg.extensions is not None else None, real=True, entry=cfg.entry,
-                        role=role, adaptor=cfg.adaptor)
+                        role=role, adaptor=cfg.adaptor,
+                        fixes=tuple(f.label() for f in declared_fixes(experiment, spec.side, cfg)))
 
 
 MEGATRON = register(Backend(

@@ -58,6 +58,7 @@ class MegatronArgs:
     entry: str | None = None  # pretrain_gpt.py on the host (real only): what `preflight --check-hosts` looks for
     role: Role = "cuda"  # ascend: MindSpeed on an NPU host
     adaptor: str | None = None  # the module imported before Megatron (None on an NPU host: the entry's own)
+    fixes: tuple[str, ...] = ()  # declared Megatron fixes the launcher runs first, `name@sha256[:12]`
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,6 +96,9 @@ class DSAConfig(_Strict):
     index_n_heads: int = Field(description="Indexer heads.")
     index_head_dim: int = Field(128, description="Indexer head dim.")
     index_topk: int = Field(description="Tokens kept per query.")
+    indexer_loss_coeff: float = Field(
+        0.0, ge=0, description="Weight of the indexer's KL loss in the total loss (`--dsa-indexer-loss-coeff`, always "
+        "rendered: megatron-core 0.18 reads an unset one as None and fails in the first forward, dsa.py:250).")
 
 
 class ModelConfig(_Strict):

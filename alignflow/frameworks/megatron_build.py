@@ -22,14 +22,18 @@ CPU, so a stand-in package (`te_stand_in`) makes megatron-core import as on a TE
 core's own TE code paths, and levels 4-5 are not run (the stand-in computes nothing). Without it, megatron-core sees
 no TE, as on a GPU host without it.
 
-How `pretrain_gpt.py` picks its specs (gpt_builders.py, core_v0.16.1 to core_v0.19.0): an experimental attention
-variant (`--experimental-attention-variant`) takes the experimental block spec, which only exists for TE
+How `pretrain_gpt.py` picks its specs (gpt_builders.py up to core_v0.18.2; from core_v0.19.0 the ModelBuilder of
+megatron/training/models/gpt.py, which selects the decoder the same way): an experimental attention variant
+(`--experimental-attention-variant`) takes the experimental block spec, which only exists for TE
 (`get_transformer_block_with_experimental_attention_variant_spec`); else MoE (`--num-experts`) takes the decoder block
 spec of the implementation (`get_gpt_decoder_block_spec`); else one layer spec for every layer (TE's or the local
-one). With MTP, the MTP block's inner layer is the last decoder layer's spec: from `get_gpt_decoder_layer_specs` up to
-0.18 (whatever the attention variant: the MTP layer gets plain attention), and from 0.19 the experimental variant's
-own layer specs when a variant is set (0.19 added it; before, the Qwen3.5 report patched it in,
-docs/seeds.md#mtp-and-gateddeltanet-patch).
+one). With MTP, the MTP block's inner layer is the last decoder layer's spec from `get_gpt_decoder_layer_specs`: up to
+0.18 whatever the attention variant (the MTP layer gets plain attention; with DSA its first forward fails,
+`megatron_refusals` row mtp-dsa-plain-mla), and on 0.19 that function asserts on any variant
+(gpt_layer_specs.py:572, reached from megatron/training/models/gpt.py:409 — the path the real entry takes; 0.19's
+gpt_builders.py, which takes the variant's layer specs, is no longer what pretrain_gpt.py calls). A case's `fixes`
+are the side's declared Megatron fixes: with `mtp-experimental-attention` the 0.19 MTP layer is the variant's last
+layer spec, as the fix makes the ModelBuilder take it.
 
 CPU accommodations at the model level (none changes a parameter's name, shape or value): the model is initialised on
 the CPU (`use_cpu_initialization`), `torch.cuda.current_device()` answers "cpu" while it is built (the router places
@@ -53,8 +57,9 @@ from pathlib import Path
 from typing import Any
 
 LEVELS = ("flags", "config", "spec", "model", "load")
-# The first release whose builder takes the MTP layer from the experimental variant's layer specs.
-MTP_FROM_VARIANT_SPECS = (0, 19)
+# The first release whose pretrain_gpt.py builds through megatron/training/models/gpt.py's ModelBuilder.
+MODEL_BUILDER = (0, 19)
+MTP_VARIANT_FIX = "mtp-experimental-attention"  # alignflow.frameworks.megatron_fixes: the ModelBuilder's MTP spec
 
 
 class Refused(Exception):
@@ -128,8 +133,10 @@ def build_config(argv: list[str], series: str) -> tuple[Any, dict[str, Any]]:
         raise Refused("config", exc) from exc
 
 
-def select_specs(config: Any, args: dict[str, Any], version: tuple[int, int]) -> tuple[Any, Any]:
-    """(decoder spec, MTP block spec or None) as `pretrain_gpt.py` of `version` selects them (module docstring)."""
+def select_specs(config: Any, args: dict[str, Any], version: tuple[int, int],
+                 fixes: tuple[str, ...] = ()) -> tuple[Any, Any]:
+    """(decoder spec, MTP block spec or None) as `pretrain_gpt.py` of `version` selects them, with the declared
+    Megatron `fixes` applied (module docstring)."""
     from megatron.core.models.gpt import experimental_attention_variant_module_specs as variant
     from megatron.core.models.gpt import gpt_layer_specs as gpt
 
@@ -145,7 +152,7 @@ def select_specs(config: Any, args: dict[str, Any], version: tuple[int, int]) ->
         decoder = _layer_spec(gpt, config, use_te)
     if args.get("mtp_num_layers") is None:
         return decoder, None
-    if variant_set and version >= MTP_FROM_VARIANT_SPECS:
+    if variant_set and version >= MODEL_BUILDER and MTP_VARIANT_FIX in fixes:
         layers = variant.get_transformer_layer_with_experimental_attention_variant_spec(config=config)
     else:
         layers = gpt.get_gpt_decoder_layer_specs(config, use_transformer_engine=use_te,
@@ -230,7 +237,7 @@ def check(case: dict[str, Any], *, te_stand_in: bool, device: str = "cpu") -> di
         levels |= {"flags": "ok", "config": f"ok: {type(config).__name__}"}
         with world(device):
             try:
-                decoder, mtp = select_specs(config, args, version)
+                decoder, mtp = select_specs(config, args, version, tuple(case.get("fixes") or ()))
             except Exception as exc:
                 raise Refused("spec", exc) from exc
             levels["spec"] = "ok: " + _describe(decoder, mtp)
@@ -242,6 +249,8 @@ def check(case: dict[str, Any], *, te_stand_in: bool, device: str = "cpu") -> di
                 except Exception as exc:
                     raise Refused("model", exc) from exc
                 levels["model"] = f"ok: {sum(p.numel() for p in model.parameters())} parameters"
+                if case.get("keys_out"):
+                    write_key_set(model, Path(case["keys_out"]), out)
                 if case.get("checkpoint"):
                     try:
                         levels["load"] = "ok: strict, {tensors} tensors equal".format(
@@ -258,6 +267,40 @@ def check(case: dict[str, Any], *, te_stand_in: bool, device: str = "cpu") -> di
     ok = [lv for lv in LEVELS if levels.get(lv, "").startswith("ok")]
     out["reached"] = ok[-1] if ok else None
     return out
+
+
+def key_set(model: Any) -> dict[str, dict[str, Any]]:
+    """Every entry of the model's state dict: a tensor's shape and dtype, or an `_extra_state`'s type and encoding
+    (what a strict load of a converted checkpoint must hold, `tests/data/keysets/`)."""
+    import torch
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in model.state_dict().items():
+        if name.endswith("._extra_state"):
+            entry: dict[str, Any] = {"extra_state": type(value).__name__}
+            if isinstance(value, torch.Tensor):
+                entry |= {"dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
+            elif hasattr(value, "getvalue"):
+                entry |= {"bytes": len(value.getvalue())}
+            out[name] = entry
+        elif isinstance(value, torch.Tensor):
+            out[name] = {"dtype": str(value.dtype).removeprefix("torch."), "shape": list(value.shape)}
+        else:
+            out[name] = {"other": type(value).__name__}
+    return out
+
+
+def write_key_set(model: Any, path: Path, result: dict[str, Any]) -> None:
+    """The model's key set as JSON at `path`, with its provenance (megatron-core, TE, torch, cuDNN)."""
+    import torch
+
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None  # type: ignore[no-untyped-call]
+    doc = {"provenance": {"megatron_core": result["megatron_core"], "transformer_engine": result["transformer_engine"],
+                          "torch": torch.__version__, "cudnn": cudnn, "device": result["device"],
+                          "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
+           "keys": key_set(model)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
 def _te_installed() -> str:

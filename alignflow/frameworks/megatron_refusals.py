@@ -28,14 +28,28 @@ class Refusal:
     key: str
     what: str  # what the command line asks for, in words
     applies: Callable[[Args], bool]
-    level: str  # megatron_build's level that stops: config, spec or model
-    error: str  # Megatron's exception, as it prints it
+    level: str  # megatron_build's level that stops: config, spec or model; forward: the first step, on the GPU
+    error: str  # Megatron's exception, as it prints it (ending in "…": its fixed beginning)
     fix: str
     source: Mapping[str, str]  # megatron-core series where it refuses -> megatron/...:LINE
+
+    def raised(self, error: str) -> bool:
+        """Whether `error` (as Megatron printed it) is this row's."""
+        return error == self.error or (self.error.endswith("…") and error.startswith(self.error[:-1]))
 
     def line(self, series: str) -> str:
         return (f"{self.what}: megatron-core {series} refuses it at {self.level} level ({self.error}; "
                 f"{self.source[series]}); {self.fix}")
+
+
+# alignflow's declared fix (alignflow.frameworks.megatron_fixes) that lets 0.19's ModelBuilder build MTP with a variant;
+# preflight passes a side's declared fixes in the settled arguments under this key.
+MTP_VARIANT_FIX = "mtp-experimental-attention"
+FIXES_ARG = "alignflow_fixes"
+
+
+def _mtp_variant(args: Args) -> bool:
+    return _variant(args) is not None and args.get("mtp_num_layers") is not None
 
 
 def _variant(args: Args) -> Any:
@@ -116,6 +130,43 @@ REFUSALS: tuple[Refusal, ...] = (
                 "0.17": "megatron/core/transformer/multi_latent_attention.py:177",
                 "0.18": "megatron/core/transformer/multi_latent_attention.py:214",
                 "0.19": "megatron/core/transformer/multi_latent_attention.py:214"},
+    ),
+)
+
+
+REFUSALS += (
+    Refusal(
+        key="mtp-variant-builder",
+        what="MTP (--mtp-num-layers) with an experimental attention variant (DSA, GatedDeltaNet), built by "
+             "pretrain_gpt.py's ModelBuilder (megatron/training/models/gpt.py:409 mtp_block_spec)",
+        applies=lambda a: _mtp_variant(a) and MTP_VARIANT_FIX not in a.get(FIXES_ARG, ()),
+        level="spec",
+        error="AssertionError: Experimental attention variant is not supported with get_gpt_decoder_layer_specs, "
+              "but got config.experimental_attention_variant=…",
+        fix=f"declare the fix `{MTP_VARIANT_FIX}` (gpu.fixes: the MTP layer takes the variant's layer spec, as "
+            "gpt_builders.py does; docs/recipes/glm52.md), or train without MTP",
+        source={"0.19": "megatron/core/models/gpt/gpt_layer_specs.py:572"},
+    ),
+    Refusal(
+        key="mtp-dsa-plain-mla",
+        what="MTP (--mtp-num-layers) with DSA (--experimental-attention-variant dsa) on megatron-core 0.18, whose "
+             "gpt_builders.py gives the MTP layer the plain MLA layer spec while MLA passes DSA's arguments to it",
+        applies=lambda a: _variant(a) == "dsa" and a.get("mtp_num_layers") is not None and _te(a),
+        level="forward",
+        error="TypeError: TEDotProductAttention.forward() got an unexpected keyword argument 'x'",
+        fix="use megatron-core 0.19 with the declared fix `mtp-experimental-attention` (gpu.fixes), or train without "
+            "MTP (seen on an H100 with TE 2.17.1, issue 50)",
+        source={"0.18": "megatron/core/transformer/multi_latent_attention.py:283"},
+    ),
+    Refusal(
+        key="dsa-indexer-loss-coeff-unset",
+        what="DSA (--experimental-attention-variant dsa) without --dsa-indexer-loss-coeff",
+        applies=lambda a: _variant(a) == "dsa" and a.get("dsa_indexer_loss_coeff") is None,
+        level="forward",
+        error="TypeError: unsupported operand type(s) for *: 'Tensor' and 'NoneType'",
+        fix="give --dsa-indexer-loss-coeff (model.dsa.indexer_loss_coeff: alignflow renders it; 0.18 multiplies the "
+            "indexer loss by the unset None; seen on an H100, issue 50)",
+        source={"0.18": "megatron/core/transformer/experimental_attention_variant/dsa.py:250"},
     ),
 )
 

@@ -122,9 +122,12 @@ def _megatron_checks(side: RenderedSide, r: MegatronArgs, host_problems: list[st
         accepted, why = check_flags(r.argv, r.megatron_version)
         s["megatron.flags"] = Value(_CHECK[accepted], why)
         ok, problems = combination_problems(r.argv, env=side.env, version=r.megatron_version,
-                                            extensions=r.extensions)
+                                            extensions=r.extensions, fixes=[f.split("@")[0] for f in r.fixes])
         s["megatron.combination"] = Value(_CHECK[ok], "; ".join(problems) or f"megatron-core {r.megatron_version} "
                                           f"on a host with {', '.join(r.extensions or ()) or 'no TE, no Apex'}")
+    # a fixed Megatron is an input of the alignment like any other: name each fix and its fingerprint
+    s["megatron.fixes"] = Value(", ".join(r.fixes) or "none", "declared Megatron fixes the launcher runs before "
+                                "the entry (alignflow.frameworks.megatron_fixes)")
     if host_problems is None:
         s["megatron.host"] = Value("not checked", f"the {side.name} host was not probed (alignflow preflight "
                                    "--check-hosts)")

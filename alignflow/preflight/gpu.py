@@ -207,6 +207,10 @@ def _model(f: _Flags, version: str = "0.16") -> dict[str, Value]:
         s[f"gdn.{name}"] = f.value(f"linear_{name}", int)
     for name in ("kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim"):
         s[f"mla.{name}"] = f.value(name, int)
+    backend = str(getattr(ns, "attention_backend", None) or "auto").rsplit(".", 1)[-1].split(":")[0].strip("<>")
+    s["attention.backend"] = (Value(backend, f"--attention-backend {backend}") if ns.transformer_impl ==
+                              "transformer_engine" else Value("local", "--transformer-impl local: megatron-core's "
+                                                              "own DotProductAttention"))
     s["dsa.topk"] = f.value("dsa_indexer_topk", int)
     s["dsa.n_heads"] = f.value("dsa_indexer_n_heads", int)
     s["dsa.head_dim"] = f.value("dsa_indexer_head_dim", int)

@@ -18,15 +18,17 @@ from collections.abc import Collection, Mapping, Sequence
 from alignflow.convert.layout import MegatronVersionError, parse_version
 from alignflow.errors import ConfigError
 from alignflow.frameworks.megatron_config import parse_args, settle
-from alignflow.frameworks.megatron_refusals import needs_te_what, refusals, te_requirements
+from alignflow.frameworks.megatron_refusals import FIXES_ARG, needs_te_what, refusals, te_requirements
 from alignflow.frameworks.megatron_versions import APEX, TE, accepted_problem, determinism_env_problems
 from alignflow.twin.megatron_flags import parse_megatron_args
 
 
 def combination_problems(argv: Sequence[str], *, env: Mapping[str, str], version: str,
-                         extensions: Collection[str] | None) -> tuple[bool | None, list[str]]:
+                         extensions: Collection[str] | None,
+                         fixes: Collection[str] = ()) -> tuple[bool | None, list[str]]:
     """(accepted?, problems) of `pretrain_gpt.py <argv>` on megatron-core `version` with `extensions` and `env`;
-    None when `version` is not one alignflow knows. `extensions` None (no host known): the fused-kernel switches
+    None when `version` is not one alignflow knows. `fixes`: the side's declared Megatron fixes (their names).
+    `extensions` None (no host known): the fused-kernel switches
     are checked as for a host without extensions, Transformer Engine itself is not questioned."""
     try:
         v = parse_version(version)
@@ -38,7 +40,7 @@ def combination_problems(argv: Sequence[str], *, env: Mapping[str, str], version
     series = f"{v[0]}.{v[1]}"
     try:
         ns = parse_megatron_args(argv, strict=False)
-        args = settle(parse_args(argv, series, strict=False))
+        args = {**settle(parse_args(argv, series, strict=False)), FIXES_ARG: frozenset(fixes)}
     except ConfigError as exc:
         return False, [str(exc)]
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}

@@ -189,6 +189,11 @@ RULES: tuple[Rule, ...] = (
          "command line", agree=False, required=frozenset({"accepted", "not checked"}), per_side=True,
          why="what validate_args and the layers refuse for the side's megatron_version on a host with its "
          "extensions"),
+    Rule("megatron.fixes", "declared Megatron fixes (name@sha256)", "command line", agree=False, per_side=True,
+         why="a changed Megatron is an input of the alignment: the run records each fix's fingerprint"),
+    Rule("attention.backend", "attention kernels (--attention-backend)", "attention", agree=False, per_side=True,
+         why="fused, flash and unfused attention round differently; a TE x cuDNN pair known to fail in fused "
+         "attention is named by preflight --check-hosts"),
     Rule("megatron.host", "Megatron-LM at the side's entry on its host", "command line", agree=False,
          required=frozenset({"ok", "not checked"}), per_side=True,
          why="a host without it fails the training after the base training and the conversions"),

@@ -161,7 +161,8 @@ def test_glm52_mla_dsa_layout(tmp_path):
     assert torch.equal(mg[p + "q_layernorm.weight"], src[p + "q_layernorm.weight"])
     assert torch.equal(mg[p + "kv_layernorm.weight"], src[p + "k_layernorm.weight"])
     assert not any("up_proj.layer_norm_weight" in k for k in mg)
-    assert mg[p + "kv_layernorm._extra_state"] is None and mg[p + "core_attention.indexer.k_norm._extra_state"] is None
+    assert mg[p + "kv_layernorm._extra_state"] is None
+    assert mg[p + "core_attention.indexer.k_norm._extra_state"] is None
     assert torch.equal(mg[p + "core_attention.indexer.k_norm.bias"], src[p + "core_attention.indexer.k_norm.beta"])
     assert mg["decoder.layers.1.mlp.router.expert_bias"].dtype == torch.float32
     assert torch.equal(mg["decoder.layers.2.mlp.experts.linear_fc1.weight7"],

@@ -69,10 +69,41 @@ def test_preflight_refuses_the_glm52_recipe_rendered_for_the_local_implementatio
 def test_preflight_refuses_glm52_on_a_megatron_core_without_dsa(repo_root: Path, tmp_path: Path, version: str,
                                                                  row: str) -> None:
     """The recipes declared 0.17, whose experimental block spec has no DSA: they could never have run."""
-    path = recipe_copy(repo_root, tmp_path, "glm52_mini", experiment={"gpu.megatron_version": version})
+    path = recipe_copy(repo_root, tmp_path, "glm52_mini", experiment={"gpu.megatron_version": version,
+                                                                       "gpu.fixes": []})
     result = CliRunner().invoke(app, ["preflight", str(path), "--hosts", str(repo_root / "hosts.ssh.example.yaml")])
     assert result.exit_code == 1, result.output
     assert ROW[row].line(version) in " ".join(result.output.split())
+
+
+def test_preflight_refuses_glm52_on_0_19_without_the_declared_fix_naming_the_builder_line(repo_root: Path,
+                                                                                           tmp_path: Path) -> None:
+    """core_v0.19.0's pretrain_gpt.py builds through the ModelBuilder, whose MTP spec asserts on DSA (issue 50: rc 1 at
+    model build on the H100 with preflight passing); the recipe declares alignflow's fix, a copy without it is refused."""
+    path = recipe_copy(repo_root, tmp_path, "glm52_mini", experiment={"gpu.fixes": []})
+    result = CliRunner().invoke(app, ["preflight", str(path), "--hosts", str(repo_root / "hosts.ssh.example.yaml")])
+    assert result.exit_code == 1, result.output
+    out = " ".join(result.output.split())
+    assert ROW["mtp-variant-builder"].line("0.19") in out
+    assert "megatron/core/models/gpt/gpt_layer_specs.py:572" in out
+    ok = CliRunner().invoke(app, ["preflight", str(repo_root / "experiments" / "glm52_mini.yaml"), "--hosts",
+                                  str(repo_root / "hosts.ssh.example.yaml")])
+    assert ok.exit_code == 0, ok.output
+
+
+def test_preflight_refuses_glm52_on_0_18_whose_mtp_layer_gets_plain_mla(repo_root: Path, tmp_path: Path) -> None:
+    path = recipe_copy(repo_root, tmp_path, "glm52_mini", experiment={"gpu.megatron_version": "0.18",
+                                                                       "gpu.fixes": []})
+    result = CliRunner().invoke(app, ["preflight", str(path), "--hosts", str(repo_root / "hosts.ssh.example.yaml")])
+    assert result.exit_code == 1, result.output
+    assert ROW["mtp-dsa-plain-mla"].line("0.18") in " ".join(result.output.split())
+
+
+def test_a_fix_declared_for_another_release_is_a_configuration_error(repo_root: Path, tmp_path: Path) -> None:
+    path = recipe_copy(repo_root, tmp_path, "glm52_mini", experiment={"gpu.megatron_version": "0.18"})
+    result = CliRunner().invoke(app, ["render", str(path), "gpu_train"])
+    assert isinstance(result.exception, ConfigError), result.output  # `alignflow.cli.main` prints it, exit 2
+    assert "gpu.fixes: mtp-experimental-attention is written for megatron-core 0.19, not 0.18" in str(result.exception)
 
 
 @pytest.mark.parametrize("spec", ["glm52-mini", "glm52-1b"])

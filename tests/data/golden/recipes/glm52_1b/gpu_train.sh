@@ -6,8 +6,9 @@ CUBLAS_WORKSPACE_CONFIG=:4096:8 \
 --master_port 6000 \
 --nnodes 1 \
 --nproc_per_node 1 \
-/data/src/Megatron-LM/pretrain_gpt.py \
+'{out}/megatron_launch.py' \
 --transformer-impl transformer_engine \
+--attention-backend auto \
 --num-layers 24 \
 --hidden-size 1024 \
 --ffn-hidden-size 2048 \
@@ -54,6 +55,7 @@ CUBLAS_WORKSPACE_CONFIG=:4096:8 \
 --dsa-indexer-n-heads 32 \
 --dsa-indexer-head-dim 128 \
 --dsa-indexer-topk 1024 \
+--dsa-indexer-loss-coeff 0.0 \
 --seed 1234 \
 --train-iters 1000 \
 --lr 1e-05 \

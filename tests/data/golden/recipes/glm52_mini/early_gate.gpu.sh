@@ -6,8 +6,9 @@ CUBLAS_WORKSPACE_CONFIG=:4096:8 \
 --master_port 6000 \
 --nnodes 1 \
 --nproc_per_node 1 \
-/data/src/Megatron-LM/pretrain_gpt.py \
+'{out}/megatron_launch.py' \
 --transformer-impl transformer_engine \
+--attention-backend auto \
 --num-layers 4 \
 --hidden-size 128 \
 --ffn-hidden-size 256 \
@@ -54,6 +55,7 @@ CUBLAS_WORKSPACE_CONFIG=:4096:8 \
 --dsa-indexer-n-heads 4 \
 --dsa-indexer-head-dim 32 \
 --dsa-indexer-topk 2048 \
+--dsa-indexer-loss-coeff 0.0 \
 --seed 1234 \
 --train-iters 2 \
 --lr 1e-05 \

@@ -8,6 +8,7 @@ CUBLAS_WORKSPACE_CONFIG=:4096:8 \
 --nproc_per_node 1 \
 /data/src/Megatron-LM/pretrain_gpt.py \
 --transformer-impl transformer_engine \
+--attention-backend unfused \
 --num-layers 8 \
 --hidden-size 1024 \
 --ffn-hidden-size 3072 \
