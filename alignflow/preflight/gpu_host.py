@@ -7,8 +7,10 @@ is a Megatron-LM tree (`megatron/training/arguments.py`, `megatron/core/package_
 megatron-core version equals `gpu.megatron_version` in every part the declaration gives (`0.19` takes any 0.19.x,
 `0.19.0` only 0.19.0: flags, NullTokenizer, the converted checkpoint and the checked Megatron code all follow it);
 the host's Python has torch, Transformer Engine when the experiment asks for its implementation, and every extension
-the experiment counts on (`<side>.extensions`, from hosts.yaml's `cuda_extensions`). On an Ascend host (MindSpeed):
-torch_npu and the MindSpeed package whose adaptor patches Megatron, and an entry that imports
+the experiment counts on (`<side>.extensions`, from hosts.yaml's `cuda_extensions`), `fast_hadamard_transform` where
+DSA's indexer rotates its activations, and with TE the TE and cuDNN versions: a pair known to fail in fused attention
+(`FUSED_ATTENTION_FAILURES`) is refused unless the rendered `--attention-backend` avoids it. On an Ascend host
+(MindSpeed): torch_npu and the MindSpeed package whose adaptor patches Megatron, and an entry that imports
 `mindspeed_llm.megatron_adaptor` itself unless `<side>.adaptor` names one. Only for sides of `kind: megatron`.
 """
 
@@ -45,6 +47,19 @@ for name in req["modules"]:
         out["modules"][name] = importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
         out["modules"][name] = False
+if req.get("kernels"):  # what decides the attention kernels: Transformer Engine's and cuDNN's versions
+    from importlib import metadata
+    for dist in ("transformer_engine", "transformer-engine", "transformer_engine_cu13", "transformer_engine_cu12"):
+        try:
+            out["te_version"] = metadata.version(dist)
+            break
+        except metadata.PackageNotFoundError:
+            pass
+    try:
+        import torch
+        out["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    except Exception as exc:
+        out["cudnn_error"] = f"{type(exc).__name__}: {exc}"
 adaptor = r"^\s*(from\s+mindspeed_llm\s+import\s+megatron_adaptor|import\s+mindspeed_llm\.megatron_adaptor)"
 out["imports_adaptor"] = bool(out["entry"] and re.search(adaptor, open(entry, encoding="utf-8",
                                                                          errors="replace").read(), re.M))
@@ -89,10 +104,14 @@ def check_megatron_host(side_name: Side, args: MegatronArgs, host: Host, transpo
         wanted += ["torch_npu", (args.adaptor or MINDSPEED_LLM_ADAPTOR).split(".")[0]]
     if te and TE not in wanted:
         wanted.append(TE)
+    if _flag(args.argv, "--experimental-attention-variant") == "dsa" and \
+            "--no-dsa-indexer-rotate-activation" not in args.argv:
+        wanted.append(HADAMARD)  # DSA's indexer rotates its activations with it on every forward (0.19's default)
     where = f"host {host.name}"
     transport = transport_factory(host)
     try:
-        done = transport.run([transport.python(), "-c", PROBE, json.dumps({"entry": args.entry, "modules": wanted})],
+        done = transport.run([transport.python(), "-c", PROBE, json.dumps({"entry": args.entry, "modules": wanted,
+                                                                           "kernels": te and not npu})],
                              check=False, timeout_s=120)
     except AlignflowError as exc:
         return [f"{where}: cannot probe for Megatron-LM: {exc}"]
@@ -109,11 +128,45 @@ def check_megatron_host(side_name: Side, args: MegatronArgs, host: Host, transpo
         return [f"{where}: unreadable probe output {done.stdout[-200:]!r}"]
     problems = _problems(found, where=where, entry=args.entry, version=args.megatron_version, wanted=wanted,
                          extensions=args.extensions, side=side_name)
+    problems += attention_kernel_problems(found, where=where, backend=_flag(args.argv, "--attention-backend"),
+                                          side=side_name)
     if npu and args.adaptor is None and found.get("entry") and not found.get("imports_adaptor"):
         problems.append(f"{where}: {args.entry} does not import {MINDSPEED_LLM_ADAPTOR} (MindSpeed-LLM's "
                         f"pretrain_gpt.py does): a plain Megatron-LM entry on an NPU host needs {side_name}.adaptor "
                         f"({MINDSPEED_ADAPTOR})")
     return problems
+
+
+HADAMARD = "fast_hadamard_transform"
+# Transformer Engine x cuDNN pairs whose fused attention is known to fail, with what was seen: preflight refuses a
+# `--attention-backend` that may pick it (fused, auto) on such a host, naming the pair.
+FUSED_ATTENTION_FAILURES: dict[tuple[str, int], str] = {
+    ("2.17.1", 91900): "cuDNN Error: ... CUDNN_STATUS_BAD_PARAM in fused_attn_bwd, the first backward of qwen35_dense "
+                       "and qwen35_moe on an H100 (issue 50)",
+}
+
+
+def _flag(argv: Sequence[str], name: str) -> str | None:
+    """The value of `name` in a Megatron command line (the last one given), None when absent."""
+    found = None
+    for i, token in enumerate(argv):
+        if token == name and i + 1 < len(argv):
+            found = argv[i + 1]
+        elif token.startswith(name + "="):
+            found = token.split("=", 1)[1]
+    return found
+
+
+def attention_kernel_problems(found: dict[str, Any], *, where: str, backend: str | None, side: str) -> list[str]:
+    """A TE x cuDNN pair known to fail in fused attention, on a host whose rendered backend may pick it."""
+    te, cudnn = found.get("te_version"), found.get("cudnn")
+    if te is None or cudnn is None:
+        return []
+    seen = FUSED_ATTENTION_FAILURES.get((str(te).split("+")[0], int(cudnn)))
+    if seen is None or backend in ("unfused", "flash", "local"):
+        return []
+    return [f"{where}: Transformer Engine {te} with cuDNN {cudnn} fails in fused attention ({seen}), and "
+            f"--attention-backend {backend or 'auto'} may pick it: set {side}.attention_backend: unfused"]
 
 
 def same_version(have: str, declared: str) -> bool:

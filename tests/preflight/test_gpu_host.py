@@ -129,3 +129,39 @@ def test_without_a_host_probe_the_report_says_not_checked(repo_root: Path, tmp_p
     assert host.status == "ok"
     assert host.gpu is not None
     assert host.gpu.value == "not checked"
+
+
+@pytest.mark.parametrize(("backend", "refused"), [(None, True), ("auto", True), ("fused", True), ("unfused", False),
+                                                  ("flash", False)])
+def test_a_te_and_cudnn_pair_known_to_fail_in_fused_attention_is_refused_unless_the_backend_avoids_it(
+        backend: str | None, refused: bool) -> None:
+    from alignflow.preflight.gpu_host import attention_kernel_problems
+
+    found = {"te_version": "2.17.1", "cudnn": 91900}
+    out = attention_kernel_problems(found, where="host gpu-a", backend=backend, side="gpu")
+    assert bool(out) is refused
+    if refused:
+        assert out == [f"host gpu-a: Transformer Engine 2.17.1 with cuDNN 91900 fails in fused attention (cuDNN "
+                       "Error: ... CUDNN_STATUS_BAD_PARAM in fused_attn_bwd, the first backward of qwen35_dense and "
+                       f"qwen35_moe on an H100 (issue 50)), and --attention-backend {backend or 'auto'} may pick it: "
+                       "set gpu.attention_backend: unfused"]
+    assert attention_kernel_problems({"te_version": "2.17.1", "cudnn": 91000}, where="h", backend=backend,
+                                     side="gpu") == []
+
+
+def test_dsa_on_a_host_without_fast_hadamard_transform_is_named(repo_root: Path, tmp_path: Path) -> None:
+    """DSA's indexer calls fast_hadamard_transform on every forward (dsa_indexer_rotate_activation defaults to true)."""
+    entry = checkout(tmp_path / "Megatron-LM")
+    exp = yaml.safe_load((repo_root / "experiments" / "glm52_mini.yaml").read_text())
+    exp["gpu"]["entry"] = str(entry)
+    exp["data"] = {"path": str(tmp_path / "data"), "prefix": "glm52_mini_text_document"}
+    exp["npu"]["template"] = str(repo_root / "experiments" / "templates" / "glm52_mini.yaml")
+    exp["hosts"] = {"ascend": "ascend", "cpu": "cpu", "cuda": "cuda"}
+    hosts = {name: {"role": name, "transport": "local", "workdir": str(tmp_path / "hosts" / name)}
+             for name in ("ascend", "cpu", "cuda")}
+    hosts["cuda"]["cuda_extensions"] = ["transformer_engine"]
+    (tmp_path / "hosts.yaml").write_text(yaml.safe_dump({"hosts": hosts}))
+    path = tmp_path / "glm52_mini.yaml"
+    path.write_text(yaml.safe_dump(exp, sort_keys=False))
+    found = problems(path)
+    assert any("its Python has no fast_hadamard_transform" in p for p in found), found
