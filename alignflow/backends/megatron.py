@@ -370,6 +370,7 @@ def _command(experiment: Experiment, spec: TrainSpec) -> CommandTemplate:
         checkpoint="checkpoint" if spec.save else None,
         required_lines=("successfully loaded checkpoint from",) if spec.load else (),
         code_repo=cfg.repo,
+        code_files={f"megatron fix {f.name}": f.file_name for f in fixes},
     )
 
 

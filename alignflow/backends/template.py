@@ -45,6 +45,9 @@ class CommandTemplate:
     checkpoint: str | None = None  # path relative to {out} of the checkpoint the training saves
     required_lines: tuple[str, ...] = ()  # substrings a valid log contains (e.g. a successful load)
     code_repo: str | None = None  # host repo (hosts.yaml `repos`) whose commit versions this command
+    # files of `files` that change the framework's code (declared Megatron fixes): recorded with the step as inputs,
+    # by sha256, under the name given (they are shown with the run's fingerprints)
+    code_files: dict[str, str] = field(default_factory=dict)  # input name -> path in `files`
 
 
 @dataclass(frozen=True, slots=True)

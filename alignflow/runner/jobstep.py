@@ -7,6 +7,7 @@ fingerprint the outputs on their host.
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 import uuid
 from collections.abc import Mapping
@@ -14,6 +15,7 @@ from collections.abc import Mapping
 from alignflow import pipeline
 from alignflow.backends.commands import StepCommand, retry_on, step_command, timeout_for
 from alignflow.backends.launch import failed_rank
+from alignflow.backends.template import CommandTemplate
 from alignflow.config.hosts import Host
 from alignflow.errors import (
     AlignflowError,
@@ -75,12 +77,23 @@ def _run_or_reuse(runner: StepRunner, spec: pipeline.StepSpec, host: Host, trans
     values = {"python": transport.python(), "out": out, **{f"in:{n}": p for n, p in staged.items()}}
     argv = fill_all(template.argv, values)
     with recording(runner.store, runner.run_id, spec.name, host=host.name, command=shlex.join(argv),
-                   cache_key=key, inputs=inputs) as rec:
+                   cache_key=key, inputs={**inputs, **code_file_refs(template, host.name, out)}) as rec:
         handle = runner.launch(transport, template, values, argv, out=out, name=f"{runner.run_id}-{spec.name}",
                                time_limit_s=timeout_for(runner.experiment, spec.name))
         rec.attach([handle], out=out)
         runner.emit(f"{spec.name}: launched on {host.name} (job {handle.job_dir})")
         return _finish_job(runner, spec, host, transport, command, rec, handle, out)
+
+
+def code_file_refs(template: CommandTemplate, host: str, out: str) -> dict[str, ArtifactRef]:
+    """The template's code files (declared Megatron fixes) as recorded inputs: name, where the step writes them, and
+    the sha256 of their text."""
+    refs = {}
+    for name, rel in template.code_files.items():
+        data = template.files[rel].encode()
+        refs[name] = ArtifactRef(name=name, host=host, path=f"{out}/{rel}", sha256=hashlib.sha256(data).hexdigest(),
+                                 size=len(data), kind="file")
+    return refs
 
 
 def _finish_job(runner: StepRunner, spec: pipeline.StepSpec, host: Host, transport: Transport,
