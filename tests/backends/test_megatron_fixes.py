@@ -30,8 +30,9 @@ def test_a_declared_fix_runs_before_the_entry_and_versions_the_step(repo_root: P
     assert template.files[fix.file_name] == fix.source
     assert f"fix mtp-experimental-attention@{fix.sha256[:12]}" in template.code_version
     (ref,) = code_file_refs(template, "gpu-a", "/w/out").values()
-    assert (ref.name, ref.path, ref.sha256) == ("megatron fix mtp-experimental-attention",
-                                                f"/w/out/{fix.file_name}", hashlib.sha256(fix.source.encode()).hexdigest())
+    digest = hashlib.sha256(fix.source.encode()).hexdigest()
+    assert (ref.name, ref.path, ref.sha256) == ("megatron fix mtp-experimental-attention", f"/w/out/{fix.file_name}",
+                                                digest)
 
 
 def test_a_fix_of_the_users_is_read_relative_to_the_experiment_and_fingerprinted(repo_root: Path,
