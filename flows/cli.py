@@ -303,7 +303,10 @@ def rerun_cmd(
     verbose: bool = _VERBOSE,
 ) -> None:
     """A new run whose parent is RUN: reuses every step RUN finished, executes the rest (or STEP and its
-    dependents)."""
+    dependents).
+
+    Exit 0 when the verdict is pass, 1 when not (or the run failed), 2 on a usage or configuration error.
+    """
     check_steps(step)
     started = time.monotonic()
     verbosity = verbosity_of(quiet, verbose)

@@ -196,7 +196,10 @@ def parse_cmd(
                                                        help=_FIRST_INTERVAL_HELP),
     require: list[str] | None = typer.Option(None, "--require", help=_REQUIRE_HELP + " Used by --check."),
 ) -> None:
-    """Print the parsed per-step table of a log; sentinel lines and the first-interval note go to stderr."""
+    """Print the parsed per-step table of a log; sentinel lines and the first-interval note go to stderr.
+
+    Exit 0, 1 when the log cannot be parsed, 2 on a usage or configuration error.
+    """
     if as_json and as_csv:
         raise _bad_input("--json and --csv exclude each other")
     required = _requirements(require)

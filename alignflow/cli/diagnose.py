@@ -81,7 +81,10 @@ def diagnose_cmd(
     """Re-run one step of a run on both sides with dumps; name the first divergent module and the cause.
 
     A new run, child of RUN, that executes only the `diagnose` step from RUN's converted checkpoints (its
-    recorded experiment and inventory); the diagnosis is that run's recorded `diagnosis` artifact."""
+    recorded experiment and inventory); the diagnosis is that run's recorded `diagnosis` artifact.
+
+    Exit 0 when no module diverges, 1 when one does (it is named), 2 on bad input (every other error).
+    """
     from alignflow.runner.run import execute_pipeline, start_run
     from alignflow.runner.session import RunOptions, default_state_dir, open_run
     from alignflow.store import Store
@@ -120,7 +123,10 @@ def dumps_cmd(
     out: Path = typer.Option(Path("diagnosis"), "--out", help="Output directory (diagnosis.json/.html)."),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
 ) -> None:
-    """Diagnose two existing dumps (twin or msprobe) through the experiment's conversion spec."""
+    """Diagnose two existing dumps (twin or msprobe) through the experiment's conversion spec.
+
+    Exit 0 when no module diverges, 1 when one does (it is named), 2 on bad input (every other error).
+    """
     from alignflow.config.experiment import load_experiment
     from alignflow.diagnose.compare import diagnose_dumps
     from alignflow.diagnose.core import write_outputs
@@ -151,7 +157,10 @@ def setup_cmd(
     task: str = typer.Option("tensor", "--task", help="tensor (real data) or statistics (small)."),
     out: Path = typer.Option(Path("msprobe-setup"), "--out", help="Directory for config.json and the mappings."),
 ) -> None:
-    """Write msprobe's config.json, layer_mapping.yaml and the lines that switch msprobe on in each framework."""
+    """Write msprobe's config.json, layer_mapping.yaml and the lines that switch msprobe on in each framework.
+
+    Exit 0 written, 2 on a usage or configuration error.
+    """
     from alignflow.config.experiment import load_experiment
     from alignflow.diagnose.mapping import mapping_for
     from alignflow.diagnose.msprobe import msprobe_config, setup_text, write_mapping_files
@@ -174,7 +183,10 @@ def noise_cmd(
     runs: int | None = typer.Option(None, "--runs", min=2, help="Trainings (default: criteria.noise_runs or 3)."),
     as_json: bool = typer.Option(False, "--json", help="Print the noise floor as JSON."),
 ) -> None:
-    """Train the reference (GPU) side N times with determinism off; record each statistic's self-noise."""
+    """Train the reference (GPU) side N times with determinism off; record each statistic's self-noise.
+
+    Exit 0 recorded, 1 when a training fails, 2 on a usage or configuration error.
+    """
     from alignflow.config.experiment import load_experiment
     from alignflow.diagnose.noise import noise_for_run
     from alignflow.runner.session import default_state_dir

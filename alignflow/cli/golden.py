@@ -56,7 +56,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the recorded versions as JSON."),
     ) -> None:
         """Record the run's per-step values (losses, grad norm, step time) and memory as the next golden version
-        of its experiment's sides."""
+        of its experiment's sides.
+
+        Exit 0 recorded, 2 on a usage or configuration error (RUN unknown or not complete).
+        """
         from alignflow.cli.runs import open_store
         from alignflow.runner.goldens import record_goldens
         from alignflow.state import state_dir
@@ -85,7 +88,11 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the check as JSON."),
     ) -> None:
         """Check each side of the run against its newest golden values; name the first step and metric out of
-        margin."""
+        margin.
+
+        Exit 0 every side within its margins, 1 a step out of margin, 2 on a usage or configuration error (no golden
+        values, RUN unknown).
+        """
         from alignflow.cli.runs import open_store
         from alignflow.config.golden import DEFAULT_MARGINS
         from alignflow.runner.goldens import check_goldens
@@ -137,7 +144,10 @@ def register(app: typer.Typer) -> None:
         experiment: str = typer.Argument(..., help="Experiment name (a matrix variant: `demo-matrix/01_recompute`)."),
         as_json: bool = typer.Option(False, "--json", help="Print the versions as JSON (without the values)."),
     ) -> None:
-        """Every recorded version of an experiment's golden values, newest first."""
+        """Every recorded version of an experiment's golden values, newest first.
+
+        Exit 0, 2 on a usage or configuration error.
+        """
         from alignflow.cli.runs import open_store
         from alignflow.errors import RecordNotFound, did_you_mean
 

@@ -93,7 +93,10 @@ def register(app: typer.Typer) -> None:
                                        "from here (their controller is on another machine, or was not recorded)."),
     ) -> None:
         """Runs recorded in the store, newest first; `history RUN` is `show RUN`. Runs whose controller died are
-        marked interrupted first, and listed with the jobs they left."""
+        marked interrupted first, and listed with the jobs they left.
+
+        Exit 0, 2 when RUN is unknown.
+        """
         from alignflow.cli import runs as cli_runs
         from alignflow.state import database_url, state_dir
         from alignflow.store import database

@@ -94,7 +94,11 @@ def trust_cmd(
     hosts: Path = _HOSTS_OPTION,
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask; trust the keys the host presents now."),
 ) -> None:
-    """Fetch the keys the host presents, show their fingerprints, and add them to the host's known_hosts."""
+    """Fetch the keys the host presents, show their fingerprints, and add them to the host's known_hosts.
+
+    Exit 0 trusted (or already trusted), 1 when the keys cannot be fetched or are not accepted, 2 on a usage or
+    configuration error.
+    """
     from alignflow.transport.hostkeys import trust, trusted_keys
     from alignflow.transport.keyscan import fetch_host_keys
     from alignflow.transport.openssh import known_host_name, known_hosts_path

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from alignflow.compare.formatting import fmt_duration, fmt_size
-from alignflow.errors import ConfigError, did_you_mean
+from alignflow.errors import ConfigError, did_you_mean, did_you_mean_file
 
 if TYPE_CHECKING:
     from alignflow.runview import RunView
@@ -33,7 +33,7 @@ def resolve_experiment(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.exists():
-            raise ConfigError(f"{path}: file not found")
+            raise ConfigError(f"{path}: file not found{did_you_mean_file(path)}")
         return path
     candidate = Path("experiments") / f"{name_or_path}.yaml"
     if candidate.exists():
@@ -189,5 +189,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the run view as JSON (with schema_version)."),
     ) -> None:
         """Show a run: status, verdict, error, trigger, parent, steps in pipeline order, artifacts, criteria. A step
-        run's id (`reused: step run ID`) shows the run it belongs to."""
+        run's id (`reused: step run ID`) shows the run it belongs to.
+
+        Exit 0, 2 when RUN is unknown.
+        """
         show_run(run_id, as_json=as_json)
