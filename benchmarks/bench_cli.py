@@ -32,18 +32,20 @@ runpy.run_module("alignflow", run_name="__main__")
 
 def _env() -> dict[str, str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100")
+    # As a user's python runs: bytecode cached (a warm-up run writes it), else each run compiles alignflow's modules.
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     env.setdefault("ALIGNFLOW_STATE_DIR", str(ROOT / ".alignflow"))
     return env
 
 
 def timed(argv: list[str], repeat: int) -> list[float]:
-    """Wall seconds of `repeat` runs of argv (output discarded)."""
+    """Wall seconds of `repeat` runs of argv (output discarded), after one run that is not counted (warm-up)."""
     times = []
-    for _ in range(repeat):
+    for _ in range(repeat + 1):
         start = time.perf_counter()
         subprocess.run(argv, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
         times.append(time.perf_counter() - start)
-    return times
+    return times[1:]
 
 
 def modules_loaded(args: list[str]) -> int:
