@@ -54,23 +54,31 @@ def _complete_step(incomplete: str) -> list[str]:
     return [s for s in pipeline.STEP_NAMES if s.startswith(incomplete)]
 
 
-def check_steps(*names: str | None) -> None:
-    """Every named step exists (a usage error, exit 2, naming the closest step, before anything is imported)."""
+def check_steps(*names: str | None, steps: tuple[str, ...] | None = None, owner: str = "alignflow") -> None:
+    """Every named step is one of `steps` (default: every step alignflow knows), else a usage error (exit 2) that
+    names the closest step and lists `steps`: those of the experiment once it is loaded, not steps it does not
+    have (issue 47)."""
     from alignflow import pipeline
     from alignflow.errors import did_you_mean
 
+    known = pipeline.STEP_NAMES if steps is None else steps
     for name in filter(None, names):
-        if name not in pipeline.STEP_NAMES:
-            raise ConfigError(f"unknown step '{name}'{did_you_mean(name, pipeline.STEP_NAMES)}; steps are: "
-                              f"{', '.join(pipeline.STEP_NAMES)}")
+        if name not in known:
+            if name in pipeline.STEP_NAMES:  # a step of other experiments' pipelines
+                raise ConfigError(f"{owner} has no step '{name}' (its pipeline is derived from its checkpoint "
+                                  f"formats); its steps are: {', '.join(known)}")
+            raise ConfigError(f"unknown step '{name}'{did_you_mean(name, known)}; {owner}'s steps are: "
+                              f"{', '.join(known)}")
 
 
-def check_run_inputs(experiment: Path, hosts: Path) -> None:
-    """The experiment and the inventory load and agree (file:line errors, exit 2) - in well under a second, before
-    Prefect or any framework is imported."""
+def check_run_inputs(experiment: Path, hosts: Path, *steps: str | None) -> None:
+    """The experiment and the inventory load and agree, and the steps named are the experiment's (file:line
+    errors, exit 2) - in well under a second, before Prefect or any framework is imported."""
+    from alignflow.backends.registry import pipeline_for
     from alignflow.runner.session import load_run_inputs
 
-    load_run_inputs(experiment, hosts)
+    loaded, _ = load_run_inputs(experiment, hosts)
+    check_steps(*steps, steps=pipeline_for(loaded).names, owner=loaded.name)
 
 
 @dataclass(frozen=True)
@@ -280,8 +288,7 @@ def run_cmd(
     started = time.monotonic()
     verbosity = verbosity_of(quiet, verbose)
     path = resolve_experiment(experiment)
-    check_steps(from_step, *only, *force)
-    check_run_inputs(path, hosts)
+    check_run_inputs(path, hosts, from_step, *only, *force)
     if parent is not None:
         from alignflow.cli.runs import open_store
 
