@@ -104,17 +104,18 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"error: --defaults {defaults!r}: use {' or '.join(DEFAULT_MARGINS)}", err=True)
             raise typer.Exit(2)
         state = state_dir()
+        noted: set[tuple[str, ...]] = set()
         with open_store(existing=True) as store:
             def margins_for(rid: str) -> Mapping[str, Margin]:
-                config = open_run(store, rid).experiment.golden
-                if defaults is not None:
-                    config = config.model_copy(update={"defaults": defaults})
-                try:
-                    return config.resolved()
-                except ValueError as exc:  # golden.metrics names a metric the other set has no margin for
-                    typer.echo(f"error: --defaults {defaults}: golden.metrics of run {rid}'s experiment: {exc}",
-                               err=True)
-                    raise typer.Exit(2) from None
+                experiment = open_run(store, rid).experiment
+                if defaults is None:
+                    return experiment.golden.resolved()
+                margins, skipped = experiment.golden.with_defaults(defaults)
+                if skipped and (experiment.name, *skipped) not in noted:
+                    noted.add((experiment.name, *skipped))
+                    typer.echo(f"note: {experiment.name}: the {defaults} set has no margin for "
+                               f"{', '.join(skipped)} (in its golden.metrics): not checked", err=True)
+                return margins
 
             check = check_goldens(store, run_id, sides=sides, runner_for=_runner_for(store, state),
                                   local_dir=state / "goldens", margins_for=margins_for)
