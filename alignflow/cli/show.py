@@ -57,7 +57,10 @@ def console() -> Console:
 
 
 def print_view(view: RunView, *, seconds: float | None = None) -> None:
-    """`alignflow show RUN`: status and verdict first, the error, the steps in pipeline order, criteria, report."""
+    """`alignflow show RUN`: status and verdict first, the error, the steps in pipeline order, criteria, report.
+
+    Each duration is labelled (issue 47: "took 5.1 s" and `time: 8.4 s` read as two answers to one question): `run
+    time` is the run's wall time, as recorded; `command time` (after `alignflow run`, `seconds`) the command's."""
     out = console()
     verdict = (view.verdict or "none").upper()
     color = "green" if view.verdict == "pass" else "red" if view.verdict else "yellow"
@@ -66,7 +69,7 @@ def print_view(view: RunView, *, seconds: float | None = None) -> None:
               f"verdict [bold {color}]{verdict}[/]", highlight=False)
     facts = [f"trigger {view.trigger}", f"started {_when(view.started)}"]
     if view.duration_s is not None:
-        facts.append(f"took {fmt_duration(view.duration_s)}")
+        facts.append(f"run time {fmt_duration(view.duration_s)}")
     if view.parent_id:
         facts.append(f"parent {view.parent_id}")
     if view.config_sha256:
@@ -108,8 +111,9 @@ def print_view(view: RunView, *, seconds: float | None = None) -> None:
         print_matrix(out, view)
     if view.report:
         out.print(f"report:  {view.report}", highlight=False, markup=False)
-    if seconds is not None:
-        out.print(f"time:    {seconds:.1f} s")
+    if seconds is not None:  # the command's wall time: the run's, plus what came before it (Prefect's start-up)
+        out.print(f"command time: {fmt_duration(seconds)} (the run, plus the checks and Prefect before it)",
+                  highlight=False)
 
 
 def not_run_line(view: RunView) -> str:
