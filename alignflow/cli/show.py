@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from alignflow.cli import fit
 from alignflow.compare.formatting import fmt_duration, fmt_size
 from alignflow.errors import ConfigError, did_you_mean, did_you_mean_file
 
@@ -80,30 +81,32 @@ def print_view(view: RunView, *, seconds: float | None = None) -> None:
     if view.error:
         out.print(f"[bold red]error:[/] {escape(view.error)}", highlight=False)
     table = Table(header_style="bold", title="steps", title_justify="left")
-    for col in ("step", "status", "host", "exit", "duration", "outputs (sha256)"):
-        table.add_column(col, no_wrap=col in ("step", "status"), justify="right" if col in ("exit", "duration")
-                         else "left", overflow="fold")
+    rows = []
     for s in view.steps:
         outs = ", ".join(f"{a.name} {a.sha256[:12]} ({fmt_size(a.size_bytes)})" for a in s.artifacts)
         if s.reused_from:
             outs += f" [reused: step run {s.reused_from} of run {s.reused_from_run}]"
-        style = _STATUS_STYLE.get(s.status, "")
-        table.add_row(s.step, f"[{style}]{s.status}[/]" if style else s.status, s.host or "",
-                      "" if s.exit_code is None else str(s.exit_code), fmt_duration(s.duration_s), escape(outs))
+        rows.append([s.step, s.status, s.host or "", "" if s.exit_code is None else str(s.exit_code),
+                     fmt_duration(s.duration_s), outs])
+    fit.add_columns(table, ["step", "status", "host", "exit", "duration", "outputs (sha256)"], rows,
+                    [False, False, False, True, True, False], out.width)
+    for row in rows:
+        style = _STATUS_STYLE.get(row[1], "")
+        table.add_row(row[0], f"[{style}]{row[1]}[/]" if style else row[1], *row[2:5], escape(row[5]))
     out.print(table)
     failed = [s for s in view.steps if s.status == "failed" and s.error and s.error != view.error]
     for s in failed:
         out.print(f"[red]{s.step}:[/] {escape(s.error or '')}", highlight=False)
     if view.criteria:
         crit = Table(header_style="bold", title="criteria", title_justify="left")
-        for col in ("criterion", "value", "threshold", "result", "diverges at", "driving steps"):
-            num = col in ("value", "threshold", "diverges at")
-            crit.add_column(col, justify="right" if num else "left", no_wrap=num, overflow="fold")
-        for c in view.criteria:
-            crit.add_row(escape(c.label), c.value_text, c.threshold_text,
-                         "[green]PASS[/]" if c.passed else "[bold red]FAIL[/]",
-                         "" if c.first_outside is None else str(c.first_outside),
-                         ", ".join(map(str, c.driving_steps)))
+        rows = [[c.label, c.value_text, c.threshold_text, "PASS" if c.passed else "FAIL",
+                 "" if c.first_outside is None else str(c.first_outside), ", ".join(map(str, c.driving_steps))]
+                for c in view.criteria]
+        fit.add_columns(crit, ["criterion", "value", "threshold", "result", "diverges at", "driving steps"], rows,
+                        [False, True, True, False, True, False], out.width)
+        for row in rows:
+            crit.add_row(escape(row[0]), row[1], row[2], "[green]PASS[/]" if row[3] == "PASS" else "[bold red]FAIL[/]",
+                         *row[4:])
         out.print(crit)
     if view.not_run:
         out.print(not_run_line(view), highlight=False, markup=False)
