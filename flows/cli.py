@@ -275,13 +275,16 @@ def run_cmd(
     experiment: str = typer.Argument(..., help="Experiment file or name under experiments/.",
                                      autocompletion=experiment_names),
     hosts: Path = typer.Option(Path("hosts.yaml"), "--hosts", help="Host inventory."),
-    from_step: str | None = typer.Option(None, "--from", help="Re-execute this step and everything after it.",
+    from_step: str | None = typer.Option(None, "--from", metavar="STEP",
+                                         help="Re-execute this step and everything after it.",
                                          autocompletion=_complete_step),
-    only: list[str] = typer.Option([], "--only", help="Run only these steps (repeatable).",
+    only: list[str] = typer.Option([], "--only", metavar="STEP", help="Run only these steps (repeatable).",
                                    autocompletion=_complete_step),
-    force: list[str] = typer.Option([], "--force", help="Re-execute these steps and what depends on them.",
+    force: list[str] = typer.Option([], "--force", metavar="STEP",
+                                    help="Re-execute these steps and what depends on them.",
                                     autocompletion=_complete_step),
-    parent: str | None = typer.Option(None, "--parent", help="Parent run whose artifacts may be reused."),
+    parent: str | None = typer.Option(None, "--parent", metavar="RUN", help="Parent run whose artifacts may be "
+                                      "reused."),
     as_json: bool = typer.Option(False, "--json", help="Print the run record as JSON."),
     quiet: bool = _QUIET,
     verbose: bool = _VERBOSE,
@@ -305,9 +308,10 @@ def run_cmd(
 
 def rerun_cmd(
     run_id: str = typer.Argument(..., help="The run to re-run (it becomes the parent)."),
-    step: str | None = typer.Option(None, "--step", help="Re-execute this step and what depends on it; without "
-                                    "it, every step the run did not finish (an interrupted or failed run "
-                                    "continues).", autocompletion=_complete_step),
+    step: str | None = typer.Option(None, "--step", metavar="STEP",
+                                    help="Re-execute this step and what depends on it; without it, every step the "
+                                    "run did not finish (an interrupted or failed run continues).",
+                                    autocompletion=_complete_step),
     as_json: bool = typer.Option(False, "--json", help="Print the new run record as JSON."),
     quiet: bool = _QUIET,
     verbose: bool = _VERBOSE,
