@@ -2,8 +2,9 @@
 
 Goals (issue 48, on an idle 2-core machine): `--help` <= 0.3 s, `validate experiments/demo.yaml` <= 0.6 s. The
 machine is often shared, so each figure is also printed as a ratio to `python -c pass` measured in the same run
-(the interpreter's own start-up, the floor every command adds to), and beside it the number of modules the command
-loads (`sys.modules` at exit; tests/cli/test_imports.py holds the list to a named set).
+(the interpreter's own start-up, the floor every command adds to), with the CPU time the command used (user + system,
+which a loaded machine inflates far less than the wall time) and the number of modules it loads (`sys.modules` at
+exit; tests/cli/test_imports.py holds the list to a named set).
 
     python benchmarks/bench_cli.py [--repeat 10]
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -38,14 +40,18 @@ def _env() -> dict[str, str]:
     return env
 
 
-def timed(argv: list[str], repeat: int) -> list[float]:
-    """Wall seconds of `repeat` runs of argv (output discarded), after one run that is not counted (warm-up)."""
-    times = []
+def timed(argv: list[str], repeat: int) -> tuple[list[float], list[float]]:
+    """Wall and CPU seconds of `repeat` runs of argv (output discarded), after one run that is not counted
+    (warm-up)."""
+    walls, cpus = [], []
     for _ in range(repeat + 1):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         subprocess.run(argv, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        times.append(time.perf_counter() - start)
-    return times[1:]
+        walls.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return walls[1:], cpus[1:]
 
 
 def modules_loaded(args: list[str]) -> int:
@@ -59,17 +65,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=10)
     repeat = parser.parse_args().repeat
-    floor = timed([sys.executable, "-c", "pass"], repeat)
+    floor, floor_cpu = timed([sys.executable, "-c", "pass"], repeat)
     base = statistics.median(floor)
     print(f"load average {os.getloadavg()[0]:.2f}; {repeat} runs each; ratio = median / median of `python -c pass`")
-    print(f"{'command':40} {'min s':>7} {'median s':>9} {'ratio':>6} {'modules':>8} {'goal s':>7}")
-    print(f"{'python -c pass':40} {min(floor):7.3f} {base:9.3f} {1.0:6.1f} {'':>8} {'':>7}")
+    print(f"{'command':40} {'min s':>7} {'median s':>9} {'ratio':>6} {'cpu s':>6} {'modules':>8} {'goal s':>7}")
+    print(f"{'python -c pass':40} {min(floor):7.3f} {base:9.3f} {1.0:6.1f} {statistics.median(floor_cpu):6.3f} "
+          f"{'':>8} {'':>7}")
     for command in COMMANDS:
         args = command.split()
-        times = timed([sys.executable, "-m", "alignflow", *args], repeat)
+        times, cpu = timed([sys.executable, "-m", "alignflow", *args], repeat)
         goal = GOALS_S.get(command)
         print(f"{'alignflow ' + command:40} {min(times):7.3f} {statistics.median(times):9.3f} "
-              f"{statistics.median(times) / base:6.1f} {modules_loaded(args):8d} "
+              f"{statistics.median(times) / base:6.1f} {statistics.median(cpu):6.3f} {modules_loaded(args):8d} "
               f"{'' if goal is None else f'{goal:.1f}':>7}")
 
 
