@@ -36,8 +36,10 @@ failed, 2 a usage or configuration error (`ConfigError`, an unknown or ambiguous
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -50,6 +52,18 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
         close = [c for c in options if word.lower() in re.split(r"[_\-.]", c.lower())]
         close = close if len(close) == 1 else []
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def did_you_mean_file(path: str | os.PathLike[str]) -> str:
+    """` (did you mean 'dir/x.yaml'?)` for the file of `path`'s directory closest to a path that does not exist
+    (`experiments/demoo.yaml` -> `experiments/demo.yaml`), or "" when none is close or the directory is unreadable."""
+    given = Path(path)
+    try:
+        siblings = [p.name for p in given.parent.iterdir() if p.is_file()]
+    except OSError:
+        return ""
+    close = did_you_mean(given.name, siblings).removeprefix(" (did you mean '").removesuffix("'?)")
+    return f" (did you mean '{given.parent / close}'?)" if close else ""
 
 
 class AlignflowError(Exception):

@@ -22,6 +22,7 @@ from prefect.client.schemas.objects import State
 from prefect.context import get_run_context
 from prefect.futures import PrefectFuture, as_completed
 
+from alignflow.config.experiment import experiment_name
 from alignflow.errors import AlignflowError
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.control import cancel_interrupted
@@ -45,7 +46,7 @@ def _flow_run_name() -> str:
     params = flow_run.parameters
     options = RunOptions(force=tuple(params.get("force") or ()), parent=params.get("parent_run"),
                          reproduce_of=params.get("reproduce_of"))
-    return flow_run_name(Path(str(params.get("experiment", "experiment"))).stem, params.get("run_id"), options)
+    return flow_run_name(experiment_name(str(params.get("experiment", "experiment"))), params.get("run_id"), options)
 
 
 class TaskScheduler:

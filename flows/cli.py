@@ -54,23 +54,34 @@ def _complete_step(incomplete: str) -> list[str]:
     return [s for s in pipeline.STEP_NAMES if s.startswith(incomplete)]
 
 
-def check_steps(*names: str | None) -> None:
-    """Every named step exists (a usage error, exit 2, naming the closest step, before anything is imported)."""
+def check_steps(*names: str | None, steps: tuple[str, ...] | None = None, owner: str = "alignflow") -> None:
+    """Every named step is one of `steps` (default: every step alignflow knows), else a usage error (exit 2) that
+    names the closest step and lists `steps`: those of the experiment once it is loaded, not steps it does not
+    have (issue 47)."""
     from alignflow import pipeline
     from alignflow.errors import did_you_mean
 
+    known = pipeline.STEP_NAMES if steps is None else steps
     for name in filter(None, names):
-        if name not in pipeline.STEP_NAMES:
-            raise ConfigError(f"unknown step '{name}'{did_you_mean(name, pipeline.STEP_NAMES)}; steps are: "
-                              f"{', '.join(pipeline.STEP_NAMES)}")
+        if name not in known:
+            if name in pipeline.STEP_NAMES:  # a step of other experiments' pipelines
+                raise ConfigError(f"{owner} has no step '{name}' (its pipeline is derived from its checkpoint "
+                                  f"formats); its steps are: {', '.join(known)}")
+            raise ConfigError(f"unknown step '{name}'{did_you_mean(name, known)}; {owner}'s steps are: "
+                              f"{', '.join(known)}")
 
 
-def check_run_inputs(experiment: Path, hosts: Path) -> None:
-    """The experiment and the inventory load and agree (file:line errors, exit 2) - in well under a second, before
-    Prefect or any framework is imported."""
-    from alignflow.runner.session import load_run_inputs
+def check_run_inputs(experiment: Path, hosts: Path, *steps: str | None) -> None:
+    """The experiment and the inventory load and agree, and the steps named are the experiment's (file:line
+    errors, exit 2) - in well under a second, before Prefect or any framework is imported."""
+    # The loaders that alignflow.runner.session.load_run_inputs calls, without the runner's store (SQLAlchemy, 0.5 s)
+    from alignflow.backends.registry import pipeline_for
+    from alignflow.config import check_hosts, load_experiment, load_hosts
 
-    load_run_inputs(experiment, hosts)
+    inventory = load_hosts(hosts)
+    loaded = load_experiment(experiment, inventory)
+    check_hosts(loaded, inventory)
+    check_steps(*steps, steps=pipeline_for(loaded).names, owner=loaded.name)
 
 
 @dataclass(frozen=True)
@@ -264,13 +275,16 @@ def run_cmd(
     experiment: str = typer.Argument(..., help="Experiment file or name under experiments/.",
                                      autocompletion=experiment_names),
     hosts: Path = typer.Option(Path("hosts.yaml"), "--hosts", help="Host inventory."),
-    from_step: str | None = typer.Option(None, "--from", help="Re-execute this step and everything after it.",
+    from_step: str | None = typer.Option(None, "--from", metavar="STEP",
+                                         help="Re-execute this step and everything after it.",
                                          autocompletion=_complete_step),
-    only: list[str] = typer.Option([], "--only", help="Run only these steps (repeatable).",
+    only: list[str] = typer.Option([], "--only", metavar="STEP", help="Run only these steps (repeatable).",
                                    autocompletion=_complete_step),
-    force: list[str] = typer.Option([], "--force", help="Re-execute these steps and what depends on them.",
+    force: list[str] = typer.Option([], "--force", metavar="STEP",
+                                    help="Re-execute these steps and what depends on them.",
                                     autocompletion=_complete_step),
-    parent: str | None = typer.Option(None, "--parent", help="Parent run whose artifacts may be reused."),
+    parent: str | None = typer.Option(None, "--parent", metavar="RUN", help="Parent run whose artifacts may be "
+                                      "reused."),
     as_json: bool = typer.Option(False, "--json", help="Print the run record as JSON."),
     quiet: bool = _QUIET,
     verbose: bool = _VERBOSE,
@@ -280,8 +294,7 @@ def run_cmd(
     started = time.monotonic()
     verbosity = verbosity_of(quiet, verbose)
     path = resolve_experiment(experiment)
-    check_steps(from_step, *only, *force)
-    check_run_inputs(path, hosts)
+    check_run_inputs(path, hosts, from_step, *only, *force)
     if parent is not None:
         from alignflow.cli.runs import open_store
 
@@ -295,15 +308,19 @@ def run_cmd(
 
 def rerun_cmd(
     run_id: str = typer.Argument(..., help="The run to re-run (it becomes the parent)."),
-    step: str | None = typer.Option(None, "--step", help="Re-execute this step and what depends on it; without "
-                                    "it, every step the run did not finish (an interrupted or failed run "
-                                    "continues).", autocompletion=_complete_step),
+    step: str | None = typer.Option(None, "--step", metavar="STEP",
+                                    help="Re-execute this step and what depends on it; without it, every step the "
+                                    "run did not finish (an interrupted or failed run continues).",
+                                    autocompletion=_complete_step),
     as_json: bool = typer.Option(False, "--json", help="Print the new run record as JSON."),
     quiet: bool = _QUIET,
     verbose: bool = _VERBOSE,
 ) -> None:
     """A new run whose parent is RUN: reuses every step RUN finished, executes the rest (or STEP and its
-    dependents)."""
+    dependents).
+
+    Exit 0 when the verdict is pass, 1 when not (or the run failed), 2 on a usage or configuration error.
+    """
     check_steps(step)
     started = time.monotonic()
     verbosity = verbosity_of(quiet, verbose)

@@ -78,7 +78,11 @@ def serve_cmd(
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: print the deployments as JSON."),
 ) -> None:
     """Serve the `alignment/launch` (UI form) and `nightly-regression/nightly` (cron) deployments until SIGTERM,
-    and the state dir's HTML reports read-only over http."""
+    and the state dir's HTML reports read-only over http.
+
+    Exit 0 after --dry-run, 1 when serving fails, 2 on a usage or configuration error; stopped by a signal: 128 + the
+    signal.
+    """
     from flows.prefect_client import use_state_dir_for_prefect
 
     use_state_dir_for_prefect()

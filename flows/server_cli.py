@@ -17,7 +17,10 @@ def server_app() -> typer.Typer:
         timeout_s: float | None = typer.Option(None, "--timeout", min=1, help="Seconds to wait for it to answer "
                                                "(default $ALIGNFLOW_PREFECT_START_TIMEOUT_S or 300)."),
     ) -> None:
-        """Start a Prefect server under the state dir and keep it: later runs reuse it (no start-up cost)."""
+        """Start a Prefect server under the state dir and keep it: later runs reuse it (no start-up cost).
+
+        Exit 0 when the server answers, 1 when it does not start.
+        """
         from alignflow.state import state_dir
         from flows import server
         from flows.prefect_client import use_state_dir_for_prefect
@@ -33,7 +36,10 @@ def server_app() -> typer.Typer:
 
     @app.command("stop")
     def stop_cmd() -> None:
-        """Stop the kept Prefect server."""
+        """Stop the kept Prefect server.
+
+        Exit 0 stopped (or none was running), 1 when it cannot be stopped.
+        """
         from alignflow.state import state_dir
         from flows import server
 

@@ -15,8 +15,9 @@ from typing import Any, NoReturn
 import typer
 from rich.console import Console
 from rich.markup import escape
-from typer.core import TyperGroup, TyperOption
+from typer.core import TyperGroup
 
+from alignflow.cli import style
 from alignflow.errors import AlignflowError
 
 
@@ -41,22 +42,12 @@ class _Group(TyperGroup):
 app = typer.Typer(
     name="alignflow",
     cls=_Group,
-    help="Training-precision alignment experiments: MindSpore/MindFormers on Ascend vs Megatron-LM on CUDA.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, PowerShell)
 )
 
-_display_type_rich = TyperOption.display_type_rich
-
-
-def _flag_takes_no_value(self: TyperOption, ctx: typer.Context) -> str | None:
-    # typer 0.29 labels every option with its type, flags too (`--json <bool>`), which reads as if the flag took a
-    # value; a flag's help line shows just the flag.
-    return None if self.is_flag else _display_type_rich(self, ctx)
-
-
-TyperOption.display_type_rich = _flag_takes_no_value  # type: ignore[method-assign,assignment]
+style.install()
 
 
 def _version(value: bool) -> None:
@@ -148,8 +139,12 @@ def main() -> None:
         # typer >= 0.29 vendors click (typer._click): its exceptions are not `click.ClickException`s, so
         # recognise a click error by its interface (show + exit_code; usage errors carry exit code 2).
         show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
-        if callable(show) and isinstance(code, int):
-            show()
-            sys.exit(code)
-        raise
+        if not (callable(show) and isinstance(code, int)):
+            raise
+        if type(exc).__name__ == "NoArgsIsHelpError" or not hasattr(exc, "format_message"):
+            show()  # a group named alone: its help
+        else:  # one line, as every alignflow error (click prints the usage, a hint and a boxed message)
+            err.print(f"[bold red]error:[/] {escape(style.usage_error_line(exc))}", markup=True, highlight=False,
+                      soft_wrap=True)
+        sys.exit(code)
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -64,7 +64,11 @@ def register(app: typer.Typer) -> None:
     def cancel_cmd(
         run_id: str = typer.Argument(..., help="The run to cancel (id or unique prefix)."),
     ) -> None:
-        """Kill a run's remote jobs and mark it cancelled (a running or an interrupted run)."""
+        """Kill a run's remote jobs and mark it cancelled (a running or an interrupted run).
+
+        Exit 0 cancelled, 1 when a host cannot be reached, 2 on a usage or configuration error (RUN unknown or not
+        running).
+        """
         from alignflow.cli.runs import open_store
         from alignflow.runner.control import cancel_run_jobs
         from alignflow.store import RunStatus

@@ -196,7 +196,10 @@ def parse_cmd(
                                                        help=_FIRST_INTERVAL_HELP),
     require: list[str] | None = typer.Option(None, "--require", help=_REQUIRE_HELP + " Used by --check."),
 ) -> None:
-    """Print the parsed per-step table of a log; sentinel lines and the first-interval note go to stderr."""
+    """Print the parsed per-step table of a log; sentinel lines and the first-interval note go to stderr.
+
+    Exit 0, 1 when the log cannot be parsed, 2 on a usage or configuration error.
+    """
     if as_json and as_csv:
         raise _bad_input("--json and --csv exclude each other")
     required = _requirements(require)
@@ -341,11 +344,18 @@ def _labels(given: str | None, logs: list[Path]) -> tuple[str, ...]:
     return stems if len(set(stems)) == len(stems) else ("reference", *(f"test {i}" for i in range(1, len(logs))))
 
 
+def _abbreviated(cell: str, short: dict[str, str]) -> str:
+    for name, abbreviation in short.items():
+        cell = cell.replace(name, abbreviation)
+    return cell
+
+
 def _print_comparisons(results: list[Comparison], labels: tuple[str, ...], report: Path | None) -> None:
     """Verdict first, what failed with its driving steps, then the criteria and metric tables (fit the terminal)."""
     from rich.console import Console
     from rich.table import Table
 
+    from alignflow.cli import fit
     from alignflow.compare import tables
     from alignflow.compare.report import numeric_columns, verdict_of
 
@@ -359,24 +369,33 @@ def _print_comparisons(results: list[Comparison], labels: tuple[str, ...], repor
         console.print(f"  - {line}", markup=False)
     for line in tables.divergence_lines(results, labels):
         console.print(f"  - {line}", markup=False, style="magenta")
+    narrow = console.width < 100  # an 80-column terminal (alignflow.cli.fit)
+    short = fit.abbreviations(m for r in results for m in r.metrics) if narrow else {}
     for t, keep in ((tables.criteria_table(results, labels), 6 + (len(results) > 1)),
                     (tables.metrics_table(results, labels), None)):
         header, rows = t.header[:keep], [r[:keep] for r in t.rows]
         if keep is None:  # the terminal table of metrics: the main statistics only
             shown = ["log", "metric", "n", "ME", "max |e|", "at step", "mean rel", "max rel", "diverges at"]
-            if console.width < 100:  # a narrow terminal: the statistics without the steps they occur at
+            if narrow:  # the statistics without the steps they occur at
                 shown.remove("at step")
             wanted = [i for i, h in enumerate(t.header) if h in shown]
             header, rows = [t.header[i] for i in wanted], [[r[i] for i in wanted] for r in t.rows]
-        numeric = numeric_columns(tables.Table(header, rows))
-        table = Table(header_style="bold")
-        for i, (h, num) in enumerate(zip(header, numeric, strict=True)):
-            # A number keeps its width (min_width = its longest cell) and is never cut; headers and text fold.
-            widest = max((len(r[i]) for r in rows), default=0)
-            table.add_column(h, justify="right" if num else "left", overflow="fold", min_width=widest if num else None)
-        for row, cls in zip(rows, t.row_classes or [""] * len(rows), strict=True):
-            table.add_row(*row, style="red" if cls == "failed" else None)
-        console.print(table)
+        rows = [[_abbreviated(cell, short) for cell in row] for row in rows]
+        classes = t.row_classes or [""] * len(rows)
+        # several test logs (labels: the tests', then the reference's): one table per log, not a column of labels
+        groups = [(None, rows, classes)] if header[0] != "log" else [
+            (label, [r[1:] for r in rows if r[0] == label], [c for r, c in zip(rows, classes, strict=True)
+                                                             if r[0] == label]) for label in labels[:-1]]
+        header = header if header[0] != "log" else header[1:]
+        for label, group, group_classes in groups:
+            table = Table(header_style="bold", title=None if label is None else f"{label} vs {labels[-1]}",
+                          title_justify="left")
+            fit.add_columns(table, header, group, numeric_columns(tables.Table(header, group)), console.width)
+            for row, cls in zip(group, group_classes, strict=True):
+                table.add_row(*row, style="red" if cls == "failed" else None)
+            console.print(table)
+    if short:
+        console.print(f"abbreviated: {fit.legend(short)}", markup=False)
     lines = [line for line in tables.coverage_lines(results, labels) if not line.endswith(": none")
              and " compared " not in line]
     for label, found in tables.sentinel_logs(results, labels):

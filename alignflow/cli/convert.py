@@ -181,7 +181,10 @@ def register(app: typer.Typer) -> None:
                      None, "--strategy", exists=True,
                      help="The MindSpore parallel strategy file of a per-rank (rank_*/) checkpoint (default: the one "
                           "in strategy/ beside it).")) -> None:
-        """MindFormers checkpoint -> bf16 MindFormers checkpoint (optimizer state and counters dropped)."""
+        """MindFormers checkpoint -> bf16 MindFormers checkpoint (optimizer state and counters dropped).
+
+        Exit 0 converted, 1 when the conversion fails (every problem listed), 2 on a usage or configuration error.
+        """
         from alignflow.convert import convert_bf16
 
         _run("bf16", dst, lambda progress: convert_bf16(src, dst, progress=progress, strategy=strategy), as_json)
@@ -212,7 +215,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """bf16 MindFormers (or Hugging Face, DCP) checkpoint -> Megatron checkpoint: legacy
         (iter_N/mp_rank_TT[_PPP][_EEE]/model_optim_rng.pt) or, from MindFormers, torch_dist (iter_N/ of
-        dist_checkpointing)."""
+        dist_checkpointing).
+
+        Exit 0 converted, 1 when the conversion fails (every problem listed), 2 on a usage or configuration error.
+        """
         from alignflow.config.parallel import ParallelConfig
         from alignflow.convert import convert_to_megatron
         from alignflow.convert.formats import convert_checkpoint
@@ -253,7 +259,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = _JSON,
     ) -> None:
         """Megatron checkpoint (legacy of one or many ranks, or torch_dist: detected) or Hugging Face / DCP
-        checkpoint -> bf16 MindFormers checkpoint (the spec's inverse)."""
+        checkpoint -> bf16 MindFormers checkpoint (the spec's inverse).
+
+        Exit 0 converted, 1 when the conversion fails (every problem listed), 2 on a usage or configuration error.
+        """
         from alignflow.convert import convert_to_mindformers
         from alignflow.convert.formats import convert_checkpoint
 
@@ -269,7 +278,9 @@ def register(app: typer.Typer) -> None:
 
     def _other(target: str, default: FormatChoice) -> None:
         @convert_app.command(target, help=f"Any checkpoint -> {_TITLES[target]} (through Megatron's names when the "
-                                          "names differ; a copy of every tensor when they do not).")
+                                          "names differ; a copy of every tensor when they do not).\n\nExit 0 "
+                                          "converted, 1 when the conversion fails (every problem listed), 2 on a "
+                                          "usage or configuration error.")
         def other_cmd(
             src: Path = _SRC, dst: Path = _DST,
             spec: str | None = typer.Option(None, "--spec", help="The model family's conversion spec (needed when "
@@ -293,7 +304,10 @@ def register(app: typer.Typer) -> None:
 
     @convert_app.command("specs")
     def specs_cmd(as_json: bool = typer.Option(False, "--json", help="Print the specs as JSON.")) -> None:
-        """List the conversion specs, their flavours and Megatron tensor counts for their default model."""
+        """List the conversion specs, their flavours and Megatron tensor counts for their default model.
+
+        Exit 0, 2 on a usage or configuration error.
+        """
         from alignflow.convert import list_specs
 
         infos = list_specs()

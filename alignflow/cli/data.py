@@ -21,7 +21,10 @@ def make_cmd(
     from_npy: Path | None = typer.Option(None, "--from-npy", help="Convert a 1-D .npy of token ids instead (cut "
                                          "into documents after each end-of-document id)."),
 ) -> None:
-    """Write an indexed dataset (synthetic, or converted from a .npy token file); print its sha256."""
+    """Write an indexed dataset (synthetic, or converted from a .npy token file); print its sha256.
+
+    Exit 0 written, 2 on a usage or configuration error.
+    """
     import numpy as np
 
     from alignflow.errors import ConfigError
@@ -55,7 +58,10 @@ def inspect_cmd(
     split: str = typer.Option("100,0,0", "--split", help="Megatron --split; the train split is read."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Documents, tokens, dtype, sha256, and the first batch's token ids in GPTDataset order for a seed."""
+    """Documents, tokens, dtype, sha256, and the first batch's token ids in GPTDataset order for a seed.
+
+    Exit 0, 1 when the dataset cannot be read, 2 on a usage or configuration error.
+    """
     from alignflow.datasets.indexed import open_indexed
     from alignflow.twin.data import data_sha256, load_data
 

@@ -8,7 +8,10 @@ URL_HELP = "Database URL; default $ALIGNFLOW_DB_URL, else SQLite in $ALIGNFLOW_S
 
 
 def upgrade_cmd(url: str | None = typer.Option(None, "--url", help=URL_HELP)) -> None:
-    """Apply every pending migration (creates the SQLite file and its directory if needed)."""
+    """Apply every pending migration (creates the SQLite file and its directory if needed).
+
+    Exit 0 at head, 1 when a migration fails.
+    """
     from alignflow.store import database
 
     engine = database.create_store_engine(_url(url))
@@ -23,7 +26,10 @@ def upgrade_cmd(url: str | None = typer.Option(None, "--url", help=URL_HELP)) ->
     typer.echo(f"revision: {after.current} (head)")
 
 def current_cmd(url: str | None = typer.Option(None, "--url", help=URL_HELP)) -> None:
-    """Show the database's schema revision and whether it is this alignflow's head."""
+    """Show the database's schema revision and whether it is this alignflow's head.
+
+    Exit 0, 1 when the database cannot be read.
+    """
     from alignflow.store import database
 
     engine = database.create_store_engine(_url(url))
@@ -64,7 +70,10 @@ def check_cmd(url: str | None = typer.Option(None, "--url", help=URL_HELP)) -> N
     typer.echo(f"{st.url}: revision {st.head} (head); models match the migrations")
 
 def revision_cmd(message: str = typer.Option(..., "-m", "--message", help="What the migration does.")) -> None:
-    """For developers: generate a migration from the model changes (against a scratch SQLite at head)."""
+    """For developers: generate a migration from the model changes (against a scratch SQLite at head).
+
+    Exit 0 written, 1 when it cannot be generated.
+    """
     from alignflow.store import database
 
     path = database.new_revision(message)

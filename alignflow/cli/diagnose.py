@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
 from alignflow.errors import AlignflowError
+
+if TYPE_CHECKING:
+    from alignflow.config.experiment import Experiment
 
 EXIT_PASS, EXIT_DIVERGED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -72,16 +75,41 @@ def _fail(exc: AlignflowError) -> NoReturn:
     raise typer.Exit(EXIT_BAD_INPUT)  # 1 means "diverged" here; every error is bad input
 
 
+def default_step(experiment: Experiment) -> tuple[int, str]:
+    """The step `alignflow diagnose RUN` re-runs without --step, and why: the experiment's `diagnose.step` when it
+    sets one, else the first step whose update has a learning rate above 0. A warm-up from 0 makes step 1's update
+    zero on both sides, so optimizer differences cannot show there (issue 47: the default was step 1)."""
+    if "step" in experiment.diagnose.model_fields_set:
+        return experiment.diagnose.step, "the experiment's diagnose.step"
+    from alignflow.twin.schedule import LRSchedule  # Megatron's schedule, which both sides follow
+
+    t = experiment.training
+    schedule = LRSchedule(max_lr=t.lr, min_lr=t.min_lr, warmup_steps=t.lr_warmup_iters,
+                          decay_steps=t.lr_decay_iters or t.steps, style=t.lr_decay_style)
+    for step in range(1, t.steps + 1):
+        lr = schedule(step - 1)  # update k uses the rate after k - 1 updates
+        if lr > 0:
+            zero = {1: "", 2: "; step 1 has lr 0 in the warm-up"}.get(step, f"; steps 1-{step - 1} have lr 0 in the "
+                                                                          "warm-up")
+            return step, f"the first step where the optimizer acts (lr {lr:.3g}{zero})"
+    return 1, "every step has lr 0"
+
+
 def diagnose_cmd(
     run_id: str = typer.Argument(..., help="Run id (a unique prefix is enough)."),
-    step: int = typer.Option(1, "--step", min=1, help="Training step to re-run with dumps (its batch and lr)."),
+    step: int | None = typer.Option(None, "--step", min=1, help="Training step to re-run with dumps (its batch "
+                                    "and lr); default: the experiment's diagnose.step, else the first step whose "
+                                    "learning rate is above 0."),
     budget: str = typer.Option("2GB", "--dump-budget", help="Largest dump per side; larger is refused."),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
 ) -> None:
     """Re-run one step of a run on both sides with dumps; name the first divergent module and the cause.
 
     A new run, child of RUN, that executes only the `diagnose` step from RUN's converted checkpoints (its
-    recorded experiment and inventory); the diagnosis is that run's recorded `diagnosis` artifact."""
+    recorded experiment and inventory); the diagnosis is that run's recorded `diagnosis` artifact.
+
+    Exit 0 when no module diverges, 1 when one does (it is named), 2 on bad input (every other error).
+    """
     from alignflow.runner.run import execute_pipeline, start_run
     from alignflow.runner.session import RunOptions, default_state_dir, open_run
     from alignflow.store import Store
@@ -92,6 +120,9 @@ def diagnose_cmd(
     store = Store.open(state_dir=state, upgrade=True)
     try:
         parent = open_run(store, run_id)
+        if step is None:
+            step, why = default_step(parent.experiment)
+            typer.echo(f"diagnose: step {step}, {why}", err=True)
         options = RunOptions(parent=parent.run_id, reuse_parent=True, only=("diagnose",), force=("diagnose",),
                              trigger="diagnose", recorded_from=parent.run_id)
         child = start_run(parent.params.experiment_path, parent.params.hosts_path, store=store,
@@ -120,7 +151,10 @@ def dumps_cmd(
     out: Path = typer.Option(Path("diagnosis"), "--out", help="Output directory (diagnosis.json/.html)."),
     as_json: bool = typer.Option(False, "--json", help="Print the diagnosis as JSON."),
 ) -> None:
-    """Diagnose two existing dumps (twin or msprobe) through the experiment's conversion spec."""
+    """Diagnose two existing dumps (twin or msprobe) through the experiment's conversion spec.
+
+    Exit 0 when no module diverges, 1 when one does (it is named), 2 on bad input (every other error).
+    """
     from alignflow.config.experiment import load_experiment
     from alignflow.diagnose.compare import diagnose_dumps
     from alignflow.diagnose.core import write_outputs
@@ -151,7 +185,10 @@ def setup_cmd(
     task: str = typer.Option("tensor", "--task", help="tensor (real data) or statistics (small)."),
     out: Path = typer.Option(Path("msprobe-setup"), "--out", help="Directory for config.json and the mappings."),
 ) -> None:
-    """Write msprobe's config.json, layer_mapping.yaml and the lines that switch msprobe on in each framework."""
+    """Write msprobe's config.json, layer_mapping.yaml and the lines that switch msprobe on in each framework.
+
+    Exit 0 written, 2 on a usage or configuration error.
+    """
     from alignflow.config.experiment import load_experiment
     from alignflow.diagnose.mapping import mapping_for
     from alignflow.diagnose.msprobe import msprobe_config, setup_text, write_mapping_files
@@ -174,7 +211,10 @@ def noise_cmd(
     runs: int | None = typer.Option(None, "--runs", min=2, help="Trainings (default: criteria.noise_runs or 3)."),
     as_json: bool = typer.Option(False, "--json", help="Print the noise floor as JSON."),
 ) -> None:
-    """Train the reference (GPU) side N times with determinism off; record each statistic's self-noise."""
+    """Train the reference (GPU) side N times with determinism off; record each statistic's self-noise.
+
+    Exit 0 recorded, 1 when a training fails, 2 on a usage or configuration error.
+    """
     from alignflow.config.experiment import load_experiment
     from alignflow.diagnose.noise import noise_for_run
     from alignflow.runner.session import default_state_dir

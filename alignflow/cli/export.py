@@ -23,7 +23,10 @@ def register(app: typer.Typer) -> None:
                                               "<state dir>/mlflow/mlflow.db."),
     ) -> None:
         """Export a run's curves (both sides), criteria, parameters, fingerprints and report to TensorBoard and/or
-        MLflow."""
+        MLflow.
+
+        Exit 0 exported, 1 when an export fails, 2 on a usage or configuration error (no target given, RUN unknown).
+        """
         from alignflow.export import check_mlflow_uri, default_mlflow_uri, export_run
         from alignflow.state import database_url, state_dir
         from alignflow.store import Store, database

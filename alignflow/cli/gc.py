@@ -39,7 +39,10 @@ def register(app: typer.Typer) -> None:
                                             help="Keep anything modified more recently than this."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     ) -> None:
-        """Artifacts, staged inputs, job dirs and staging leftovers on the hosts that no run's record references."""
+        """Artifacts, staged inputs, job dirs and staging leftovers on the hosts that no run's record references.
+
+        Exit 0 listed (or removed), 1 when a host cannot be reached, 2 on a usage or configuration error.
+        """
         from alignflow.gc import Survey, delete, delete_local, find_garbage, local_staging
 
         if directories:

@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from alignflow.store import RunRecord, Store
 
 
-def _when(value: datetime | None) -> str:
-    return "" if value is None else value.astimezone().strftime("%Y-%m-%d %H:%M:%S")
+def _when(value: datetime | None, wide: bool = True) -> str:
+    return "" if value is None else value.astimezone().strftime("%Y-%m-%d %H:%M:%S" if wide else "%m-%d %H:%M")
 
 
 def _console() -> Any:
@@ -25,16 +25,31 @@ def _console() -> Any:
     return console()
 
 
-def _runs_table(runs: list[RunRecord]) -> Any:
+WIDE = 120  # a terminal at least this wide shows every column of `history`
+
+
+def _runs_table(runs: list[RunRecord], width: int = WIDE) -> Any:
+    """The runs, one a row; below `WIDE` columns without config, parent and trigger (`show RUN` has them, and the
+    note under the table says so), the verdict beside the status and the start as month-day and time, so that no
+    id, name or date is split (issue 47: `demo-sam/e-format` at 80 columns)."""
     from rich.table import Table
 
-    table = Table(title=None, show_lines=False, header_style="bold")
-    for name in ("id", "experiment", "config", "parent", "trigger", "status", "verdict", "started", "duration"):
-        table.add_column(name, no_wrap=name in ("id", "config", "parent", "status", "verdict", "started"),
-                         justify="right" if name == "duration" else "left", overflow="fold")
+    from alignflow.cli import fit
+
+    wide = width >= WIDE
+    columns = ["id", "experiment", "config", "parent", "trigger", "status", "verdict", "started", "duration"]
+    shown = columns if wide else ["id", "experiment", "status, verdict", "started", "duration"]
+    rows = []
     for r in runs:
-        table.add_row(r.id, r.experiment, r.config_sha256[:8], r.parent_id or "", r.trigger, r.status.value,
-                      r.verdict or "", _when(r.started_at), fmt_duration(r.duration_s))
+        cells = dict(zip(columns, [r.id, r.experiment, r.config_sha256[:8], r.parent_id or "", r.trigger,
+                                   r.status.value, r.verdict or "", _when(r.started_at, wide),
+                                   fmt_duration(r.duration_s)], strict=True))
+        cells["status, verdict"] = cells["status"] + (f", {cells['verdict'].upper()}" if cells["verdict"] else "")
+        rows.append([cells[c] for c in shown])
+    table = Table(title=None, show_lines=False, header_style="bold")
+    fit.add_columns(table, shown, rows, [c == "duration" for c in shown], width)
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
@@ -93,7 +108,10 @@ def register(app: typer.Typer) -> None:
                                        "from here (their controller is on another machine, or was not recorded)."),
     ) -> None:
         """Runs recorded in the store, newest first; `history RUN` is `show RUN`. Runs whose controller died are
-        marked interrupted first, and listed with the jobs they left."""
+        marked interrupted first, and listed with the jobs they left.
+
+        Exit 0, 2 when RUN is unknown.
+        """
         from alignflow.cli import runs as cli_runs
         from alignflow.state import database_url, state_dir
         from alignflow.store import database
@@ -118,7 +136,10 @@ def register(app: typer.Typer) -> None:
                 typer.echo(f"no runs recorded in {store.url}" + (f" for {experiment}" if experiment else ""))
             else:
                 console = _console()
-                console.print(_runs_table(runs))
+                console.print(_runs_table(runs, console.width))
+                if console.width < WIDE:
+                    console.print(f"(config, parent and trigger: `alignflow show RUN`, or a terminal of {WIDE} "
+                                  "columns)", highlight=False, markup=False)
                 for line in config_notes(runs):
                     console.print(line, highlight=False, markup=False)
                 for line in _left_jobs(store, runs):

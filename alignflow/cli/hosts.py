@@ -7,13 +7,14 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from alignflow.config.hosts import Host, Inventory, load_hosts
+if TYPE_CHECKING:
+    from alignflow.config.hosts import Host, Inventory
 
 hosts_app = typer.Typer(help="Check the hosts of an inventory; trust a host's SSH key.", no_args_is_help=True)
 _HOSTS_OPTION = typer.Option(Path("hosts.yaml"), "--hosts", help="The inventory (hosts.yaml).")
@@ -57,6 +58,8 @@ def check_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of a table."),
 ) -> None:
     """For every host: reachable or not (and why), latency, role, snapshot summary. Exit 1 if any is unreachable."""
+    from alignflow.config.hosts import load_hosts
+
     inventory = load_hosts(hosts)
     with ThreadPoolExecutor(max_workers=min(8, len(inventory.hosts))) as pool:
         results = list(pool.map(check_host, inventory.hosts.values()))
@@ -94,7 +97,12 @@ def trust_cmd(
     hosts: Path = _HOSTS_OPTION,
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask; trust the keys the host presents now."),
 ) -> None:
-    """Fetch the keys the host presents, show their fingerprints, and add them to the host's known_hosts."""
+    """Fetch the keys the host presents, show their fingerprints, and add them to the host's known_hosts.
+
+    Exit 0 trusted (or already trusted), 1 when the keys cannot be fetched or are not accepted, 2 on a usage or
+    configuration error.
+    """
+    from alignflow.config.hosts import load_hosts
     from alignflow.transport.hostkeys import trust, trusted_keys
     from alignflow.transport.keyscan import fetch_host_keys
     from alignflow.transport.openssh import known_host_name, known_hosts_path

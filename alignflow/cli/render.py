@@ -28,7 +28,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print argv, env, files and host as JSON."),
     ) -> None:
         """Print the exact command, environment and config files a step would run, as the run renders them (or,
-        without a step, the experiment's pipeline derived from its checkpoint formats)."""
+        without a step, the experiment's pipeline derived from its checkpoint formats).
+
+        Exit 0 printed, 2 on a usage or configuration error.
+        """
         from alignflow.cli.show import resolve_experiment
         from alignflow.config import load_experiment, load_hosts
         from alignflow.errors import ConfigError

@@ -17,8 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from alignflow.cli import fit
 from alignflow.compare.formatting import fmt_duration, fmt_size
-from alignflow.errors import ConfigError, did_you_mean
+from alignflow.errors import ConfigError, did_you_mean, did_you_mean_file
 
 if TYPE_CHECKING:
     from alignflow.runview import RunView
@@ -33,7 +34,7 @@ def resolve_experiment(name_or_path: str) -> Path:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.exists():
-            raise ConfigError(f"{path}: file not found")
+            raise ConfigError(f"{path}: file not found{did_you_mean_file(path)}")
         return path
     candidate = Path("experiments") / f"{name_or_path}.yaml"
     if candidate.exists():
@@ -57,7 +58,10 @@ def console() -> Console:
 
 
 def print_view(view: RunView, *, seconds: float | None = None) -> None:
-    """`alignflow show RUN`: status and verdict first, the error, the steps in pipeline order, criteria, report."""
+    """`alignflow show RUN`: status and verdict first, the error, the steps in pipeline order, criteria, report.
+
+    Each duration is labelled (issue 47: "took 5.1 s" and `time: 8.4 s` read as two answers to one question): `run
+    time` is the run's wall time, as recorded; `command time` (after `alignflow run`, `seconds`) the command's."""
     out = console()
     verdict = (view.verdict or "none").upper()
     color = "green" if view.verdict == "pass" else "red" if view.verdict else "yellow"
@@ -66,7 +70,7 @@ def print_view(view: RunView, *, seconds: float | None = None) -> None:
               f"verdict [bold {color}]{verdict}[/]", highlight=False)
     facts = [f"trigger {view.trigger}", f"started {_when(view.started)}"]
     if view.duration_s is not None:
-        facts.append(f"took {fmt_duration(view.duration_s)}")
+        facts.append(f"run time {fmt_duration(view.duration_s)}")
     if view.parent_id:
         facts.append(f"parent {view.parent_id}")
     if view.config_sha256:
@@ -77,30 +81,32 @@ def print_view(view: RunView, *, seconds: float | None = None) -> None:
     if view.error:
         out.print(f"[bold red]error:[/] {escape(view.error)}", highlight=False)
     table = Table(header_style="bold", title="steps", title_justify="left")
-    for col in ("step", "status", "host", "exit", "duration", "outputs (sha256)"):
-        table.add_column(col, no_wrap=col in ("step", "status"), justify="right" if col in ("exit", "duration")
-                         else "left", overflow="fold")
+    rows = []
     for s in view.steps:
         outs = ", ".join(f"{a.name} {a.sha256[:12]} ({fmt_size(a.size_bytes)})" for a in s.artifacts)
         if s.reused_from:
             outs += f" [reused: step run {s.reused_from} of run {s.reused_from_run}]"
-        style = _STATUS_STYLE.get(s.status, "")
-        table.add_row(s.step, f"[{style}]{s.status}[/]" if style else s.status, s.host or "",
-                      "" if s.exit_code is None else str(s.exit_code), fmt_duration(s.duration_s), escape(outs))
+        rows.append([s.step, s.status, s.host or "", "" if s.exit_code is None else str(s.exit_code),
+                     fmt_duration(s.duration_s), outs])
+    fit.add_columns(table, ["step", "status", "host", "exit", "duration", "outputs (sha256)"], rows,
+                    [False, False, False, True, True, False], out.width)
+    for row in rows:
+        style = _STATUS_STYLE.get(row[1], "")
+        table.add_row(row[0], f"[{style}]{row[1]}[/]" if style else row[1], *row[2:5], escape(row[5]))
     out.print(table)
     failed = [s for s in view.steps if s.status == "failed" and s.error and s.error != view.error]
     for s in failed:
         out.print(f"[red]{s.step}:[/] {escape(s.error or '')}", highlight=False)
     if view.criteria:
         crit = Table(header_style="bold", title="criteria", title_justify="left")
-        for col in ("criterion", "value", "threshold", "result", "diverges at", "driving steps"):
-            num = col in ("value", "threshold", "diverges at")
-            crit.add_column(col, justify="right" if num else "left", no_wrap=num, overflow="fold")
-        for c in view.criteria:
-            crit.add_row(escape(c.label), c.value_text, c.threshold_text,
-                         "[green]PASS[/]" if c.passed else "[bold red]FAIL[/]",
-                         "" if c.first_outside is None else str(c.first_outside),
-                         ", ".join(map(str, c.driving_steps)))
+        rows = [[c.label, c.value_text, c.threshold_text, "PASS" if c.passed else "FAIL",
+                 "" if c.first_outside is None else str(c.first_outside), ", ".join(map(str, c.driving_steps))]
+                for c in view.criteria]
+        fit.add_columns(crit, ["criterion", "value", "threshold", "result", "diverges at", "driving steps"], rows,
+                        [False, True, True, False, True, False], out.width)
+        for row in rows:
+            crit.add_row(escape(row[0]), row[1], row[2], "[green]PASS[/]" if row[3] == "PASS" else "[bold red]FAIL[/]",
+                         *row[4:])
         out.print(crit)
     if view.not_run:
         out.print(not_run_line(view), highlight=False, markup=False)
@@ -108,8 +114,9 @@ def print_view(view: RunView, *, seconds: float | None = None) -> None:
         print_matrix(out, view)
     if view.report:
         out.print(f"report:  {view.report}", highlight=False, markup=False)
-    if seconds is not None:
-        out.print(f"time:    {seconds:.1f} s")
+    if seconds is not None:  # the command's wall time: the run's, plus what came before it (Prefect's start-up)
+        out.print(f"command time: {fmt_duration(seconds)} (the run, plus the checks and Prefect before it)",
+                  highlight=False)
 
 
 def not_run_line(view: RunView) -> str:
@@ -189,5 +196,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the run view as JSON (with schema_version)."),
     ) -> None:
         """Show a run: status, verdict, error, trigger, parent, steps in pipeline order, artifacts, criteria. A step
-        run's id (`reused: step run ID`) shows the run it belongs to."""
+        run's id (`reused: step run ID`) shows the run it belongs to.
+
+        Exit 0, 2 when RUN is unknown.
+        """
         show_run(run_id, as_json=as_json)

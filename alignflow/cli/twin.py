@@ -15,7 +15,10 @@ twin_app = typer.Typer(help="The twin: presets, rendered command lines.", no_arg
 def presets_cmd(
     name: str | None = typer.Argument(None, help="Preset to show; default: list them."),
 ) -> None:
-    """List the twin presets, or print one as the `model:` section of an experiment (JSON)."""
+    """List the twin presets, or print one as the `model:` section of an experiment (JSON).
+
+    Exit 0, 2 on a usage or configuration error (an unknown preset).
+    """
     from alignflow.twin.presets import DEFAULT_PRESET, PRESETS, preset, twin_spec
 
     if name is None:
@@ -46,7 +49,10 @@ def render_cmd(
     megatron_version: str = typer.Option("0.16", "--megatron-version", help="megatron-core version to mimic."),
     out: Path | None = typer.Option(None, "--out", help="Write the YAML here (npu); default stdout."),
 ) -> None:
-    """Render the twin's MindSpore YAML or PyTorch (Megatron) command line for a preset."""
+    """Render the twin's MindSpore YAML or PyTorch (Megatron) command line for a preset.
+
+    Exit 0, 2 on a usage or configuration error.
+    """
     import yaml
 
     from alignflow.backends.twin import megatron_args

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from alignflow.config import Inventory, load_hosts, validate_file
 from alignflow.errors import ConfigError
+
+if TYPE_CHECKING:
+    from alignflow.config import Inventory
 
 
 def default_paths(root: Path) -> list[Path]:
@@ -59,6 +62,8 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2)
         inventory: Inventory | None = None
         if hosts is not None:
+            from alignflow.config import load_hosts
+
             try:
                 inventory = load_hosts(hosts)
             except ConfigError as exc:
@@ -70,6 +75,8 @@ def register(app: typer.Typer) -> None:
 
 def _check_files(targets: list[Path], inventory: Inventory | None) -> int:
     """Validate each file, print `ok` or its problems; returns how many files failed."""
+    from alignflow.config import validate_file
+
     failed = 0
     for path in targets:
         try:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from alignflow.config.criteria import RELATIVE_STATISTICS, Criterion
+if TYPE_CHECKING:
+    from alignflow.config.criteria import Criterion
 
 AVERAGES = frozenset({"me", "mean_abs", "mean_rel"})
 SIGNED = frozenset({"me", "max_error", "min_error"})
@@ -36,6 +38,8 @@ def fmt_stat(value: float | None, statistic: str, quantum: float | None, magnitu
     """A statistic for display: absolute ones in the metric's unit, relative ones in percent."""
     if value is None or not math.isfinite(value):
         return "n/a"
+    from alignflow.config.criteria import RELATIVE_STATISTICS  # here: the CLI's fmt_duration loads no pydantic
+
     extra = 1 if statistic in AVERAGES else 0
     if statistic in RELATIVE_STATISTICS:
         rel_q = quantum / magnitude * 100 if quantum and magnitude and magnitude > 0 else None
@@ -85,6 +89,8 @@ def _mantissa(size: float, quantum: float, extra: int) -> int:
 
 def fmt_threshold(criterion: Criterion) -> str:
     """A criterion's threshold in the unit its value is shown in (percent for relative statistics)."""
+    from alignflow.config.criteria import RELATIVE_STATISTICS
+
     if criterion.statistic in RELATIVE_STATISTICS:
         return f"{criterion.threshold * 100:g}%"
     return f"{criterion.threshold:g}"

@@ -300,6 +300,19 @@ class Experiment(_Strict):
         return p if p.is_absolute() else (self.base_dir / p).resolve()
 
 
+def experiment_name(path: str | Path) -> str:
+    """The `name:` an experiment file gives, read without validating the file: what a flow run is called before its
+    run is recorded (then from the validated experiment), so that Prefect's first log lines and the CLI name it
+    alike (issue 47: `_ux_ctrlc.yaml` was `align-_ux_ctrlc-…` by its file and `align-ux-ctrlc-…` by its name). The
+    file's stem when the file cannot be read or gives no name."""
+    try:
+        data = load_yaml(path).data
+    except ConfigError:
+        data = None
+    name = data.get("name") if isinstance(data, dict) else None
+    return name if isinstance(name, str) and name else Path(path).stem
+
+
 def load_experiment(path: str | Path, inventory: Inventory | None = None) -> Experiment:
     """Load and validate an experiment and resolve every name it refers to (`alignflow.config.names`: spec,
     flavour, template, data prefix, criteria file); with an inventory, host references are checked against it too.

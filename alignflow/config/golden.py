@@ -128,6 +128,17 @@ class GoldenConfig(BaseModel):
                              f"{', '.join(DEFAULT_MARGINS[self.defaults])})")
         return {m: margins[m] for m in self.metrics}
 
+    def with_defaults(self, defaults: MarginSet) -> tuple[dict[str, Margin], list[str]]:
+        """The margins under another default set (`golden check --defaults`), and the metrics of `golden.metrics`
+        that set has no margin for: those are left out (the caller says so), not an error. The experiment chose
+        them for its own set: demo-matrix checks `mtp_1_loss` with Megatron's margins, and MindSpeed-LLM's CI,
+        which checks no MTP loss, has no margin for it (issue 47)."""
+        if self.metrics is None:
+            return self.model_copy(update={"defaults": defaults}).resolved(), []
+        margins = {**DEFAULT_MARGINS[defaults], **self.margins}
+        return ({m: margins[m] for m in self.metrics if m in margins},
+                [m for m in self.metrics if m not in margins])
+
     @model_validator(mode="after")
     def _metrics_have_margins(self) -> GoldenConfig:
         self.resolved()

@@ -30,7 +30,7 @@ from pydantic_core import PydanticCustomError
 from yaml.events import Event
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from alignflow.errors import ConfigError, did_you_mean
+from alignflow.errors import ConfigError, did_you_mean, did_you_mean_file
 
 KeyPath = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
@@ -66,7 +66,7 @@ def load_yaml(path: str | Path) -> YamlDocument:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise ConfigError([(str(path), None, "file not found")]) from None
+        raise ConfigError([(str(path), None, f"file not found{did_you_mean_file(path)}")]) from None
     except OSError as exc:
         raise ConfigError([(str(path), None, f"cannot read: {exc.strerror or exc}")]) from None
     try:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from alignflow.compare.formatting import criterion_label
 from alignflow.matrix.compare import SIDE_ORDER, MatrixResult, Row, SidePerf, short_name
+from alignflow.matrix.status import clip
 
 OFF_COLOR, ON_COLOR = "#1f77b4", "#ff7f0e"  # the seed's blue OFF / orange ON
 
@@ -117,7 +118,7 @@ def tables(result: MatrixResult) -> list[tuple[str, list[str], list[list[str]]]]
                               pct(row.loss_max_rel) if row else "—",
                               pct(row.grad_norm_mean_rel, 4) if row else "—",
                               f"{_perf(p, 'p95', 1)} / {_perf(p, 'p99', 1)}",
-                              t.status.reason[:160]])
+                              t.status.reason])  # whole: classify bounds it between words
         out.append((f"{where}every training against {result.reference}: status, errors, P95/P99 ms",
                     ["config", "side", "status", "exit code", "steps", "loss mean rel.", "loss max rel.",
                      "grad norm mean rel.", "P95 / P99 ms", "note"], lines))
@@ -125,7 +126,7 @@ def tables(result: MatrixResult) -> list[tuple[str, list[str], list[list[str]]]]
                              "shared with the reference", "why"],
                 [[v.group, v.name, v.switch, v.outcome.upper(), v.expect, "yes" if v.as_expected else "NO",
                   ", ".join(labels.get(s, s) for s in v.changed_sides) or "—",
-                  ", ".join(labels.get(s, s) for s in v.shared_sides) or "—", "; ".join(v.reasons)[:300]]
+                  ", ".join(labels.get(s, s) for s in v.shared_sides) or "—", clip("; ".join(v.reasons))]
                  for v in result.variants]))
     return out
 
@@ -256,7 +257,8 @@ def artifact_rows(summary: dict[str, object]) -> list[dict[str, str]]:
                 "as expected": "yes" if v["as_expected"] else "NO", "status": str(v["status"])}
         if not own:
             out.append({**base, "side": "—", "configs": "—", "loss mean rel.": "—", "ms/iter off→on": "—",
-                        "throughput change": "—", "max-rank GiB off→on": "—", "why": "; ".join(v["reasons"])[:200]})
+                        "throughput change": "—", "max-rank GiB off→on": "—",
+                        "why": clip("; ".join(v["reasons"]), 200)})
         for r in own:
             perf_off, perf_on, mem = r.get("perf_off") or {}, r.get("perf_on") or {}, r.get("memory_gib") or {}
             out.append({**base, "side": str(sides.get(r["side"], r["side"])), "configs": str(r["configs"]),
@@ -264,5 +266,5 @@ def artifact_rows(summary: dict[str, object]) -> list[dict[str, str]]:
                         "ms/iter off→on": arrow(num(perf_off.get("ms_per_iter")), num(perf_on.get("ms_per_iter"))),
                         "throughput change": signed_pct(r.get("throughput_change")),
                         "max-rank GiB off→on": arrow(num(mem.get("max_rank_off"), 6), num(mem.get("max_rank_on"), 6)),
-                        "why": "; ".join(r.get("failed_criteria") or [])[:200]})
+                        "why": clip("; ".join(r.get("failed_criteria") or []), 200)})
     return out

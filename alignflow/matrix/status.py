@@ -62,13 +62,27 @@ class TrainingStatus:
                 "step_run_id": self.step_run_id, "reused": self.reused}
 
 
+REASON_CHARS = 300  # a reason's length in the matrix's tables
+OOM_CHARS = 1000  # an out-of-memory line whole: torch's is ~520 characters with its documentation URL
+
+
+def clip(text: str, limit: int = REASON_CHARS) -> str:
+    """`text` in at most `limit` characters, cut between words (then " …"), never inside a path or URL (issue 47:
+    OOM messages cut mid-path)."""
+    if len(text) <= limit:
+        return text
+    head = text[:limit - 2]
+    cut = head.rfind(" ")
+    return (head[:cut] if cut > 0 else head).rstrip() + " …"
+
+
 def oom_line(texts: Iterable[str]) -> tuple[str, str] | None:
     """The first out-of-memory line in `texts` and the allocator that printed it, or None."""
     for text in texts:
         for line in text.splitlines():
             for who, pattern in OOM_PATTERNS:
                 if pattern.search(line):
-                    return who, line.strip()[:300]
+                    return who, clip(line.strip(), OOM_CHARS)
     return None
 
 
@@ -77,10 +91,10 @@ def classify(*, step_status: str | None, exit_code: int | None, error: str | Non
     """The status of one training from its step record (status `ran` / `cached` / `failed` / ..., exit code, error)
     and the text it left (its stderr and stdout tails, its log)."""
     if step_status is None:
-        why = (error or "").strip().splitlines()[0][:300] if error else "an earlier step failed"
+        why = clip((error or "").strip().splitlines()[0]) if error else "an earlier step failed"
         return TrainingStatus("not run", reason=f"never started: {why}", step_run_id=step_run_id)
     if step_status == "cancelled":
-        return TrainingStatus("failed", exit_code, f"cancelled: {(error or '').strip()[:300]}",
+        return TrainingStatus("failed", exit_code, f"cancelled: {clip((error or '').strip())}",
                               step_run_id=step_run_id)
     if step_status in ("ran", "cached"):
         return TrainingStatus("completed", exit_code if exit_code is not None else 0, step_run_id=step_run_id,
@@ -91,7 +105,7 @@ def classify(*, step_status: str | None, exit_code: int | None, error: str | Non
     found = oom_line([error or "", *texts])
     if found is not None:
         return TrainingStatus("oom", exit_code, f"{found[1]} ({found[0]})", step_run_id=step_run_id)
-    why = (error or "").strip().splitlines()[0][:300] if error else step_status
+    why = clip((error or "").strip().splitlines()[0]) if error else step_status
     if exit_code is None:
         # the process is gone without an exit-code file (a lost job, a replaced container): whatever its log says,
         # its exit is not known to be normal (docs/seeds.md#switch-matrix)

@@ -42,6 +42,10 @@ def cli(repo_root: Path, tmp_path: Path, subprocess_env: dict[str, str]):  # typ
     (["run", "demo", "--quiet", "--verbose"], "--quiet and --verbose exclude each other"),
     (["rerun", "abcd", "--step", "convert_bf1"], "(did you mean 'convert_bf16'?)"),
     (["preflight", "demoo"], "did you mean 'demo'?"),
+    (["run", "demo", "--only", "bogus"],
+     "unknown step 'bogus'; demo's steps are: npu_base_train, convert_bf16, convert_megatron, early_gate, gpu_train, "
+     "npu_reload_train, compare, diagnose"),
+    (["run", "demo", "--force", "convert_hf"], "demo has no step 'convert_hf'"),
 ])
 def test_usage_mistakes_exit_2_with_the_closest_name(cli, args: list[str], message: str) -> None:  # type: ignore[no-untyped-def]
     done = cli(*args)

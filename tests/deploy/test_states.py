@@ -75,3 +75,19 @@ def test_flow_run_names_carry_the_experiment_the_run_id_and_what_kind_of_run() -
     assert flow_run_name("demo", "0123456789ab", RunOptions(parent="aaaa", reproduce_of="aaaa")) == (
         "align-demo-0123456789ab-reproduce")
     assert flow_run_name("demo", None, RunOptions()) == "align-demo"
+
+
+def test_a_flow_run_is_named_by_the_experiments_name_from_its_first_log_line(tmp_path: Any,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 47: `_ux_ctrlc.yaml` (name: ux-ctrlc) was `align-_ux_ctrlc-...` in Prefect's logs until the flow renamed
+    # itself, and `align-ux-ctrlc-...` in the CLI and the UI
+    from prefect.runtime import flow_run
+
+    from flows.alignment import _flow_run_name
+
+    path = tmp_path / "_ux_ctrlc.yaml"
+    path.write_text("name: ux-ctrlc\n")
+    monkeypatch.setattr(flow_run, "parameters", {"experiment": str(path), "run_id": "0123456789ab"}, raising=False)
+    assert _flow_run_name() == "align-ux-ctrlc-0123456789ab"
+    monkeypatch.setattr(flow_run, "parameters", {"experiment": str(tmp_path / "gone.yaml")}, raising=False)
+    assert _flow_run_name() == "align-gone"

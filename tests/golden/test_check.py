@@ -87,3 +87,14 @@ def test_golden_config_overrides_and_refuses_metrics_without_margins() -> None:
         GoldenConfig.model_validate({"metrics": ["iteration_time"]})
     with pytest.raises(ValueError, match="a margin needs"):
         Margin()
+
+
+def test_another_default_set_leaves_out_the_metrics_it_has_no_margin_for() -> None:
+    # issue 47: `alignflow golden check RUN --defaults mindspeed` on demo-matrix exited 2 on mtp_1_loss
+    demo_matrix = GoldenConfig.model_validate(
+        {"defaults": "megatron", "metrics": ["lm_loss", "mtp_1_loss", "mem_allocated_mb", "mem_max_allocated_mb"]})
+    margins, skipped = demo_matrix.with_defaults("mindspeed")
+    assert skipped == ["mtp_1_loss"]
+    assert margins == {m: DEFAULT_MARGINS["mindspeed"][m] for m in ("lm_loss", "mem_allocated_mb",
+                                                                    "mem_max_allocated_mb")}
+    assert GoldenConfig().with_defaults("mindspeed") == (GoldenConfig(defaults="mindspeed").resolved(), [])

@@ -139,6 +139,8 @@ def test_diagnose_finds_no_divergent_module_in_the_demo(walk: Walk) -> None:
     done = walk.run("walk", 3, "alignflow diagnose")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "PASS: no divergent module" in done.stdout
+    # issue 47: not step 1, whose warm-up lr of 0 hides the optimizer
+    assert "diagnose: step 2, the first step where the optimizer acts" in done.stderr
 
 
 def test_export_writes_both_sides_curves_for_tensorboard(walk: Walk) -> None:

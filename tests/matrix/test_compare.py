@@ -54,7 +54,10 @@ def trainings() -> dict[str, dict[str, ConfigTrainings]]:
         "06_oom": ConfigTrainings("06_oom", {
             "npu": side(base_n, identity="n0"),
             "gpu": SideTraining(status=classify(step_status="failed", exit_code=1, error="exited(1)", texts=[
-                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB."]))}),
+                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 MiB. GPU 0 has a total capacity "
+                "of 79.10 GiB of which 1.06 MiB is free. If reserved but unallocated memory is large try setting "
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for "
+                "Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"]))}),
     }}
 
 
@@ -136,6 +139,8 @@ def test_the_report_has_the_seeds_tables_charts_and_json(trainings: dict, tmp_pa
     assert row in md
     assert "| Recompute off→on | 00→01 | 0.683594 → 0.488281 | 0.678711 → 0.483398 | +28.57% | +28.78% |" in md
     assert "| 06_oom | GPU | oom | 1 | 0 |" in md
+    # the OOM line whole, not cut mid-path at 160 characters
+    assert "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables) (PyTorch CUDA" in md
     # the criteria in the notation the threshold was written in (and the tables and reasons use), not 1e-05
     assert "Criteria of each OFF→ON comparison: |mean_rel(lm_loss)| < 0.001%" in md
     doc = json.loads(files.json.read_text())

@@ -128,3 +128,22 @@ def test_other_ends_are_failed_unknown_or_not_run() -> None:
     never = classify(step_status=None, exit_code=None, error="gpu layout needs 2 devices")
     assert never.status == "not run"
     assert "gpu layout" in never.reason
+
+
+def test_a_real_torch_oom_line_is_kept_whole_and_a_long_reason_is_cut_between_words() -> None:
+    # issue 47: the reasons were cut at 300 characters, mid-path ("…/cuda.html#environment-vari")
+    line = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of "
+            "79.10 GiB of which 1.06 MiB is free. Process 12345 has 79.09 GiB memory in use. Of the allocated memory "
+            "78.00 GiB is allocated by PyTorch, and 300.00 MiB is reserved by PyTorch but unallocated. If reserved "
+            "but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+            "fragmentation.  See documentation for Memory Management  "
+            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+    status = classify(step_status="failed", exit_code=1, error="cuda: step gpu_train exited(1)", texts=[line])
+    assert status.reason is not None
+    assert "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)" in status.reason
+    path = "/home/you/alignflow/.alignflow/hosts/cuda/jobs/0123456789ab/gpu_train/stderr.log"
+    failed = classify(step_status="failed", exit_code=1, error=f"cuda: step gpu_train exited(1): {'x ' * 130}{path}")
+    assert failed.reason is not None
+    assert len(failed.reason) <= 300
+    assert failed.reason.endswith(" …")
+    assert "/home/you" not in failed.reason  # the path whole or not at all, never a piece of it

@@ -137,12 +137,14 @@ def test_the_cli_exits_0_1_2(lab: FakeLab, monkeypatch: pytest.MonkeyPatch) -> N
     assert typo.exit_code == 2, typo.output
     assert "'tiyn': no golden values recorded (did you mean 'tiny'?)" in typo.output
     assert typo.exception is None or isinstance(typo.exception, SystemExit)
-    # golden.metrics names mtp_1_loss, which MindSpeed's set has no margin for: --defaults mindspeed is refused
+    # golden.metrics names mtp_1_loss, which MindSpeed's set has no margin for: --defaults mindspeed checks the
+    # others and says so (issue 47: it exited 2, on the shipped demo-matrix)
     lab.edit(golden__metrics=["lm_loss", "mtp_1_loss"])
-    other = cli.invoke(app, ["golden", "check", lab.run().run_id, "--defaults", "mindspeed"])
-    assert other.exit_code == 2, other.output
-    assert "no margin for 'mtp_1_loss';" in other.output  # a metric of the other set: no did-you-mean
-    assert isinstance(other.exception, SystemExit)
+    other = cli.invoke(app, ["golden", "check", lab.run().run_id, "--side", "gpu", "--defaults", "mindspeed"])
+    assert other.exit_code in (0, 1), other.output
+    assert "note: tiny: the mindspeed set has no margin for mtp_1_loss (in its golden.metrics): not checked" in \
+        other.output
+    assert "lm_loss" in other.output
 
 
 def test_the_nightlys_golden_check_runs_only_where_goldens_exist(lab: FakeLab) -> None:
