@@ -17,20 +17,20 @@ import logging
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
 
 from alignflow.errors import LogParseError
 from alignflow.logs.checks import near_misses
 from alignflow.logs.first_interval import ProcessStarts, deaverage
-from alignflow.logs.formats import BY_NAME, FORMAT_NAMES, FORMATS, LogFormatSpec, all_markers, all_rules
+from alignflow.logs.formats import FORMATS, LogFormatSpec, all_markers, all_rules
 from alignflow.logs.lines import StepLine
-from alignflow.logs.schema import FIRST_INTERVAL_CHOICES, FirstIntervalChoice, LogFormat, ParsedLog, Sentinel
+from alignflow.logs.schema import FIRST_INTERVAL_CHOICES, FirstIntervalChoice, ParsedLog, Sentinel
 from alignflow.logs.sentinels import SentinelScanner, clip_text
 from alignflow.logs.steps import StepRecords
 
 log = logging.getLogger(__name__)
 
-FormatChoice = Literal["auto", "mindformers", "megatron", "nemo"]
+FormatChoice = str
+"""`"auto"` or the name of a registered log format (alignflow.logs.formats.FORMATS)."""
 # The printed resolution of each column is read from the first RESOLUTION_SAMPLE step lines and every
 # RESOLUTION_SAMPLE-th after: formats are fixed per framework version, and this keeps a 100k-step parse fast
 # while still catching a run appended by another version.
@@ -66,22 +66,24 @@ def parse_log(
     Raises `LogParseError` when the log has no step lines (for the chosen rank), when it mixes both frameworks'
     step lines under `fmt="auto"`, or when `rank` names a rank that printed no step lines.
     """
-    formats, by_name = FORMATS, BY_NAME
+    by_name = dict(FORMATS)
     name: str = fmt.name if isinstance(fmt, LogFormatSpec) else fmt
     if isinstance(fmt, LogFormatSpec):  # a declared format: read with it, the known ones still name stray lines
-        formats, by_name = (*FORMATS, fmt), {**BY_NAME, fmt.name: fmt}
+        by_name[fmt.name] = fmt
+    formats = tuple(by_name.values())
     if name != "auto" and name not in by_name:
-        raise LogParseError(f"unknown log format {name!r}; use auto, {', '.join(FORMAT_NAMES)}", source=source)
+        raise LogParseError(f"unknown log format {name!r}; use auto, {', '.join(FORMATS)}", source=source)
     if first_interval not in FIRST_INTERVAL_CHOICES:
         raise LogParseError(f"unknown first_interval {first_interval!r}; use {', '.join(FIRST_INTERVAL_CHOICES)}",
                             source=source)
     where = source or "log"
-    specs = FORMATS if name == "auto" else (by_name[name],)
-    others = () if name == "auto" else tuple(spec for spec in FORMATS if spec.name != name)
+    specs = tuple(FORMATS.values()) if name == "auto" else (by_name[name],)
+    others = () if name == "auto" else tuple(spec for spec in FORMATS.values() if spec.name != name)
     scanner = SentinelScanner(all_rules(), all_markers())
-    steps: dict[LogFormat, dict[int | None, StepRecords]] = {spec.name: {} for spec in formats}
-    bad: dict[LogFormat, list[_Bad]] = {spec.name: [] for spec in formats}
+    steps: dict[str, dict[int | None, StepRecords]] = {spec.name: {} for spec in formats}
+    bad: dict[str, list[_Bad]] = {spec.name: [] for spec in formats}
     not_last_stage: dict[int | None, int] = {}
+    stage_formats: set[str] = set()  # formats whose lines of a non-last pipeline stage (`loss: N/A`) were seen
     line_no = 0
     n_step_lines = 0
     other_format_lines: dict[str, int] = {}  # step lines of formats not asked for (for the error message)
@@ -102,7 +104,7 @@ def parse_log(
             r = int(prefix.group(1) or prefix.group(2) or prefix.group(3))
             text = text[prefix.end():]
         with_resolution = n_step_lines < RESOLUTION_SAMPLE or n_step_lines % RESOLUTION_SAMPLE == 0
-        which: LogFormat = "megatron"
+        which = ""
         rec: StepLine | str | None = None
         try:
             for spec in specs:
@@ -112,7 +114,7 @@ def parse_log(
                         which = spec.name
                         break
             if rec is None:
-                if pending is not None and _join(pending, text, r, line_no, steps, bad, with_resolution):
+                if pending is not None and _join(pending, text, r, line_no, steps, bad, with_resolution, by_name):
                     pending = None
                     continue
                 pending = None
@@ -135,6 +137,7 @@ def parse_log(
             scanner.feed(line_no, rec.glued, r)
         if rec.not_last_stage:
             not_last_stage[r] = not_last_stage.get(r, 0) + 1
+            stage_formats.add(which)
             continue
         last_step_text = text
         group = steps[which].get(r)
@@ -148,7 +151,7 @@ def parse_log(
     hint = ""
     if fatal:
         hint = "; fatal line(s) found: " + "; ".join(f"{x.line_no}: {x.text}" for x in fatal[:3])
-    chosen = _choose_format(name, steps, bad, where, hint, bool(not_last_stage), other_format_lines, formats)
+    chosen = _choose_format(name, steps, bad, where, hint, stage_formats, other_format_lines, formats)
     spec = by_name[chosen]
     by_rank = steps[chosen]
     rank_used = _choose_rank(by_rank, rank, not_last_stage, where, chosen, hint)
@@ -160,7 +163,7 @@ def parse_log(
     # inside a field (`drop_cut_ends` below): a copied log's last line may lack both its ` |` and a line end.
     sentinels = list(scanner.sentinels)
     if (newline_seen and not last_had_newline and len(records) and records.line_nos[-1] == line_no
-            and chosen == "mindformers" and not last_step_text.rstrip().endswith(("]", "T", "}", "|"))):
+            and spec.whole_line_ends is not None and not last_step_text.rstrip().endswith(spec.whole_line_ends)):
         sentinels.append(Sentinel(records.pop(), clip_text(last_step_text), "truncated_step_line", False,
                                   "the last line has no line end (log still being written?): ignored", rank_used))
     sentinels += [Sentinel(n, clip_text(text), "truncated_step_line", False, "step line cut short inside a field "
@@ -171,7 +174,7 @@ def parse_log(
     sentinels += [records.classify_bad(b.line_no, b.text, b.reason, rank_used) for b in bad[chosen]
                   if b.rank == rank_used]
     outcome = None
-    if chosen == "megatron":
+    if spec.averages_first_interval:
         starts = ProcessStarts.from_lines(scanner.occurrences,
                                           ((b.line_no, b.text) for b in bad[chosen] if b.rank == rank_used))
         outcome = deaverage(records, starts, mode=first_interval, rank=rank_used)
@@ -205,16 +208,16 @@ class _Pending:
 
     __slots__ = ("cut", "fmt", "rank", "read", "text")
 
-    def __init__(self, fmt: LogFormat, rank: int | None, text: str, cut: bool, *, read: bool) -> None:
+    def __init__(self, fmt: str, rank: int | None, text: str, cut: bool, *, read: bool) -> None:
         self.fmt, self.rank, self.text, self.cut, self.read = fmt, rank, text, cut, read
 
 
 def _join(pending: _Pending, text: str, r: int | None, line_no: int,
-          steps: dict[LogFormat, dict[int | None, StepRecords]], bad: dict[LogFormat, list[_Bad]],
-          with_resolution: bool) -> bool:
+          steps: dict[str, dict[int | None, StepRecords]], bad: dict[str, list[_Bad]],
+          with_resolution: bool, by_name: dict[str, LogFormatSpec]) -> bool:
     """Read the pending step line again joined with `text`, the physical line after it, when `text` continues it
     (a document that wrapped the line, issue 33); True if it did."""
-    spec = BY_NAME[pending.fmt]
+    spec = by_name[pending.fmt]
     if spec.continues is None or (r is not None and r != pending.rank):
         return False
     joined = spec.continues(pending.text, text, pending.cut)
@@ -251,12 +254,12 @@ def parse_log_file(path: str | Path, **kwargs: object) -> ParsedLog:
 
 
 def _choose_format(
-    fmt: str, steps: dict[LogFormat, dict[int | None, StepRecords]],
-    bad: dict[LogFormat, list[_Bad]], where: str, fatal_hint: str, mf_not_last_stage: bool,
-    other_lines: dict[str, int], formats: tuple[LogFormatSpec, ...] = FORMATS,
-) -> LogFormat:
-    # Lines of a non-last MindFormers pipeline stage (`loss: N/A`) identify the format even though they are dropped.
-    found = [spec.name for spec in formats if steps[spec.name] or (spec.name == "mindformers" and mf_not_last_stage)]
+    fmt: str, steps: dict[str, dict[int | None, StepRecords]],
+    bad: dict[str, list[_Bad]], where: str, fatal_hint: str, stage_formats: set[str],
+    other_lines: dict[str, int], formats: tuple[LogFormatSpec, ...],
+) -> str:
+    # Lines of a non-last pipeline stage (MindFormers' `loss: N/A`) identify the format even though they are dropped.
+    found = [spec.name for spec in formats if steps[spec.name] or spec.name in stage_formats]
     if fmt != "auto":
         asked = next((spec.name for spec in formats if spec.name == fmt), None)
         if asked in found:
@@ -269,9 +272,9 @@ def _choose_format(
                             line=first_bad)
     if not found:
         anchors = next((b for b in bad.values() if b), [])
+        seen = [f"{spec.label} {spec.anchor}".rstrip() for spec in formats]
         raise LogParseError(
-            f"no step lines (neither MindFormers `{{ step:[` / `{{ Epoch:[` / `Epoch:[..], loss:`, Megatron "
-            f"`iteration N/M |` nor NeMo 2 `Training epoch E, iteration N/M |`){_bad_hint(anchors)}; is this the "
+            f"no step lines (neither {', '.join(seen[:-1])} nor {seen[-1]}){_bad_hint(anchors)}; is this the "
             f"last pipeline stage's training log?{fatal_hint}", source=where,
             line=anchors[0].line_no if anchors else None)
     if len(found) > 1:
@@ -291,7 +294,7 @@ def _bad_hint(bad: list[_Bad]) -> str:
 
 def _choose_rank(
     by_rank: dict[int | None, StepRecords], rank: int | None, not_last_stage: dict[int | None, int],
-    where: str, fmt: LogFormat, fatal_hint: str,
+    where: str, fmt: str, fatal_hint: str,
 ) -> int | None:
     with_steps = sorted(r for r in by_rank if r is not None)
     if rank is not None:
