@@ -261,39 +261,11 @@ def compare(
     t_metrics, r_metrics = comparable_metrics(test), comparable_metrics(reference)
     both = column_order([m for m in t_metrics if m in r_metrics])
     excluded = sorted({*test.excluded_steps, *reference.excluded_steps})
-    skipped = pd.Index(excluded, dtype=tf.index.dtype)
-    common = tf.index.intersection(rf.index)
-    excluded_common = tuple(int(s) for s in common.intersection(pd.Index(excluded, dtype=common.dtype)))
-    first, last = (int(common.min()), int(common.max())) if len(common) else (None, None)
-    coverage = StepCoverage(
-        compared=len(common) - len(excluded_common), only_test=tuple(int(s) for s in tf.index.difference(rf.index)),
-        only_reference=tuple(int(s) for s in rf.index.difference(tf.index)), first=first, last=last,
-        excluded=excluded_common, gaps=gaps_within({"test": test, "reference": reference}, first, last),
-        min_overlap=min_overlap if min_overlap is not None else min(
-            DEFAULT_MIN_OVERLAP, len(tf.index.difference(skipped)), len(rf.index.difference(skipped))),
-    )
-    judged = common.difference(pd.Index(excluded_common, dtype=common.dtype))
-    t_steps = tf.index.to_numpy(dtype=np.int64)
-    r_steps = rf.index.to_numpy(dtype=np.int64)
+    coverage, judged = _coverage(test, reference, excluded, min_overlap)
     pairs: dict[str, Pairs] = {}
     metrics: dict[str, MetricComparison] = {}
     for m in both:
-        tv = tf[m].to_numpy(dtype=float, na_value=np.nan)
-        rv = rf[m].to_numpy(dtype=float, na_value=np.nan)
-        if m in SHIFTABLE and lr_step_tolerance > 0:
-            shift, pairs[m] = best_shift(t_steps, tv, r_steps, rv, lr_step_tolerance)
-        else:
-            shift, pairs[m] = 0, paired(t_steps, tv, r_steps, rv)
-        pairs[m] = pairs[m].without(excluded)
-        on_common = np.isfinite(tf[m].reindex(judged).to_numpy(dtype=float, na_value=np.nan)) & np.isfinite(
-            rf[m].reindex(judged).to_numpy(dtype=float, na_value=np.nan))
-        quantum, text, magnitude = _resolution(test.resolution.get(m), reference.resolution.get(m), pairs[m])
-        text += "".join(f"; {x}" for x in _deaveraged(m, test, reference))
-        metrics[m] = MetricComparison(
-            metric=m, stats=error_statistics(pairs[m]), at_steps=_at_steps(m, pairs[m], criteria),
-            not_compared=int((~on_common).sum()), shift=shift, resolution=quantum, resolution_text=text,
-            perplexity=perplexity(pairs[m]) if is_cross_entropy(m) else None, magnitude=magnitude,
-        )
+        pairs[m], metrics[m] = _metric(m, test, reference, excluded, judged, lr_step_tolerance, criteria)
     mem = compare_memory(*memory)
     results = tuple(_evaluate_memory(c, mem) if c.metric in MEMORY_METRICS else
                     _evaluate(c, pairs, metrics, test, reference, t_metrics, r_metrics) for c in criteria)
@@ -307,6 +279,47 @@ def compare(
         performance=compare_performance(tf, rf, perf_warmup_steps),
         aligned=_aligned(tf, rf, both, metrics, _only_in(test, reference), _only_in(reference, test)), test=test,
         reference=reference, reasons=tuple(reasons), require=tuple(require), memory=mem,
+    )
+
+
+def _coverage(test: ParsedLog, reference: ParsedLog, excluded: Sequence[int],
+              min_overlap: int | None) -> tuple[StepCoverage, pd.Index]:
+    """Which steps both logs have, and the common steps the statistics judge (those no sentinel excluded)."""
+    tf, rf = test.frame, reference.frame
+    skipped = pd.Index(excluded, dtype=tf.index.dtype)
+    common = tf.index.intersection(rf.index)
+    excluded_common = tuple(int(s) for s in common.intersection(pd.Index(excluded, dtype=common.dtype)))
+    first, last = (int(common.min()), int(common.max())) if len(common) else (None, None)
+    coverage = StepCoverage(
+        compared=len(common) - len(excluded_common), only_test=tuple(int(s) for s in tf.index.difference(rf.index)),
+        only_reference=tuple(int(s) for s in rf.index.difference(tf.index)), first=first, last=last,
+        excluded=excluded_common, gaps=gaps_within({"test": test, "reference": reference}, first, last),
+        min_overlap=min_overlap if min_overlap is not None else min(
+            DEFAULT_MIN_OVERLAP, len(tf.index.difference(skipped)), len(rf.index.difference(skipped))),
+    )
+    return coverage, common.difference(pd.Index(excluded_common, dtype=common.dtype))
+
+
+def _metric(m: str, test: ParsedLog, reference: ParsedLog, excluded: Sequence[int], judged: pd.Index,
+            lr_step_tolerance: int, criteria: Sequence[Criterion]) -> tuple[Pairs, MetricComparison]:
+    """One metric's pairs (the learning rate's shifted when that pairs it better) and statistics."""
+    tf, rf = test.frame, reference.frame
+    t_steps, r_steps = tf.index.to_numpy(dtype=np.int64), rf.index.to_numpy(dtype=np.int64)
+    tv = tf[m].to_numpy(dtype=float, na_value=np.nan)
+    rv = rf[m].to_numpy(dtype=float, na_value=np.nan)
+    if m in SHIFTABLE and lr_step_tolerance > 0:
+        shift, pairs = best_shift(t_steps, tv, r_steps, rv, lr_step_tolerance)
+    else:
+        shift, pairs = 0, paired(t_steps, tv, r_steps, rv)
+    pairs = pairs.without(excluded)
+    on_common = np.isfinite(tf[m].reindex(judged).to_numpy(dtype=float, na_value=np.nan)) & np.isfinite(
+        rf[m].reindex(judged).to_numpy(dtype=float, na_value=np.nan))
+    quantum, text, magnitude = _resolution(test.resolution.get(m), reference.resolution.get(m), pairs)
+    text += "".join(f"; {x}" for x in _deaveraged(m, test, reference))
+    return pairs, MetricComparison(
+        metric=m, stats=error_statistics(pairs), at_steps=_at_steps(m, pairs, criteria),
+        not_compared=int((~on_common).sum()), shift=shift, resolution=quantum, resolution_text=text,
+        perplexity=perplexity(pairs) if is_cross_entropy(m) else None, magnitude=magnitude,
     )
 
 
