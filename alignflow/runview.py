@@ -182,13 +182,13 @@ def criterion_view(doc: Mapping[str, Any]) -> CriterionView:
     """A recorded criterion result (`CriterionResult.to_json()`); records written before issue 20 lack the text
     fields, which are then derived from the value and the statistic."""
     from alignflow.compare.formatting import fmt_stat
-    from alignflow.config.criteria import RELATIVE_STATISTICS
+    from alignflow.config.statistics import is_relative
 
     statistic = str(doc.get("statistic", ""))
     value = doc.get("value")
     threshold = doc.get("threshold")
     threshold_text = doc.get("threshold_text") or (
-        "" if threshold is None else f"{threshold * 100:g}%" if statistic in RELATIVE_STATISTICS else f"{threshold:g}")
+        "" if threshold is None else f"{threshold * 100:g}%" if is_relative(statistic) else f"{threshold:g}")
     return CriterionView(
         label=str(doc.get("label") or f"{statistic}({doc.get('metric', '?')})"), value=value,
         value_text=str(doc.get("value_text") or fmt_stat(value, statistic, None)), threshold_text=threshold_text,

@@ -9,10 +9,10 @@ import base64
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from alignflow.compare.formatting import AVERAGES, fmt_percent_of, fmt_value
+from alignflow.compare.formatting import fmt_percent_of, fmt_value
 from alignflow.compare.names import THUMBNAIL_METRICS, thumbnail_name
-from alignflow.compare.tables import METRIC_HEADER, metric_cells
-from alignflow.config.criteria import RELATIVE_STATISTICS
+from alignflow.compare.tables import metric_cells, metric_header
+from alignflow.config.statistics import is_averaged, is_relative
 from alignflow.pipeline import ARTIFACTS
 from alignflow.regression import RegressionCheck
 from alignflow.runview import RunView, StepView
@@ -58,10 +58,10 @@ def stat_text(value: float | None, key: str, *, signed: bool = False) -> str:
     if value is None:
         return "n/a"
     statistic = _statistic(key)
-    if statistic in RELATIVE_STATISTICS:
-        text = fmt_percent_of(float(value), extra=1 if statistic in AVERAGES else 0)
+    if is_relative(statistic):
+        text = fmt_percent_of(float(value), extra=1 if is_averaged(statistic) else 0)
         return ("+" if value >= 0 else "-") + text if signed and text != "0%" else text
-    return fmt_value(float(value), extra=1 if statistic in AVERAGES else 0, signed=signed)
+    return fmt_value(float(value), extra=1 if is_averaged(statistic) else 0, signed=signed)
 
 
 def _cell(text: object) -> str:
@@ -173,11 +173,11 @@ def metric_rows(comparison: ComparisonRecord) -> list[dict[str, str]]:
     metrics = (comparison.summary or {}).get("metrics") or {}
     if not metrics:
         return []
-    counts = {m: dict(zip(METRIC_HEADER, metric_cells(m, stats), strict=True))["n"] for m, stats in metrics.items()}
+    counts = {m: dict(zip(metric_header(), metric_cells(m, stats), strict=True))["n"] for m, stats in metrics.items()}
     uniform = len(set(counts.values())) == 1
     rows: dict[str, dict[str, str]] = {}
     for m, stats in metrics.items():
-        cells = dict(zip(METRIC_HEADER, metric_cells(m, stats), strict=True))  # "at step" twice: replaced below
+        cells = dict(zip(metric_header(), metric_cells(m, stats), strict=True))  # "at step" twice: replaced below
         cells["max |e|"] += _at(stats.get("max_abs_step"))
         cells["max rel"] += _at(stats.get("max_rel_step"))
         column = m if uniform else f"{m} (n={cells['n']})"
@@ -191,7 +191,7 @@ def metric_rows(comparison: ComparisonRecord) -> list[dict[str, str]]:
 def metric_steps(comparison: ComparisonRecord) -> str | None:
     """How many steps every metric was compared over (`8`), or None when they differ or there are none."""
     metrics = (comparison.summary or {}).get("metrics") or {}
-    counts = {dict(zip(METRIC_HEADER, metric_cells(m, stats), strict=True))["n"] for m, stats in metrics.items()}
+    counts = {dict(zip(metric_header(), metric_cells(m, stats), strict=True))["n"] for m, stats in metrics.items()}
     return next(iter(counts)) if len(counts) == 1 else None
 
 

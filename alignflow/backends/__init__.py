@@ -25,12 +25,12 @@ from alignflow.backends.registry import (
     register,
     side_backend,
 )
-from alignflow.backends.template import CommandTemplate, LogFormat, TrainSpec
+from alignflow.backends.template import CommandTemplate, TrainSpec
 from alignflow.config.experiment import Experiment
 from alignflow.errors import ConfigError
 from alignflow.pipeline import Side, side
 
-__all__ = ["BUILTIN", "Backend", "CommandTemplate", "LogFormat", "Side", "SideFormats", "TrainSpec", "backend",
+__all__ = ["BUILTIN", "Backend", "CommandTemplate", "Side", "SideFormats", "TrainSpec", "backend",
            "backends", "formats_of", "own_config", "pipeline_for", "register", "render_training", "side_backend"]
 
 BUILTIN = (twin.TWIN_MINDSPORE, twin.TWIN_TORCH, mindformers.MINDFORMERS, megatron.MEGATRON, command.COMMAND)

@@ -35,10 +35,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from alignflow.backends.launch import layout_for
 from alignflow.backends.registry import Backend, SideFormats, own_config, register
-from alignflow.backends.template import CommandTemplate, DeclaredSettings, LogFormat, TrainSpec
+from alignflow.backends.template import CommandTemplate, DeclaredSettings, TrainSpec
 from alignflow.config.experiment import Experiment
 from alignflow.config.sides import SideConfig
 from alignflow.errors import ConfigError
+from alignflow.logs import formats
 from alignflow.logs.declared import regex_format
 from alignflow.pipeline import CheckpointFormat
 
@@ -59,8 +60,9 @@ class _Strict(BaseModel):
 class CommandLog(_Strict):
     """Where the trainer's log is and how to read it."""
 
-    format: Literal["megatron", "mindformers", "nemo"] | None = Field(
-        None, description="A log format alignflow reads (the trainer prints that family's step lines).")
+    format: str | None = Field(
+        None, description="A log format alignflow reads (the trainer prints that family's step lines): the name of "
+        "a registered one (alignflow.logs.formats).")
     regex: str | None = Field(
         None, description="Or a regular expression of one step line whose named groups are canonical columns: "
         "`step` (required), `max_steps`, `lm_loss`, `grad_norm`, `lr`, ...")
@@ -70,6 +72,8 @@ class CommandLog(_Strict):
     def _one(self) -> CommandLog:
         if (self.format is None) == (self.regex is None):
             raise ValueError("give exactly one of format (a known log format) and regex (a declared one)")
+        if self.format is not None:
+            formats.check_name(self.format)
         if self.regex is not None:
             regex_format(self.regex)  # compiles, names the step and at least one column
         return self
@@ -138,7 +142,7 @@ def _fill(arg: str, values: dict[str, str]) -> str:
     return _TOKEN.sub(sub, arg)
 
 
-def _log_format(cfg: CommandConfig) -> LogFormat:
+def _log_format(cfg: CommandConfig) -> str | formats.LogFormatSpec:
     if cfg.log.regex is not None:
         return regex_format(cfg.log.regex)
     assert cfg.log.format is not None

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
-from alignflow.backends.template import CommandTemplate, LogFormat, RenderedSettings, TrainSpec
+from alignflow.backends.template import CommandTemplate, RenderedSettings, TrainSpec
 from alignflow.config.experiment import Experiment
 from alignflow.config.sides import SideConfig, register_experiment_check, register_side_config, side_config_model
 from alignflow.errors import ConfigError
@@ -41,6 +41,7 @@ from alignflow.pipeline import (
 if TYPE_CHECKING:
     from alignflow.config.hosts import Host
     from alignflow.config.parallel import ParallelConfig
+    from alignflow.logs.formats import LogFormatSpec
     from alignflow.transport import Transport
 
 
@@ -49,7 +50,7 @@ class SideFormats:
     """What a side reads and writes: its log format, the checkpoint formats its trainings load (preferred first: a
     conversion produces the first) and the one a base training saves (None: it cannot train the base)."""
 
-    log: LogFormat
+    log: str | LogFormatSpec  # a registered log format's name, or a declared one
     loads: tuple[CheckpointFormat, ...]
     saves: CheckpointFormat | None
 

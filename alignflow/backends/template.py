@@ -13,10 +13,6 @@ from alignflow.pipeline import Role, Side
 if TYPE_CHECKING:
     from alignflow.backends.launch import Layout
 
-LogFormat = Literal["mindformers", "megatron", "nemo"] | LogFormatSpec
-"""A format `alignflow.logs` reads by name, or a declared one (a `command` side's regex)."""
-
-
 @dataclass(frozen=True, slots=True)
 class TrainSpec:
     """What one training must do; paths are placeholders."""
@@ -37,7 +33,7 @@ class CommandTemplate:
     """A rendered training command, before host paths are filled in."""
 
     argv: tuple[str, ...]
-    log_format: LogFormat
+    log_format: str | LogFormatSpec  # a registered format's name (alignflow.logs.formats), or a declared one
     code_version: str
     files: dict[str, str] = field(default_factory=dict)  # path relative to {out} -> text
     env: dict[str, str] = field(default_factory=dict)

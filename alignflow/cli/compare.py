@@ -26,11 +26,16 @@ EXIT_PASS, EXIT_FAIL, EXIT_BAD_INPUT = 0, 1, 2
 CSV_FLOAT_FORMAT = "%.15g"
 
 
-class LogFormatOption(StrEnum):
-    auto = "auto"
-    mindformers = "mindformers"
-    megatron = "megatron"
-    nemo = "nemo"
+def _log_format(value: str) -> str:
+    """`auto` or a registered log format (alignflow.logs.formats), checked against the registry when it is used."""
+    from alignflow.logs.formats import names
+
+    if value != "auto" and value not in names():
+        raise typer.BadParameter(f"{value!r}: use auto or a registered log format: {', '.join(names())}")
+    return value
+
+
+_FORMAT_HELP = "log format: auto (detected) or a registered one's name (alignflow.logs.formats)."
 
 
 class FirstIntervalOption(StrEnum):
@@ -65,12 +70,12 @@ def _check_out_dir(out: Path) -> None:
         raise _bad_input(f"--out {out}: {base} is not writable")
 
 
-def _parse(path: Path, fmt: LogFormatOption, rank: int | None, first_interval: FirstIntervalOption) -> ParsedLog:
+def _parse(path: Path, fmt: str, rank: int | None, first_interval: FirstIntervalOption) -> ParsedLog:
     from alignflow.errors import LogParseError
     from alignflow.logs import parse_log_file
 
     try:
-        return parse_log_file(path, fmt=fmt.value, rank=rank, first_interval=first_interval.value)
+        return parse_log_file(path, fmt=fmt, rank=rank, first_interval=first_interval.value)
     except LogParseError as exc:
         raise _bad_input(str(exc)) from None
 
@@ -115,8 +120,10 @@ def compare_cmd(
                                          "else the seeds' criteria."),
     out: Path | None = typer.Option(None, "--out", help="Write the report (HTML, markdown, CSV, PNG, JSON) here."),
     as_json: bool = typer.Option(False, "--json", help="Print the comparison as JSON on stdout."),
-    test_format: LogFormatOption = typer.Option(LogFormatOption.auto, "--test-format", help="Test log format."),
-    ref_format: LogFormatOption = typer.Option(LogFormatOption.auto, "--ref-format", help="Reference log format."),
+    test_format: str = typer.Option("auto", "--test-format", parser=_log_format, metavar="FORMAT",
+                                    help="Test " + _FORMAT_HELP),
+    ref_format: str = typer.Option("auto", "--ref-format", parser=_log_format, metavar="FORMAT",
+                                   help="Reference " + _FORMAT_HELP),
     test_rank: int | None = typer.Option(None, "--test-rank", help="Rank of multi-rank test logs "
                                          "(default: the last pipeline stage)."),
     ref_rank: int | None = typer.Option(None, "--ref-rank", help="Rank of a multi-rank reference log."),
@@ -188,7 +195,7 @@ def parse_cmd(
     log: Path = typer.Argument(..., help="A MindFormers or Megatron training log."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per step (a list)."),
     as_csv: bool = typer.Option(False, "--csv", help="Print the table as CSV."),
-    fmt: LogFormatOption = typer.Option(LogFormatOption.auto, "--format", help="Log format."),
+    fmt: str = typer.Option("auto", "--format", parser=_log_format, metavar="FORMAT", help="The " + _FORMAT_HELP),
     rank: int | None = typer.Option(None, "--rank", help="Rank of a multi-rank log (default: the last "
                                     "pipeline stage)."),
     check: bool = typer.Option(False, "--check", help="Exit 1 when a fatal sentinel line is found."),

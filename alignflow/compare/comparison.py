@@ -39,9 +39,10 @@ from alignflow.compare.statistics import (
     paired,
     perplexity,
     relative_error,
-    step_relative_errors,
+    values_at,
 )
-from alignflow.config.criteria import RELATIVE_STATISTICS, Criterion
+from alignflow.config.criteria import Criterion
+from alignflow.config.statistics import STATISTICS, is_relative
 from alignflow.logs.memory import MemoryRecord
 from alignflow.logs.schema import BOOKKEEPING_COLUMNS, ParsedLog, Resolution, Sentinel, column_order, is_cross_entropy
 
@@ -95,7 +96,7 @@ class CriterionResult:
             "source": c.source, "below_resolution": self.below_resolution, "evaluated": self.evaluated,
             "status": self.status,
             "value_text": self.value_text or fmt_stat(self.value, c.statistic, None),
-            "threshold_text": fmt_threshold(c), "unit": "%" if c.statistic in RELATIVE_STATISTICS else c.metric,
+            "threshold_text": fmt_threshold(c), "unit": "%" if is_relative(c.statistic) else c.metric,
             "drivers": [d.to_json() for d in self.drivers], "first_outside": self.first_outside,
         }
 
@@ -105,7 +106,7 @@ class CriterionResult:
         if self.drivers:
             steps = ", ".join(str(d.step) for d in self.drivers)
             share = sum(d.contribution for d in self.drivers) / self.value if self.value else math.nan
-            averaged = self.statistic in ("me", "mean_abs", "mean_rel")
+            averaged = STATISTICS[self.statistic].reduce == "mean"
             plural = "s" if len(self.drivers) > 1 else ""
             if averaged and math.isfinite(share) and share < SPREAD_SHARE:
                 parts.append(f"spread over the run: the largest terms, step{plural} {steps}, make "
@@ -124,7 +125,7 @@ class MetricComparison:
 
     metric: str
     stats: ErrorStats
-    step_rel: dict[int, float]
+    at_steps: dict[str, dict[int, float]]  # statistics at chosen steps (step_rel): their value at each
     not_compared: int  # steps in both logs where either value is missing or not finite
     shift: int  # reference step paired with test step s is s + shift (lr tolerance)
     resolution: float | None  # one unit of the coarser side's last printed digit, at the reference's magnitude
@@ -136,14 +137,13 @@ class MetricComparison:
 
     def to_json(self) -> dict[str, Any]:
         s = self.stats
-        out: dict[str, Any] = {
-            "me": finite_or_none(s.me), "mean_abs": finite_or_none(s.mean_abs),
-            "max_error": finite_or_none(s.max_error), "min_error": finite_or_none(s.min_error),
-            "max_abs": finite_or_none(s.max_abs), "mean_rel": finite_or_none(s.mean_rel),
-            "max_rel": finite_or_none(s.max_rel),
-            "step_rel": {str(k): finite_or_none(v) for k, v in self.step_rel.items()},
-            "n": s.n, "not_compared": self.not_compared, "max_abs_step": s.max_abs_step,
-            "max_rel_step": s.max_rel_step, "shift": self.shift, "resolution": finite_or_none(self.resolution),
+        out: dict[str, Any] = {stat.name: finite_or_none(s.get(stat.name)) for stat in STATISTICS.values()
+                               if stat.reduce != "at_steps"}
+        out |= {name: {str(k): finite_or_none(v) for k, v in at.items()} for name, at in self.at_steps.items()}
+        out |= {"n": s.n, "not_compared": self.not_compared}
+        out |= {f"{stat.name}_step": s.step_of(stat.name) for stat in STATISTICS.values() if stat.shows_step}
+        out |= {
+            "shift": self.shift, "resolution": finite_or_none(self.resolution),
             "resolution_text": self.resolution_text, "magnitude": finite_or_none(self.magnitude),
             "divergence": self.divergence.to_json() if self.divergence else None,
         }
@@ -261,41 +261,11 @@ def compare(
     t_metrics, r_metrics = comparable_metrics(test), comparable_metrics(reference)
     both = column_order([m for m in t_metrics if m in r_metrics])
     excluded = sorted({*test.excluded_steps, *reference.excluded_steps})
-    skipped = pd.Index(excluded, dtype=tf.index.dtype)
-    common = tf.index.intersection(rf.index)
-    excluded_common = tuple(int(s) for s in common.intersection(pd.Index(excluded, dtype=common.dtype)))
-    first, last = (int(common.min()), int(common.max())) if len(common) else (None, None)
-    coverage = StepCoverage(
-        compared=len(common) - len(excluded_common), only_test=tuple(int(s) for s in tf.index.difference(rf.index)),
-        only_reference=tuple(int(s) for s in rf.index.difference(tf.index)), first=first, last=last,
-        excluded=excluded_common, gaps=gaps_within({"test": test, "reference": reference}, first, last),
-        min_overlap=min_overlap if min_overlap is not None else min(
-            DEFAULT_MIN_OVERLAP, len(tf.index.difference(skipped)), len(rf.index.difference(skipped))),
-    )
-    judged = common.difference(pd.Index(excluded_common, dtype=common.dtype))
-    t_steps = tf.index.to_numpy(dtype=np.int64)
-    r_steps = rf.index.to_numpy(dtype=np.int64)
+    coverage, judged = _coverage(test, reference, excluded, min_overlap)
     pairs: dict[str, Pairs] = {}
     metrics: dict[str, MetricComparison] = {}
     for m in both:
-        tv = tf[m].to_numpy(dtype=float, na_value=np.nan)
-        rv = rf[m].to_numpy(dtype=float, na_value=np.nan)
-        if m in SHIFTABLE and lr_step_tolerance > 0:
-            shift, pairs[m] = best_shift(t_steps, tv, r_steps, rv, lr_step_tolerance)
-        else:
-            shift, pairs[m] = 0, paired(t_steps, tv, r_steps, rv)
-        pairs[m] = pairs[m].without(excluded)
-        on_common = np.isfinite(tf[m].reindex(judged).to_numpy(dtype=float, na_value=np.nan)) & np.isfinite(
-            rf[m].reindex(judged).to_numpy(dtype=float, na_value=np.nan))
-        wanted = sorted({s for c in criteria if c.metric == m and c.statistic == "step_rel" for s in (c.steps or [])}
-                        | ({int(pairs[m].steps[0])} if len(pairs[m].steps) else set()))
-        quantum, text, magnitude = _resolution(test.resolution.get(m), reference.resolution.get(m), pairs[m])
-        text += "".join(f"; {x}" for x in _deaveraged(m, test, reference))
-        metrics[m] = MetricComparison(
-            metric=m, stats=error_statistics(pairs[m]), step_rel=step_relative_errors(pairs[m], wanted),
-            not_compared=int((~on_common).sum()), shift=shift, resolution=quantum, resolution_text=text,
-            perplexity=perplexity(pairs[m]) if is_cross_entropy(m) else None, magnitude=magnitude,
-        )
+        pairs[m], metrics[m] = _metric(m, test, reference, excluded, judged, lr_step_tolerance, criteria)
     mem = compare_memory(*memory)
     results = tuple(_evaluate_memory(c, mem) if c.metric in MEMORY_METRICS else
                     _evaluate(c, pairs, metrics, test, reference, t_metrics, r_metrics) for c in criteria)
@@ -309,6 +279,47 @@ def compare(
         performance=compare_performance(tf, rf, perf_warmup_steps),
         aligned=_aligned(tf, rf, both, metrics, _only_in(test, reference), _only_in(reference, test)), test=test,
         reference=reference, reasons=tuple(reasons), require=tuple(require), memory=mem,
+    )
+
+
+def _coverage(test: ParsedLog, reference: ParsedLog, excluded: Sequence[int],
+              min_overlap: int | None) -> tuple[StepCoverage, pd.Index]:
+    """Which steps both logs have, and the common steps the statistics judge (those no sentinel excluded)."""
+    tf, rf = test.frame, reference.frame
+    skipped = pd.Index(excluded, dtype=tf.index.dtype)
+    common = tf.index.intersection(rf.index)
+    excluded_common = tuple(int(s) for s in common.intersection(pd.Index(excluded, dtype=common.dtype)))
+    first, last = (int(common.min()), int(common.max())) if len(common) else (None, None)
+    coverage = StepCoverage(
+        compared=len(common) - len(excluded_common), only_test=tuple(int(s) for s in tf.index.difference(rf.index)),
+        only_reference=tuple(int(s) for s in rf.index.difference(tf.index)), first=first, last=last,
+        excluded=excluded_common, gaps=gaps_within({"test": test, "reference": reference}, first, last),
+        min_overlap=min_overlap if min_overlap is not None else min(
+            DEFAULT_MIN_OVERLAP, len(tf.index.difference(skipped)), len(rf.index.difference(skipped))),
+    )
+    return coverage, common.difference(pd.Index(excluded_common, dtype=common.dtype))
+
+
+def _metric(m: str, test: ParsedLog, reference: ParsedLog, excluded: Sequence[int], judged: pd.Index,
+            lr_step_tolerance: int, criteria: Sequence[Criterion]) -> tuple[Pairs, MetricComparison]:
+    """One metric's pairs (the learning rate's shifted when that pairs it better) and statistics."""
+    tf, rf = test.frame, reference.frame
+    t_steps, r_steps = tf.index.to_numpy(dtype=np.int64), rf.index.to_numpy(dtype=np.int64)
+    tv = tf[m].to_numpy(dtype=float, na_value=np.nan)
+    rv = rf[m].to_numpy(dtype=float, na_value=np.nan)
+    if m in SHIFTABLE and lr_step_tolerance > 0:
+        shift, pairs = best_shift(t_steps, tv, r_steps, rv, lr_step_tolerance)
+    else:
+        shift, pairs = 0, paired(t_steps, tv, r_steps, rv)
+    pairs = pairs.without(excluded)
+    on_common = np.isfinite(tf[m].reindex(judged).to_numpy(dtype=float, na_value=np.nan)) & np.isfinite(
+        rf[m].reindex(judged).to_numpy(dtype=float, na_value=np.nan))
+    quantum, text, magnitude = _resolution(test.resolution.get(m), reference.resolution.get(m), pairs)
+    text += "".join(f"; {x}" for x in _deaveraged(m, test, reference))
+    return pairs, MetricComparison(
+        metric=m, stats=error_statistics(pairs), at_steps=_at_steps(m, pairs, criteria),
+        not_compared=int((~on_common).sum()), shift=shift, resolution=quantum, resolution_text=text,
+        perplexity=perplexity(pairs) if is_cross_entropy(m) else None, magnitude=magnitude,
     )
 
 
@@ -343,6 +354,14 @@ def _resolution(
     return (max(quanta) if quanta else None), text, magnitude
 
 
+def _at_steps(metric: str, pairs: Pairs, criteria: Sequence[Criterion]) -> dict[str, dict[int, float]]:
+    """Each statistic at chosen steps, at the steps the metric's criteria choose and the first compared step."""
+    first = {int(pairs.steps[0])} if len(pairs.steps) else set()
+    return {stat.name: values_at(pairs, stat, sorted(first | {s for c in criteria if c.metric == metric
+                                                               and c.statistic == stat.name for s in c.steps or []}))
+            for stat in STATISTICS.values() if stat.reduce == "at_steps"}
+
+
 def _evaluate(
     c: Criterion, pairs: dict[str, Pairs], metrics: dict[str, MetricComparison], test: ParsedLog,
     reference: ParsedLog, t_metrics: list[str], r_metrics: list[str],
@@ -355,11 +374,11 @@ def _evaluate(
     p = pairs[c.metric].without(c.exclude_steps)
     notes: list[str] = []
     used: tuple[int, ...] = ()
-    if c.statistic == "step_rel":
+    if c.at_steps:
         steps, notes, skip = step_rel_steps(c, p, test, reference)
         if skip:
             return CriterionResult(c, math.nan, False, "; ".join(notes), evaluated=False)
-        rels = step_relative_errors(p, steps)
+        rels = values_at(p, STATISTICS[c.statistic], steps)
         absent = [s for s, v in rels.items() if math.isnan(v)]
         value = math.nan if absent else max(rels.values())
         used = tuple(steps)
@@ -397,7 +416,7 @@ def _evaluate_memory(c: Criterion, mem: MemoryComparison) -> CriterionResult:
     why = mem.why_not()
     if why:
         return CriterionResult(c, math.nan, False, f"{c.metric}: {why}")
-    relative = c.statistic in RELATIVE_STATISTICS
+    relative = is_relative(c.statistic)
     value = mem.value(c.metric, relative)
     check = abs(value) if c.absolute else value
     passed = math.isfinite(check) and (check <= c.threshold if c.inclusive else check < c.threshold)
@@ -434,11 +453,11 @@ def _below_resolution(c: Criterion, t: Resolution | None, r: Resolution | None, 
     if not quanta:
         return ""
     quantum, side, res = max(quanta, key=lambda q: q[0])
-    limit = quantum / (magnitude + REL_EPS) if c.statistic in RELATIVE_STATISTICS else quantum
+    limit = quantum / (magnitude + REL_EPS) if is_relative(c.statistic) else quantum
     if c.threshold >= limit:
         return ""
     return (f"threshold tighter than the logs' resolution: the {side} log prints {c.metric} with "
-            f"{res.describe()} (one unit = {limit:.3g}{' relative' if c.statistic in RELATIVE_STATISTICS else ''})")
+            f"{res.describe()} (one unit = {limit:.3g}{' relative' if is_relative(c.statistic) else ''})")
 
 
 def _reasons(

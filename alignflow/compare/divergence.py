@@ -27,14 +27,15 @@ tables and both kinds of figure read that one band. `Band.basis` says what it wa
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from alignflow.compare.statistics import REL_EPS, FloatArray, IntArray, Pairs, finite_or_none
-from alignflow.config.criteria import RELATIVE_STATISTICS, Criterion
+from alignflow.config.criteria import Criterion
+from alignflow.config.statistics import STATISTICS, Reduce
 from alignflow.logs.schema import Resolution, is_cross_entropy
 
 TOP_DRIVERS = 5
@@ -112,12 +113,12 @@ def per_step_quantum(t: Resolution | None, r: Resolution | None, reference: Floa
 
 def criterion_width(c: Criterion, pairs: Pairs) -> FloatArray:
     """The per-step bound criterion `c` puts on |e| at each of `pairs`' steps (inf where it judges no step)."""
-    if c.statistic in RELATIVE_STATISTICS:
+    if STATISTICS[c.statistic].relative:
         width: FloatArray = c.threshold * (np.abs(pairs.reference) + REL_EPS)
     else:
         width = np.full(len(pairs.steps), c.threshold)
     judged = np.ones(len(pairs.steps), dtype=bool)
-    if c.statistic == "step_rel":
+    if c.at_steps:
         judged = np.isin(pairs.steps, np.asarray(c.steps or [1]))
     if c.exclude_steps:
         judged &= ~np.isin(pairs.steps, np.asarray(c.exclude_steps))
@@ -206,32 +207,28 @@ def drivers(c: Criterion, pairs: Pairs, value: float, top: int = TOP_DRIVERS) ->
     n = len(pairs.steps)
     if n == 0 or not math.isfinite(value):
         return ()
-    err = pairs.error
-    rel = pairs.rel_error
-    stat = c.statistic
-    if stat == "step_rel":
-        keep = np.isin(pairs.steps, np.asarray(c.steps or [1]))
-        term, order_by = rel, np.where(keep, rel, -np.inf)
-    elif stat == "me":
-        term = err / n
-        order_by = term * (1.0 if value >= 0 else -1.0)
-    elif stat == "mean_abs":
-        term = np.abs(err) / n
-        order_by = term
-    elif stat == "mean_rel":
-        term = rel / n
-        order_by = term
-    elif stat == "max_error":
-        term, order_by = err, err
-    elif stat == "min_error":
-        term, order_by = err, -err
-    elif stat == "max_rel":
-        term, order_by = rel, rel
-    else:  # max_abs
-        term, order_by = np.abs(err), np.abs(err)
+    stat = STATISTICS[c.statistic]
+    term, order_by = _SHARE[stat.reduce](stat.terms(pairs), n, value)
+    if c.at_steps:
+        order_by = np.where(np.isin(pairs.steps, np.asarray(c.steps or [1])), order_by, -np.inf)
     ranked = np.argsort(-order_by, kind="stable")[:top]
+    err = pairs.error
     return tuple(Driver(int(pairs.steps[i]), float(err[i]), float(term[i])) for i in ranked
                  if np.isfinite(order_by[i]) and order_by[i] > 0)
+
+
+def _mean_share(terms: FloatArray, n: int, value: float) -> tuple[FloatArray, FloatArray]:
+    share: FloatArray = terms / n
+    return share, share * (1.0 if value >= 0 else -1.0)  # the terms that pull the mean the way it went
+
+
+# Each kind of statistic: (its terms, n, its value) -> what each step adds to the value, and what ranks the steps.
+_SHARE: dict[Reduce, Callable[[FloatArray, int, float], tuple[FloatArray, FloatArray]]] = {
+    "mean": _mean_share,
+    "max": lambda terms, n, value: (terms, terms),
+    "min": lambda terms, n, value: (terms, -terms),
+    "at_steps": lambda terms, n, value: (terms, terms),
+}
 
 
 def curve_level(

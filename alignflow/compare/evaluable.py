@@ -11,7 +11,8 @@ from __future__ import annotations
 import math
 
 from alignflow.compare.statistics import Pairs
-from alignflow.config.criteria import RELATIVE_STATISTICS, Criterion
+from alignflow.config.criteria import Criterion
+from alignflow.config.statistics import is_relative
 from alignflow.logs.schema import ParsedLog, Resolution
 
 
@@ -49,7 +50,7 @@ def step_rel_steps(
 
 def zero_reference(c: Criterion, t: Resolution | None, r: Resolution | None, magnitude: float) -> str:
     """Why a relative statistic cannot be judged: the reference is 0 at its printed resolution."""
-    if c.statistic not in RELATIVE_STATISTICS or not math.isfinite(magnitude):
+    if not is_relative(c.statistic) or not math.isfinite(magnitude):
         return ""
     quanta = [res.quantum(magnitude) for res in (t, r) if res is not None]
     if magnitude > 0 and magnitude >= max(quanta, default=0.0):

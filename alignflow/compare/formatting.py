@@ -20,8 +20,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from alignflow.config.criteria import Criterion
 
-AVERAGES = frozenset({"me", "mean_abs", "mean_rel"})
-SIGNED = frozenset({"me", "max_error", "min_error"})
 SCIENTIFIC_BELOW = 1e-3  # |value| below this is written as d.dde-XX
 MAX_DECIMALS = 6
 MAX_MANTISSA = 3
@@ -38,13 +36,15 @@ def fmt_stat(value: float | None, statistic: str, quantum: float | None, magnitu
     """A statistic for display: absolute ones in the metric's unit, relative ones in percent."""
     if value is None or not math.isfinite(value):
         return "n/a"
-    from alignflow.config.criteria import RELATIVE_STATISTICS  # here: the CLI's fmt_duration loads no pydantic
+    from alignflow.config.statistics import STATISTICS, is_averaged, is_relative  # here: the CLI's fmt_duration
+    # loads no pydantic (alignflow.config's package imports its models)
 
-    extra = 1 if statistic in AVERAGES else 0
-    if statistic in RELATIVE_STATISTICS:
+    extra = 1 if is_averaged(statistic) else 0
+    if is_relative(statistic):
         rel_q = quantum / magnitude * 100 if quantum and magnitude and magnitude > 0 else None
         return fmt_percent_of(value, rel_q, extra=extra)
-    return fmt_value(value, quantum, extra=extra, signed=statistic in SIGNED)
+    stat = STATISTICS.get(statistic)
+    return fmt_value(value, quantum, extra=extra, signed=stat is not None and stat.signed)
 
 
 def fmt_percent_of(fraction: float, quantum_percent: float | None = None, *, extra: int = 0) -> str:
@@ -89,9 +89,9 @@ def _mantissa(size: float, quantum: float, extra: int) -> int:
 
 def fmt_threshold(criterion: Criterion) -> str:
     """A criterion's threshold in the unit its value is shown in (percent for relative statistics)."""
-    from alignflow.config.criteria import RELATIVE_STATISTICS
+    from alignflow.config.statistics import is_relative
 
-    if criterion.statistic in RELATIVE_STATISTICS:
+    if is_relative(criterion.statistic):
         return f"{criterion.threshold * 100:g}%"
     return f"{criterion.threshold:g}"
 

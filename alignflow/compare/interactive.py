@@ -132,7 +132,7 @@ def _error_traces(c: Comparison, metric: str, label: str, color: str, steps: Int
                         "fill": "tonexty", "fillcolor": "rgba(46,134,193,0.15)", "legendgroup": "band",
                         "name": f"band: {b.basis}", "hoverinfo": "skip", **BOTTOM})
     out.append({**_line(steps[idx], error[idx], f"error {label}", color, 1.1, BOTTOM), "hovertemplate": "%{y:.3e}"})
-    me = mc.stats.me
+    me = mc.stats.get("me")
     if math.isfinite(me):
         out.append({**_line([int(steps[0]), int(steps[-1])], [me, me],
                             f"ME {label} {fmt_stat(me, 'me', mc.resolution, mc.magnitude)}", color, 1, BOTTOM),

@@ -66,16 +66,16 @@ def metric_figure(comparisons: Sequence[Comparison], metric: str, *, labels: Seq
             _band(bottom, c, metric)
         x, y = envelope(steps, c.aligned[f"{metric}_error"].to_numpy(dtype=float))
         bottom.plot(x, y, color=color, linewidth=0.8, label=f"error {labels[i]}")
-        if math.isfinite(s.me):
-            bottom.axhline(s.me, color=color, linewidth=0.8, linestyle="--",
-                           label=f"ME {fmt_stat(s.me, 'me', mc.resolution, mc.magnitude)}")
+        if math.isfinite(s.get("me")):
+            bottom.axhline(s.get("me"), color=color, linewidth=0.8, linestyle="--",
+                           label=f"ME {fmt_stat(s.get('me'), 'me', mc.resolution, mc.magnitude)}")
         div = mc.divergence
         if div is not None and div.first_step is not None:
             for ax in (top, bottom):
                 ax.axvline(div.first_step, color="#7d3c98", linewidth=0.9, linestyle=":")
-        heads.append(f"{labels[i]}: ME {fmt_stat(s.me, 'me', mc.resolution, mc.magnitude)}, max |e| "
-                     f"{fmt_stat(s.max_abs, 'max_abs', mc.resolution, mc.magnitude)} (step {s.max_abs_step}), "
-                     f"mean rel {fmt_stat(s.mean_rel, 'mean_rel', mc.resolution, mc.magnitude)}"
+        shown = {k: fmt_stat(s.get(k), k, mc.resolution, mc.magnitude) for k in ("me", "max_abs", "mean_rel")}
+        heads.append(f"{labels[i]}: ME {shown['me']}, max |e| {shown['max_abs']} (step {s.step_of('max_abs')}), "
+                     f"mean rel {shown['mean_rel']}"
                      + (f", first outside band: step {div.first_step}" if div and div.first_step is not None else ""))
     top.set_ylabel(metric)
     top.legend(loc="upper right", fontsize=9)
@@ -129,8 +129,8 @@ def thumbnail_figure(c: Comparison, metric: str, *, labels: Sequence[str]) -> Fi
     ax.plot(x, y, color=COLORS[0], linewidth=1.0, label=labels[0])
     mc = c.metrics[metric]
     s = mc.stats
-    ax.set_title(f"{metric}: ME {fmt_stat(s.me, 'me', mc.resolution, mc.magnitude)}, max |e| "
-                 f"{fmt_stat(s.max_abs, 'max_abs', mc.resolution, mc.magnitude)}", fontsize=8)
+    ax.set_title(f"{metric}: ME {fmt_stat(s.get('me'), 'me', mc.resolution, mc.magnitude)}, max |e| "
+                 f"{fmt_stat(s.get('max_abs'), 'max_abs', mc.resolution, mc.magnitude)}", fontsize=8)
     ax.tick_params(labelsize=7)
     ax.legend(loc="upper right", fontsize=7)
     ax.grid(alpha=0.3)

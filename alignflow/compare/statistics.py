@@ -1,4 +1,5 @@
-"""Per-step error statistics of one metric: the seeds' definitions, computed with numpy on aligned arrays.
+"""Per-step error statistics of one metric: the registered statistics (alignflow.config.statistics), computed with
+numpy on aligned arrays.
 
 Definitions (docs/seeds.md#error-statistics): per-step error `e = test - reference`; `me` = mean(e) (signed);
 `mean_abs` = mean(|e|); `max_error` / `min_error` = the largest / smallest signed error; `max_abs` = max(|e|);
@@ -10,11 +11,13 @@ values are reported as sentinels by the parser, so a statistic never silently ab
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+
+from alignflow.config.statistics import STATISTICS, Reduce, Statistic
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -24,28 +27,29 @@ REL_EPS = 1e-8  # the seeds' denominator floor: |t - r| / (|r| + 1e-8)
 
 @dataclass(frozen=True, slots=True)
 class ErrorStats:
-    """The statistics of `test - reference` over a set of steps."""
+    """The statistics of `test - reference` over a set of steps: every registered one over the whole run."""
 
     n: int
-    me: float
-    mean_abs: float
-    max_error: float
-    min_error: float
-    max_abs: float
-    mean_rel: float
-    max_rel: float
-    max_abs_step: int | None
-    max_rel_step: int | None
+    values: Mapping[str, float] = field(default_factory=dict)  # by statistic name; NaN without steps
+    steps: Mapping[str, int] = field(default_factory=dict)  # the step of a max / min statistic's extreme
 
     def get(self, statistic: str) -> float:
         """The value of a named statistic (`me`, `mean_abs`, ... as in `Criterion.statistic`)."""
-        value = getattr(self, statistic)
-        assert isinstance(value, float), statistic
-        return value
+        return self.values.get(statistic, NAN)
+
+    def step_of(self, statistic: str) -> int | None:
+        """The step where a max / min statistic is reached (None without steps)."""
+        return self.steps.get(statistic)
 
 
 NAN = float("nan")
-EMPTY = ErrorStats(0, NAN, NAN, NAN, NAN, NAN, NAN, NAN, None, None)
+EMPTY = ErrorStats(0)
+# What each kind of statistic computes from its terms: its value and, for an extreme, the index where it is.
+_REDUCE: dict[Reduce, Callable[[FloatArray], tuple[float, int | None]]] = {
+    "mean": lambda t: (float(t.mean()), None),
+    "max": lambda t: (float(t[int(np.argmax(t))]), int(np.argmax(t))),
+    "min": lambda t: (float(t[int(np.argmin(t))]), int(np.argmin(t))),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,28 +95,28 @@ def relative_error(test: FloatArray, reference: FloatArray) -> FloatArray:
 
 
 def error_statistics(pairs: Pairs) -> ErrorStats:
-    """All the seeds' statistics of one metric over the given pairs (NaN when there are none)."""
-    n = len(pairs.steps)
-    if n == 0:
+    """Every registered statistic over the run's steps (those at chosen steps: `values_at`) of one metric over
+    the given pairs (NaN when there are none)."""
+    if len(pairs.steps) == 0:
         return EMPTY
-    err = pairs.error
-    abs_err = np.abs(err)
-    rel = pairs.rel_error
-    i_abs = int(np.argmax(abs_err))
-    i_rel = int(np.argmax(rel))
-    return ErrorStats(
-        n=n, me=float(err.mean()), mean_abs=float(abs_err.mean()), max_error=float(err.max()),
-        min_error=float(err.min()), max_abs=float(abs_err[i_abs]), mean_rel=float(rel.mean()),
-        max_rel=float(rel[i_rel]), max_abs_step=int(pairs.steps[i_abs]), max_rel_step=int(pairs.steps[i_rel]),
-    )
+    values: dict[str, float] = {}
+    steps: dict[str, int] = {}
+    for stat in STATISTICS.values():
+        if stat.reduce == "at_steps":
+            continue
+        values[stat.name], at = _REDUCE[stat.reduce](stat.terms(pairs))
+        if at is not None:
+            steps[stat.name] = int(pairs.steps[at])
+    return ErrorStats(len(pairs.steps), values, steps)
 
 
-def step_relative_errors(pairs: Pairs, steps: Iterable[int]) -> dict[int, float]:
-    """Relative error at each requested step; NaN for a step that is not compared on both sides."""
+def values_at(pairs: Pairs, stat: Statistic, steps: Iterable[int]) -> dict[int, float]:
+    """`stat`'s term at each requested step; NaN for a step that is not compared on both sides."""
+    terms = stat.terms(pairs)
     out: dict[int, float] = {}
     for step in steps:
-        pair = pairs.at(step)
-        out[step] = NAN if pair is None else float(relative_error(np.array([pair[0]]), np.array([pair[1]]))[0])
+        i = int(np.searchsorted(pairs.steps, step))
+        out[step] = float(terms[i]) if i < len(pairs.steps) and pairs.steps[i] == step else NAN
     return out
 
 

@@ -22,12 +22,12 @@ from alignflow.compare.formatting import (
     fmt_threshold,
     step_ranges,
 )
+from alignflow.config.statistics import STATISTICS
 
 if TYPE_CHECKING:  # the run summary's metric cells (metric_cells) are read without pandas: ~0.3 s of every run
     from alignflow.compare.comparison import Comparison
     from alignflow.logs.schema import ParsedLog, Sentinel
 
-STAT_COLUMNS = ("me", "mean_abs", "max_error", "min_error", "max_abs", "mean_rel", "max_rel")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,13 +113,18 @@ def divergence_lines(comparisons: Sequence[Comparison], labels: Sequence[str]) -
     return out
 
 
-METRIC_HEADER = ["metric", "n", "ME", "mean |e|", "max e", "min e", "max |e|", "at step", "mean rel", "max rel",
-                 "at step", "step rel", "diverges at", "resolution"]
+def metric_header() -> list[str]:
+    """The metrics table's header: each registered statistic's heading (an extreme's step after it), those at chosen
+    steps after those over the run."""
+    over_run = [h for s in STATISTICS.values() if s.reduce != "at_steps"
+                for h in (s.heading, "at step")[:2 if s.shows_step else 1]]
+    return ["metric", "n", *over_run, *(s.heading for s in STATISTICS.values() if s.reduce == "at_steps"),
+            "diverges at", "resolution"]
 
 
 def metrics_table(comparisons: Sequence[Comparison], labels: Sequence[str]) -> Table:
     multi = len(comparisons) > 1
-    header = _with_log(multi, "log", list(METRIC_HEADER))
+    header = _with_log(multi, "log", metric_header())
     rows, notes = [], []
     for label, c in _tests(comparisons, labels):
         for m, mc in c.metrics.items():
@@ -134,16 +139,17 @@ def metrics_table(comparisons: Sequence[Comparison], labels: Sequence[str]) -> T
 
 
 def metric_cells(metric: str, doc: Mapping[str, Any]) -> list[str]:
-    """One metric's row of the metrics table (`METRIC_HEADER`), from its recorded statistics
+    """One metric's row of the metrics table (`metric_header()`), from its recorded statistics
     (`MetricComparison.to_json()`, as the store keeps them): the report, the CLI and the Prefect table artifact
     all write these cells."""
     q, mag = doc.get("resolution"), doc.get("magnitude")
-    v = {k: fmt_stat(doc.get(k), k, q, mag) for k in STAT_COLUMNS}
-    step_rel = ", ".join(f"{k}: {fmt_stat(x, 'step_rel', q, mag)}" for k, x in (doc.get("step_rel") or {}).items())
+    over_run = [cell for s in STATISTICS.values() if s.reduce != "at_steps"
+                for cell in (fmt_stat(doc.get(s.name), s.name, q, mag), _step(doc.get(f"{s.name}_step")))
+                [:2 if s.shows_step else 1]]
+    at_steps = [", ".join(f"{k}: {fmt_stat(x, s.name, q, mag)}" for k, x in (doc.get(s.name) or {}).items())
+                for s in STATISTICS.values() if s.reduce == "at_steps"]
     first = (doc.get("divergence") or {}).get("first_step")
-    return [metric, str(doc.get("n", "")), v["me"], v["mean_abs"], v["max_error"], v["min_error"], v["max_abs"],
-            _step(doc.get("max_abs_step")), v["mean_rel"], v["max_rel"], _step(doc.get("max_rel_step")), step_rel,
-            _step(first), f"{q:.3g}" if q else "unknown"]
+    return [metric, str(doc.get("n", "")), *over_run, *at_steps, _step(first), f"{q:.3g}" if q else "unknown"]
 
 
 def _step(value: Any) -> str:

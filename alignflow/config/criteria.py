@@ -11,16 +11,14 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator, model_validator
 
+from alignflow.config.statistics import STATISTICS, statistic
 from alignflow.config.yamlsource import load_yaml, validate
 
-Statistic = Literal["me", "mean_abs", "max_error", "min_error", "max_abs", "step_rel", "mean_rel", "max_rel"]
-RELATIVE_STATISTICS = frozenset({"step_rel", "mean_rel", "max_rel"})  # |t-r|/(|r|+1e-8): shown as percentages
 _NOISE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*x\s*noise\s*$", re.IGNORECASE)
-STATISTICS: tuple[str, ...] = ("me", "mean_abs", "max_error", "min_error", "max_abs", "step_rel", "mean_rel", "max_rel")
 
 
 class Criterion(BaseModel):
@@ -29,7 +27,8 @@ class Criterion(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     metric: str = Field(description="Canonical metric name: lm_loss, grad_norm, mtp_1_loss, load_balancing_loss, lr.")
-    statistic: Statistic = Field(description="Statistic of the per-step error test - reference.")
+    statistic: str = Field(description="Statistic of the per-step error test - reference: a registered one's name "
+                           "(alignflow.config.statistics).")
     threshold: float = Field(
         description="Upper bound (> 0). Relative statistics take a fraction (0.005) or a percent string ('0.5%'); "
         "'3x noise' is 3 times the statistic's measured self-noise (`alignflow noise`), unmeasured = fails."
@@ -77,16 +76,27 @@ class Criterion(BaseModel):
             raise ValueError("threshold must be > 0 (or 'Nx noise')")
         return self
 
+    @field_validator("statistic")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        return statistic(value).name
+
+    @property
+    def at_steps(self) -> bool:
+        """Judged at chosen steps (`steps`), not over the run."""
+        return STATISTICS[self.statistic].reduce == "at_steps"
+
     @model_validator(mode="after")
     def _steps_only_for_step_rel(self) -> Criterion:
-        if self.steps is not None and self.statistic != "step_rel":
-            raise ValueError("steps applies to statistic step_rel only; use exclude_steps to leave steps out")
+        if self.steps is not None and not self.at_steps:
+            at = ", ".join(s.name for s in STATISTICS.values() if s.reduce == "at_steps")
+            raise ValueError(f"steps applies to statistic {at} only; use exclude_steps to leave steps out")
         return self
 
     @property
     def label(self) -> str:
         inner = f"{self.statistic}({self.metric}"
-        if self.statistic == "step_rel":
+        if self.at_steps:
             # unset steps: step 1, or the first step both logs print when neither printed it (the result says so)
             inner += f", step {','.join(str(s) for s in (self.steps or [1]))}"
         if self.exclude_steps:

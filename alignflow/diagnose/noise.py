@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from alignflow.backends import TrainSpec, render_training
-from alignflow.config.criteria import STATISTICS, Criterion
+from alignflow.config.criteria import Criterion
 from alignflow.config.experiment import Experiment
+from alignflow.config.statistics import STATISTICS
 from alignflow.errors import ConfigError, PipelineError, RemoteJobError
 from alignflow.logs.schema import ParsedLog
 from alignflow.pipeline import REFERENCE
@@ -70,7 +71,7 @@ def noise_floor(experiment: str, logs: Sequence[ParsedLog]) -> NoiseFloor:
     import numpy as np  # a cached run reads the recorded floor without it (issue 40)
 
     from alignflow.compare.comparison import comparable_metrics
-    from alignflow.compare.statistics import error_statistics, paired, step_relative_errors
+    from alignflow.compare.statistics import error_statistics, paired, values_at
 
     if len(logs) < 2:
         raise ConfigError("a noise floor needs at least 2 runs")
@@ -88,8 +89,9 @@ def noise_floor(experiment: str, logs: Sequence[ParsedLog]) -> NoiseFloor:
             vals = log.frame[m].to_numpy(dtype=float, na_value=np.nan)
             pairs = paired(log.frame.index.to_numpy(dtype=np.int64), vals, steps, ref)
             es = error_statistics(pairs)
-            for s in STATISTICS:
-                value = max(step_relative_errors(pairs, [1]).values(), default=0.0) if s == "step_rel" else es.get(s)
+            for s, stat in STATISTICS.items():
+                value = (max(values_at(pairs, stat, [1]).values(), default=0.0) if stat.reduce == "at_steps"
+                         else es.get(s))
                 if math.isfinite(value):
                     per[s] = max(per[s], abs(value))
             for step, e in zip(pairs.steps.tolist(), np.abs(pairs.error).tolist(), strict=True):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from alignflow.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from alignflow.logs.formats import FORMAT_NAMES, known_requirements
+    from alignflow.logs.formats import FORMATS, known_requirements
     from alignflow.logs.parse import FormatChoice, parse_log, parse_log_file
     from alignflow.logs.schema import (
         BOOKKEEPING_COLUMNS,
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
         FirstInterval,
         FirstIntervalChoice,
         FirstIntervalNote,
-        LogFormat,
         ParsedLog,
         Resolution,
         Restart,
@@ -41,10 +40,10 @@ if TYPE_CHECKING:
     from alignflow.logs.sentinels import CHECKPOINT_LOADED, check_sentinels
 
 _EXPORTS = {
-    "FORMAT_NAMES": "formats", "known_requirements": "formats",
+    "FORMATS": "formats", "known_requirements": "formats",
     "FormatChoice": "parse", "parse_log": "parse", "parse_log_file": "parse",
     "BOOKKEEPING_COLUMNS": "schema", "FIRST_INTERVAL_CHOICES": "schema", "FirstInterval": "schema",
-    "FirstIntervalChoice": "schema", "FirstIntervalNote": "schema", "LogFormat": "schema", "ParsedLog": "schema",
+    "FirstIntervalChoice": "schema", "FirstIntervalNote": "schema", "ParsedLog": "schema",
     "Resolution": "schema", "Restart": "schema", "Sentinel": "schema", "column_order": "schema",
     "is_cross_entropy": "schema", "is_loss": "schema",
     "CHECKPOINT_LOADED": "sentinels", "check_sentinels": "sentinels",
@@ -54,12 +53,11 @@ __all__ = [
     "BOOKKEEPING_COLUMNS",
     "CHECKPOINT_LOADED",
     "FIRST_INTERVAL_CHOICES",
-    "FORMAT_NAMES",
+    "FORMATS",
     "FirstInterval",
     "FirstIntervalChoice",
     "FirstIntervalNote",
     "FormatChoice",
-    "LogFormat",
     "ParsedLog",
     "Resolution",
     "Restart",

@@ -17,20 +17,20 @@ import logging
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
 
 from alignflow.errors import LogParseError
 from alignflow.logs.checks import near_misses
 from alignflow.logs.first_interval import ProcessStarts, deaverage
-from alignflow.logs.formats import BY_NAME, FORMAT_NAMES, FORMATS, LogFormatSpec, all_markers, all_rules
+from alignflow.logs.formats import FORMATS, LogFormatSpec, all_markers, all_rules
 from alignflow.logs.lines import StepLine
-from alignflow.logs.schema import FIRST_INTERVAL_CHOICES, FirstIntervalChoice, LogFormat, ParsedLog, Sentinel
+from alignflow.logs.schema import FIRST_INTERVAL_CHOICES, FirstIntervalChoice, ParsedLog, Sentinel
 from alignflow.logs.sentinels import SentinelScanner, clip_text
 from alignflow.logs.steps import StepRecords
 
 log = logging.getLogger(__name__)
 
-FormatChoice = Literal["auto", "mindformers", "megatron", "nemo"]
+FormatChoice = str
+"""`"auto"` or the name of a registered log format (alignflow.logs.formats.FORMATS)."""
 # The printed resolution of each column is read from the first RESOLUTION_SAMPLE step lines and every
 # RESOLUTION_SAMPLE-th after: formats are fixed per framework version, and this keeps a 100k-step parse fast
 # while still catching a run appended by another version.
@@ -66,114 +66,134 @@ def parse_log(
     Raises `LogParseError` when the log has no step lines (for the chosen rank), when it mixes both frameworks'
     step lines under `fmt="auto"`, or when `rank` names a rank that printed no step lines.
     """
-    formats, by_name = FORMATS, BY_NAME
+    by_name = dict(FORMATS)
     name: str = fmt.name if isinstance(fmt, LogFormatSpec) else fmt
     if isinstance(fmt, LogFormatSpec):  # a declared format: read with it, the known ones still name stray lines
-        formats, by_name = (*FORMATS, fmt), {**BY_NAME, fmt.name: fmt}
+        by_name[fmt.name] = fmt
     if name != "auto" and name not in by_name:
-        raise LogParseError(f"unknown log format {name!r}; use auto, {', '.join(FORMAT_NAMES)}", source=source)
+        raise LogParseError(f"unknown log format {name!r}; use auto, {', '.join(FORMATS)}", source=source)
     if first_interval not in FIRST_INTERVAL_CHOICES:
         raise LogParseError(f"unknown first_interval {first_interval!r}; use {', '.join(FIRST_INTERVAL_CHOICES)}",
                             source=source)
     where = source or "log"
-    specs = FORMATS if name == "auto" else (by_name[name],)
-    others = () if name == "auto" else tuple(spec for spec in FORMATS if spec.name != name)
-    scanner = SentinelScanner(all_rules(), all_markers())
-    steps: dict[LogFormat, dict[int | None, StepRecords]] = {spec.name: {} for spec in formats}
-    bad: dict[LogFormat, list[_Bad]] = {spec.name: [] for spec in formats}
-    not_last_stage: dict[int | None, int] = {}
-    line_no = 0
-    n_step_lines = 0
-    other_format_lines: dict[str, int] = {}  # step lines of formats not asked for (for the error message)
-    newline_seen = False
-    last_had_newline = True
-    last_step_text = ""
-    # the last physical line, when it was a step line (read, or unreadable: `bad`): the next one may continue it
-    pending: _Pending | None = None
-    for line_no, raw in enumerate(lines, 1):
-        last_had_newline = raw.endswith("\n")
-        newline_seen = newline_seen or last_had_newline
-        text = raw.rstrip("\r\n")
-        if "\x1b" in text:
-            text = _ANSI.sub("", text)
-        prefix = _RANK.match(text)
-        r: int | None = None
-        if prefix is not None:
-            r = int(prefix.group(1) or prefix.group(2) or prefix.group(3))
-            text = text[prefix.end():]
-        with_resolution = n_step_lines < RESOLUTION_SAMPLE or n_step_lines % RESOLUTION_SAMPLE == 0
-        which: LogFormat = "megatron"
-        rec: StepLine | str | None = None
-        try:
-            for spec in specs:
-                if spec.is_step_line(text):
-                    rec = spec.parse_step(text, with_resolution)
-                    if rec is not None:
-                        which = spec.name
-                        break
-            if rec is None:
-                if pending is not None and _join(pending, text, r, line_no, steps, bad, with_resolution):
-                    pending = None
-                    continue
-                pending = None
-                for other in others:
-                    if other.is_step_line(text) and other.parse_step(text, False) is not None:
-                        other_format_lines[other.name] = other_format_lines.get(other.name, 0) + 1
-                scanner.feed(line_no, text, r)
-                continue
-        except Exception as exc:  # a defect of this parser, never the log's fault: still no traceback
-            raise LogParseError(f"internal parser error on this line ({type(exc).__name__}: {exc}); please report "
-                                "it with the line", source=where, line=line_no) from exc
-        n_step_lines += 1
-        pending = None
-        if isinstance(rec, str):
-            bad[which].append(_Bad(line_no, text, r, rec))
-            if by_name[which].continues is not None:
-                pending = _Pending(which, r, text, not text.rstrip().endswith("|"), read=False)
-            continue
-        if rec.glued:  # another process's output glued after the last field: its sentinels count
-            scanner.feed(line_no, rec.glued, r)
-        if rec.not_last_stage:
-            not_last_stage[r] = not_last_stage.get(r, 0) + 1
-            continue
-        last_step_text = text
-        group = steps[which].get(r)
-        if group is None:
-            group = steps[which][r] = StepRecords(by_name[which].loss_columns)
-        group.add(line_no, rec, text)
-        if by_name[which].continues is not None:
-            pending = _Pending(which, r, text, rec.cut, read=True)
-    scanner.finish()
-    fatal = [x for x in scanner.sentinels if x.fatal]
+    read = _Pass(by_name, name, where)
+    read.read(lines)
+    fatal = [x for x in read.scanner.sentinels if x.fatal]
     hint = ""
     if fatal:
         hint = "; fatal line(s) found: " + "; ".join(f"{x.line_no}: {x.text}" for x in fatal[:3])
-    chosen = _choose_format(name, steps, bad, where, hint, bool(not_last_stage), other_format_lines, formats)
-    spec = by_name[chosen]
-    by_rank = steps[chosen]
-    rank_used = _choose_rank(by_rank, rank, not_last_stage, where, chosen, hint)
+    chosen = _choose_format(name, read.steps, read.bad, where, hint, read.stage_formats, read.other_format_lines,
+                            tuple(by_name.values()))
+    rank_used = _choose_rank(read.steps[chosen], rank, read.not_last_stage, where, chosen, hint)
+    parsed = _result(read, by_name[chosen], rank_used, first_interval, source, hint)
+    log.debug("%s", parsed.summary())
+    return parsed
+
+
+class _Pass:
+    """The one pass over a log's lines: step lines by format and rank, unreadable ones, sentinels and markers."""
+
+    def __init__(self, by_name: dict[str, LogFormatSpec], name: str, where: str) -> None:
+        self.by_name, self.where = by_name, where
+        self.specs = tuple(FORMATS.values()) if name == "auto" else (by_name[name],)
+        self.others = () if name == "auto" else tuple(spec for spec in FORMATS.values() if spec.name != name)
+        self.scanner = SentinelScanner(all_rules(), all_markers())
+        self.steps: dict[str, dict[int | None, StepRecords]] = {spec: {} for spec in by_name}
+        self.bad: dict[str, list[_Bad]] = {spec: [] for spec in by_name}
+        self.not_last_stage: dict[int | None, int] = {}
+        self.stage_formats: set[str] = set()  # formats whose lines of a non-last pipeline stage (`loss: N/A`) came
+        self.other_format_lines: dict[str, int] = {}  # step lines of formats not asked for (for the error message)
+        self.line_no = self.n_step_lines = 0
+        self.newline_seen, self.last_had_newline, self.last_step_text = False, True, ""
+        # the last physical line, when it was a step line (read, or unreadable: `bad`): the next one may continue it
+        self.pending: _Pending | None = None
+
+    def read(self, lines: Iterable[str]) -> None:
+        for self.line_no, raw in enumerate(lines, 1):
+            self.last_had_newline = raw.endswith("\n")
+            self.newline_seen = self.newline_seen or self.last_had_newline
+            text = raw.rstrip("\r\n")
+            if "\x1b" in text:
+                text = _ANSI.sub("", text)
+            prefix = _RANK.match(text)
+            r: int | None = None
+            if prefix is not None:
+                r = int(prefix.group(1) or prefix.group(2) or prefix.group(3))
+                text = text[prefix.end():]
+            try:
+                which, rec = self._step_line(text, r)
+            except Exception as exc:  # a defect of this parser, never the log's fault: still no traceback
+                raise LogParseError(f"internal parser error on this line ({type(exc).__name__}: {exc}); please "
+                                    "report it with the line", source=self.where, line=self.line_no) from exc
+            if rec is not None:
+                self._add(which, rec, text, r)
+        self.scanner.finish()
+
+    def _step_line(self, text: str, r: int | None) -> tuple[str, StepLine | str | None]:
+        """The format and reading of a step line; ("", None) for any other line, once its sentinels are read."""
+        with_resolution = self.n_step_lines < RESOLUTION_SAMPLE or self.n_step_lines % RESOLUTION_SAMPLE == 0
+        for spec in self.specs:
+            if spec.is_step_line(text) and (rec := spec.parse_step(text, with_resolution)) is not None:
+                return spec.name, rec
+        pending, self.pending = self.pending, None
+        if pending is not None and _join(pending, text, r, self.line_no, self.steps, self.bad, with_resolution,
+                                         self.by_name):
+            return "", None
+        for other in self.others:
+            if other.is_step_line(text) and other.parse_step(text, False) is not None:
+                self.other_format_lines[other.name] = self.other_format_lines.get(other.name, 0) + 1
+        self.scanner.feed(self.line_no, text, r)
+        return "", None
+
+    def _add(self, which: str, rec: StepLine | str, text: str, r: int | None) -> None:
+        self.n_step_lines += 1
+        self.pending = None
+        continues = self.by_name[which].continues is not None
+        if isinstance(rec, str):
+            self.bad[which].append(_Bad(self.line_no, text, r, rec))
+            if continues:
+                self.pending = _Pending(which, r, text, not text.rstrip().endswith("|"), read=False)
+            return
+        if rec.glued:  # another process's output glued after the last field: its sentinels count
+            self.scanner.feed(self.line_no, rec.glued, r)
+        if rec.not_last_stage:
+            self.not_last_stage[r] = self.not_last_stage.get(r, 0) + 1
+            self.stage_formats.add(which)
+            return
+        self.last_step_text = text
+        group = self.steps[which].get(r)
+        if group is None:
+            group = self.steps[which][r] = StepRecords(self.by_name[which].loss_columns)
+        group.add(self.line_no, rec, text)
+        if continues:
+            self.pending = _Pending(which, r, text, rec.cut, read=True)
+
+
+def _result(read: _Pass, spec: LogFormatSpec, rank_used: int | None, first_interval: FirstIntervalChoice,
+            source: str, hint: str) -> ParsedLog:
+    """The chosen format's and rank's step lines as the canonical frame, with every sentinel found."""
+    by_rank = read.steps[spec.name]
     records = by_rank[rank_used] if rank_used in by_rank else StepRecords()
     counted_from = records.rebase_epochs()
     # An unterminated last line of a file that otherwise has newlines may be a line still being written. PyNative
     # lines show whether they are whole (`}`); a legacy line has no terminator, so one that does not end like a
     # whole line (`]` of global_norm, `T` of throughput) is left out. A Megatron line says itself whether it ends
     # inside a field (`drop_cut_ends` below): a copied log's last line may lack both its ` |` and a line end.
-    sentinels = list(scanner.sentinels)
-    if (newline_seen and not last_had_newline and len(records) and records.line_nos[-1] == line_no
-            and chosen == "mindformers" and not last_step_text.rstrip().endswith(("]", "T", "}", "|"))):
-        sentinels.append(Sentinel(records.pop(), clip_text(last_step_text), "truncated_step_line", False,
+    sentinels = list(read.scanner.sentinels)
+    if (read.newline_seen and not read.last_had_newline and len(records) and records.line_nos[-1] == read.line_no
+            and spec.whole_line_ends is not None and not read.last_step_text.rstrip().endswith(spec.whole_line_ends)):
+        sentinels.append(Sentinel(records.pop(), clip_text(read.last_step_text), "truncated_step_line", False,
                                   "the last line has no line end (log still being written?): ignored", rank_used))
     sentinels += [Sentinel(n, clip_text(text), "truncated_step_line", False, "step line cut short inside a field "
                            "before the log ended or restarted (the process was killed while it wrote it?): ignored",
                            rank_used) for n, text in records.drop_cut_ends()]
     if not len(records):
-        raise LogParseError(f"no {chosen} step lines for rank {rank_used}{hint}", source=where)
-    sentinels += [records.classify_bad(b.line_no, b.text, b.reason, rank_used) for b in bad[chosen]
-                  if b.rank == rank_used]
+        raise LogParseError(f"no {spec.name} step lines for rank {rank_used}{hint}", source=source or "log")
+    bad = [b for b in read.bad[spec.name] if b.rank == rank_used]
+    sentinels += [records.classify_bad(b.line_no, b.text, b.reason, rank_used) for b in bad]
     outcome = None
-    if chosen == "megatron":
-        starts = ProcessStarts.from_lines(scanner.occurrences,
-                                          ((b.line_no, b.text) for b in bad[chosen] if b.rank == rank_used))
+    if spec.averages_first_interval:
+        starts = ProcessStarts.from_lines(read.scanner.occurrences, ((b.line_no, b.text) for b in bad))
         outcome = deaverage(records, starts, mode=first_interval, rank=rank_used)
     built = records.build(rank_used, spec)
     sentinels += built.sentinels
@@ -187,17 +207,15 @@ def parse_log(
                                   f"log ends at step {last_step} of {built.max_steps} (truncated, stopped early or "
                                   "still running)", rank_used))
     sentinels.sort(key=lambda x: x.line_no)
-    ranks = sorted(r for r in {*by_rank, *not_last_stage} if r is not None)
-    parsed = ParsedLog(
-        frame=built.frame, fmt=chosen, variant=built.variant + (f" ({counted_from})" if counted_from else ""),
+    ranks = sorted(r for r in {*by_rank, *read.not_last_stage} if r is not None)
+    return ParsedLog(
+        frame=built.frame, fmt=spec.name, variant=built.variant + (f" ({counted_from})" if counted_from else ""),
         resolution=built.resolution,
         sentinels=tuple(sentinels), repeated_steps=tuple(built.repeated_steps), restarts=tuple(built.restarts),
         line_numbers=built.line_numbers, source=source, rank=rank_used, ranks=tuple(ranks),
-        max_steps=built.max_steps, markers=dict(scanner.markers), lines_read=line_no,
+        max_steps=built.max_steps, markers=dict(read.scanner.markers), lines_read=read.line_no,
         first_interval=outcome.note if outcome is not None else None, gaps=built.gaps,
     )
-    log.debug("%s", parsed.summary())
-    return parsed
 
 
 class _Pending:
@@ -205,16 +223,16 @@ class _Pending:
 
     __slots__ = ("cut", "fmt", "rank", "read", "text")
 
-    def __init__(self, fmt: LogFormat, rank: int | None, text: str, cut: bool, *, read: bool) -> None:
+    def __init__(self, fmt: str, rank: int | None, text: str, cut: bool, *, read: bool) -> None:
         self.fmt, self.rank, self.text, self.cut, self.read = fmt, rank, text, cut, read
 
 
 def _join(pending: _Pending, text: str, r: int | None, line_no: int,
-          steps: dict[LogFormat, dict[int | None, StepRecords]], bad: dict[LogFormat, list[_Bad]],
-          with_resolution: bool) -> bool:
+          steps: dict[str, dict[int | None, StepRecords]], bad: dict[str, list[_Bad]],
+          with_resolution: bool, by_name: dict[str, LogFormatSpec]) -> bool:
     """Read the pending step line again joined with `text`, the physical line after it, when `text` continues it
     (a document that wrapped the line, issue 33); True if it did."""
-    spec = BY_NAME[pending.fmt]
+    spec = by_name[pending.fmt]
     if spec.continues is None or (r is not None and r != pending.rank):
         return False
     joined = spec.continues(pending.text, text, pending.cut)
@@ -251,12 +269,12 @@ def parse_log_file(path: str | Path, **kwargs: object) -> ParsedLog:
 
 
 def _choose_format(
-    fmt: str, steps: dict[LogFormat, dict[int | None, StepRecords]],
-    bad: dict[LogFormat, list[_Bad]], where: str, fatal_hint: str, mf_not_last_stage: bool,
-    other_lines: dict[str, int], formats: tuple[LogFormatSpec, ...] = FORMATS,
-) -> LogFormat:
-    # Lines of a non-last MindFormers pipeline stage (`loss: N/A`) identify the format even though they are dropped.
-    found = [spec.name for spec in formats if steps[spec.name] or (spec.name == "mindformers" and mf_not_last_stage)]
+    fmt: str, steps: dict[str, dict[int | None, StepRecords]],
+    bad: dict[str, list[_Bad]], where: str, fatal_hint: str, stage_formats: set[str],
+    other_lines: dict[str, int], formats: tuple[LogFormatSpec, ...],
+) -> str:
+    # Lines of a non-last pipeline stage (MindFormers' `loss: N/A`) identify the format even though they are dropped.
+    found = [spec.name for spec in formats if steps[spec.name] or spec.name in stage_formats]
     if fmt != "auto":
         asked = next((spec.name for spec in formats if spec.name == fmt), None)
         if asked in found:
@@ -269,9 +287,9 @@ def _choose_format(
                             line=first_bad)
     if not found:
         anchors = next((b for b in bad.values() if b), [])
+        seen = [f"{spec.label} {spec.anchor}".rstrip() for spec in formats]
         raise LogParseError(
-            f"no step lines (neither MindFormers `{{ step:[` / `{{ Epoch:[` / `Epoch:[..], loss:`, Megatron "
-            f"`iteration N/M |` nor NeMo 2 `Training epoch E, iteration N/M |`){_bad_hint(anchors)}; is this the "
+            f"no step lines (neither {', '.join(seen[:-1])} nor {seen[-1]}){_bad_hint(anchors)}; is this the "
             f"last pipeline stage's training log?{fatal_hint}", source=where,
             line=anchors[0].line_no if anchors else None)
     if len(found) > 1:
@@ -291,7 +309,7 @@ def _bad_hint(bad: list[_Bad]) -> str:
 
 def _choose_rank(
     by_rank: dict[int | None, StepRecords], rank: int | None, not_last_stage: dict[int | None, int],
-    where: str, fmt: LogFormat, fatal_hint: str,
+    where: str, fmt: str, fatal_hint: str,
 ) -> int | None:
     with_steps = sorted(r for r in by_rank if r is not None)
     if rank is not None:

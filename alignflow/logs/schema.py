@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import pandas as pd
 
-LogFormat = Literal["mindformers", "megatron", "nemo", "declared"]
 # What to do with Megatron's first printed interval (alignflow.logs.first_interval): decide from the log's evidence,
 # always undo the averaging, or leave every value as printed.
 FirstIntervalChoice = Literal["auto", "deaverage", "raw"]
@@ -234,7 +233,7 @@ class ParsedLog:
     """
 
     frame: pd.DataFrame
-    fmt: LogFormat
+    fmt: str  # the registered log format that read it (alignflow.logs.formats), or "declared"
     variant: str
     resolution: dict[str, Resolution]
     sentinels: tuple[Sentinel, ...]

@@ -360,10 +360,10 @@ def _row_from(result: Comparison, base: dict[str, Any]) -> Row:
                                                 p.samples_per_s)
 
     return Row(**base, verdict=result.verdict,
-               loss_mean_rel=_finite(lm.stats.mean_rel) if lm else None,
-               loss_max_abs=_finite(lm.stats.max_abs) if lm else None,
-               loss_max_rel=_finite(lm.stats.max_rel) if lm else None,
-               grad_norm_mean_rel=_finite(gn.stats.mean_rel) if gn else None,
+               loss_mean_rel=_finite(lm.stats.get("mean_rel")) if lm else None,
+               loss_max_abs=_finite(lm.stats.get("max_abs")) if lm else None,
+               loss_max_rel=_finite(lm.stats.get("max_rel")) if lm else None,
+               grad_norm_mean_rel=_finite(gn.stats.get("mean_rel")) if gn else None,
                perf_off=sp(perf.reference), perf_on=sp(perf.test), throughput_change=_finite(perf.throughput_change),
                failed=result.reasons,
                criteria=tuple(c.to_json() for c in result.criteria))

@@ -1,10 +1,14 @@
 """The seam under the transport: a `Shell` runs an argv on one host, and everything else is built on it.
 
 Shaped like httpx's `BaseTransport.handle_request`
-(https://github.com/encode/httpx/blob/master/httpx/_transports/base.py): a kind of host provides one method,
-`exec(argv, input, timeout_s) -> Result`. Two more have defaults: `spawn`, for a command that runs while the
-controller does something else (a lock's holder, a hash that follows a copy) - a shell that cannot hold a process
-open runs it on `exec` once it is read from -, and `workdir()`, the directory its paths are confined to, asked once.
+(https://github.com/encode/httpx/blob/master/httpx/_transports/base.py), whose seam is total: a kind of host
+provides two methods, and every guarantee above holds for any Shell that meets them. `exec(argv, input, timeout_s)
+-> Result` runs a command to its end; `spawn(argv) -> Spawned` starts one that runs while the controller does
+something else - a lock's holder keeps its lock until its stdin says so or closes, a hash follows a copy, a tar
+stream flows between two hosts. `spawn` has no default: it cannot be built on `exec`, whose input is whole before
+the command starts, and a stand-in that ran the command on `exec` once read from let a lock's holder print
+"locked" and exit before the locked block ran (issue 46). `workdir()`, the directory its paths are confined to,
+has a default that asks the host once.
 
 ```
 Shell          LocalShell (local.py) | SSHShell (ssh.py) | SlurmLoginShell (slurm_login.py) | FakeShell (testing)
@@ -60,7 +64,9 @@ class Result:
 class Spawned(Protocol):
     """A host command that runs while the controller does something else; the caller finishes or kills it."""
 
-    def send(self, data: bytes) -> None: ...
+    def send(self, data: bytes) -> None:
+        """Write `data` to the command's stdin."""
+        ...
 
     def read(self, n: int) -> bytes:
         """Up to `n` bytes of the command's stdout (blocking); b"" at its end."""
@@ -70,9 +76,14 @@ class Spawned(Protocol):
         """The next line of the command's stdout (blocking); what is left of it at end-of-file."""
         ...
 
-    def finish(self, timeout_s: float | None = None) -> Result: ...
+    def finish(self, timeout_s: float | None = None) -> Result:
+        """Close the command's stdin and wait for its end: its exit status and the output not read yet.
+        `CommandTimeout` (the command killed) when `timeout_s` passes first."""
+        ...
 
-    def kill(self) -> None: ...
+    def kill(self) -> None:
+        """End the command now (its stdin closes with it)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,10 +114,14 @@ class Shell(ABC):
         when `timeout_s` passes - the command is killed on the host.
         """
 
+    @abstractmethod
     def spawn(self, argv: Sequence[str]) -> Spawned:
-        """Start `argv` with its stdin open. This default, for a shell that cannot hold a process open, runs it on
-        `exec` when its output is first read or it is finished, with what was sent by then as its input."""
-        return _RunOnRead(self, argv)
+        """Start `argv` on the host now, its stdin open until `finish` or `kill` closes it.
+
+        The process runs while the caller sends and reads: what it prints is readable before it ends, and it sees
+        end-of-file on its stdin only when the caller finishes or kills it - or dies, so nothing a controller
+        holds through it (a lock) outlives the controller. `TransportError` as for `exec`.
+        """
 
     def openssh_client(self) -> OpenSSHClient | None:
         """How the controller's OpenSSH tools (rsync -e, ssh) reach this host's files; None where they do not.
@@ -156,41 +171,3 @@ def _workdir(parts: list[bytes], host: Host) -> Workdir:
             raise TransportError(f"workdir {host.workdir!r} {what} {value!r}, which holds a control character; "
                                  "choose a workdir without one", host=host.name)
     return Workdir(declared=posixpath.normpath(declared), real=real, home=home)
-
-
-class _RunOnRead:
-    """`Shell.spawn` of a shell without a process to hold open: one `exec`, when the output is first needed."""
-
-    def __init__(self, shell: Shell, argv: Sequence[str]) -> None:
-        self.shell, self.argv = shell, list(argv)
-        self.sent = bytearray()
-        self.result: Result | None = None
-        self.pos = 0
-
-    def _run(self, timeout_s: float | None = None) -> Result:
-        if self.result is None:
-            self.result = self.shell.exec(self.argv, input=bytes(self.sent), timeout_s=timeout_s)
-        return self.result
-
-    def send(self, data: bytes) -> None:
-        if self.result is None:  # once it ran, nothing reads its stdin any more
-            self.sent += data
-
-    def read(self, n: int) -> bytes:
-        out = self._run().stdout[self.pos:self.pos + n]
-        self.pos += len(out)
-        return out
-
-    def read_line(self) -> bytes:
-        stdout = self._run().stdout
-        end = stdout.find(b"\n", self.pos)
-        end = len(stdout) if end < 0 else end + 1
-        line, self.pos = stdout[self.pos:end], end
-        return line
-
-    def finish(self, timeout_s: float | None = None) -> Result:
-        return self._run(timeout_s)
-
-    def kill(self) -> None:
-        if self.result is None:
-            self.result = Result(137, stderr=b"killed before it ran\n")

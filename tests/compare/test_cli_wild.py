@@ -81,13 +81,12 @@ def test_nemo2_log_reads_and_an_unreadable_step_line_names_file_and_line(tmp_pat
 
 def test_a_parser_defect_is_exit_2_with_file_and_line_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard for defects of the parser itself (the fuzz test shows none is reached on any input)."""
-    import alignflow.logs.parse as parse_module
+    from alignflow.logs.formats import FORMATS
 
     def broken(text: str, with_resolution: bool = True) -> None:
         raise KeyError("remaining time")
 
-    specs = tuple(replace(s, parse_step=broken) if s.name == "megatron" else s for s in parse_module.FORMATS)
-    monkeypatch.setattr(parse_module, "FORMATS", specs)
+    monkeypatch.setitem(FORMATS, "megatron", replace(FORMATS["megatron"], parse_step=broken))
     log = WILD / "ms_swift_sft.log"
     result = CliRunner().invoke(app, ["compare", str(log), str(log)])
     assert result.exit_code == 2

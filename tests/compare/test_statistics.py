@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from alignflow.compare.comparison import compare
-from alignflow.compare.statistics import Pairs, error_statistics, perplexity, relative_error, step_relative_errors
+from alignflow.compare.statistics import Pairs, error_statistics, perplexity, relative_error, values_at
 from alignflow.config.criteria import Criterion
+from alignflow.config.statistics import STATISTICS
 from alignflow.logs import parse_log
 from tests.logfixtures import (
     make_run,
@@ -48,7 +49,7 @@ def test_error_statistics_match_the_definitions_on_random_data() -> None:
         assert math.isclose(stats.get(name), value, rel_tol=1e-9, abs_tol=1e-15), name
     assert stats.n == 997
     worst = max(range(997), key=lambda i: abs(test[i] - ref[i]))
-    assert stats.max_abs_step == worst + 1
+    assert stats.step_of("max_abs") == worst + 1
 
 
 def test_relative_error_uses_the_seed_denominator_floor() -> None:
@@ -62,16 +63,16 @@ def test_non_finite_pairs_are_left_out_not_absorbed() -> None:
     pairs = Pairs.from_arrays(steps, np.array([1.0, np.nan, 3.0, np.inf, 5.0]), np.array([1.0, 2.0, 2.0, 4.0, 4.0]))
     assert pairs.steps.tolist() == [1, 3, 5]
     stats = error_statistics(pairs)
-    assert stats.me == pytest.approx(2 / 3)
-    assert step_relative_errors(pairs, [2, 3]) == {2: pytest.approx(float("nan"), nan_ok=True),
+    assert stats.get("me") == pytest.approx(2 / 3)
+    assert values_at(pairs, STATISTICS["step_rel"], [2, 3]) == {2: pytest.approx(float("nan"), nan_ok=True),
                                                    3: pytest.approx(0.5)}
 
 
 def test_empty_pairs_give_nan_statistics() -> None:
     stats = error_statistics(Pairs(np.array([], dtype=np.int64), np.array([]), np.array([])))
     assert stats.n == 0
-    assert math.isnan(stats.me)
-    assert stats.max_abs_step is None
+    assert math.isnan(stats.get("me"))
+    assert stats.step_of("max_abs") is None
 
 
 def test_perplexity_is_exp_of_the_mean_and_last_loss() -> None:
@@ -101,7 +102,7 @@ def test_statistics_of_parsed_npu_and_gpu_logs_match_an_independent_computation(
     expected_excl = independent([t_loss[i] for i in keep], [r_loss[i] for i in keep])["mean_rel"]
     assert math.isclose(result.criteria[0].value, expected_excl, rel_tol=1e-9)
     step1 = abs(t_loss[0] - r_loss[0]) / (abs(r_loss[0]) + 1e-8)
-    assert result.metrics["lm_loss"].step_rel == {1: pytest.approx(step1)}
+    assert result.metrics["lm_loss"].at_steps["step_rel"] == {1: pytest.approx(step1)}
     ppl = result.metrics["lm_loss"].perplexity
     assert ppl is not None
     assert ppl.test == pytest.approx(math.exp(math.fsum(t_loss) / len(t_loss)))
@@ -114,16 +115,16 @@ def test_learning_rate_one_step_ahead_is_paired_with_one_step_tolerance() -> Non
     ref = parse_log(megatron_lines(run))
     aligned = compare(test, ref, [], lr_step_tolerance=1).metrics["lr"]
     assert aligned.shift == 1
-    assert aligned.stats.max_abs == pytest.approx(0.0, abs=1e-12)
+    assert aligned.stats.get("max_abs") == pytest.approx(0.0, abs=1e-12)
     assert aligned.stats.n == 29  # the last test step has no reference step s + 1
     strict = compare(test, ref, [], lr_step_tolerance=0).metrics["lr"]
     assert strict.shift == 0
-    assert strict.stats.max_abs == pytest.approx(1e-5)
+    assert strict.stats.get("max_abs") == pytest.approx(1e-5)
 
 
 def test_a_different_lr_schedule_is_not_explained_away_by_the_shift() -> None:
     run = make_run(30)
     doubled = replace(run, lr=[2 * v for v in run.lr])
     result = compare(parse_log(megatron_lines(doubled)), parse_log(megatron_lines(run)), [])
-    assert result.metrics["lr"].stats.max_abs == pytest.approx(1e-4)
+    assert result.metrics["lr"].stats.get("max_abs") == pytest.approx(1e-4)
     assert compare(parse_log(megatron_lines(run)), parse_log(megatron_lines(run)), []).metrics["lr"].shift == 0

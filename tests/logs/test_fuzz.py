@@ -279,7 +279,7 @@ PASTED = settings(SETTINGS, max_examples=40)
 MEGATRON_LINES = [line for line in STEP_LINES if (p := _parses([line])) is not None and p.fmt == "megatron"
                   and p.variant == "megatron"]
 # Real non-step output of the frameworks (the fixtures' other lines): what another process glues onto a line.
-OTHER_LINES = [line for line in LINES if line.strip() and not any(spec.is_step_line(line) for spec in FORMATS)]
+OTHER_LINES = [line for line in LINES if line.strip() and not any(spec.is_step_line(line) for spec in FORMATS.values())]
 
 
 def _values(parsed: ParsedLog | None) -> dict[str, object]:

@@ -61,7 +61,7 @@ def test_torch_dist_training_passes_against_the_mindspore_twin(logs: dict[str, P
     result = compare(logs["npu"], logs["torch_dist"], default_criteria())
     assert result.verdict == "pass", result.reasons
     lm = result.metrics["lm_loss"]
-    assert abs(lm.step_rel[1]) < 1e-6
+    assert abs(lm.at_steps["step_rel"][1]) < 1e-6
     assert result.steps.compared == 30
 
 

@@ -4,18 +4,22 @@ The runner's tests drive real `Transport`s - every line of files, jobs, copies a
 over `alignflow.testing.FakeShell`, whose handler here does what our host-side scripts do (they are named:
 `alignflow.transport.commands.script`), on the real directory the host's workdir names, without starting a
 process (the unit tier refuses one). A job does what its `FakeJob` says: it runs for `running_polls` polls,
-printing its stdout as it goes, then writes its outputs and exits. Host-side symlink confinement, locks held
-across controllers and real processes are the real hosts' tests' (tests/transport, tests/flows).
+printing its stdout as it goes, then writes its outputs and exits. A lock is held as the real holder holds it: an
+`flock(2)` on the lock file, from "locked" to the end of the holder's stdin, so two controllers' copies to one
+destination wait for each other here too. Host-side symlink confinement and real processes are the real hosts'
+tests' (tests/transport, tests/flows).
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import io
 import json
 import os
 import shutil
 import tarfile
+import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -80,11 +84,16 @@ class DirHost:
         self.commands.append(command)
         if self.before is not None:
             self.before(command)
+        if command.name == "lock":  # it runs as long as its caller holds the lock: not under the mutex
+            return self._hold_lock(command)
         answer = getattr(self, f"_{(command.name or '').replace('-', '_')}", None)
         if answer is None:
             return _fail(127, f"fake host {self.host.name}: nothing answers {command.argv[:3]}")
+        # All of stdin, as the answers take it (a spawned command's once its caller finished it); a tar stream's
+        # sender reads none, and its caller reads it to the end before finishing it.
+        data = b"" if command.name == "send" else command.input
         with self._mutex:
-            result: Result = answer(command.input, *command.args)
+            result: Result = answer(data, *command.args)
             return result
 
     def _workdir(self, data: bytes, workdir: str) -> Result:  # `Shell.workdir` (a FakeShell answers it itself)
@@ -176,8 +185,23 @@ class DirHost:
             return _fail(3)
         return _ok(json.dumps(fingerprint(path).to_json())) if os.path.exists(path) else _fail(2, "nothing arrived")
 
-    def _lock(self, data: bytes, *argv: str) -> Result:
-        return _ok("locked\n")  # one controller: the runner's own in-process staging lock is what is exercised
+    def _hold_lock(self, command: Command) -> Result:
+        """`locks._HOLDER`: "waiting" if another holder has the lock, "locked" once it is ours, kept until a line
+        or the end of stdin (an `flock` on the file: two opens of it exclude each other within a process too)."""
+        path = command.args[-1]
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                command.write(b"waiting\n")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            command.write(b"locked\n")
+            command.read_line()
+        finally:
+            os.close(fd)
+        return _ok()
 
     # -- the tar stream of a copy between two hosts that only have a shell (transfer._through_shells) -----------------
     def _send(self, data: bytes, path: str, kind: str) -> Result:
@@ -267,15 +291,18 @@ class VirtualClock:
 
 
 def dir_transport(host: Host, handler: DirHost, *, controller: Callable[[], Transport] | None = None,
-                  clock: Clock | None = None) -> Transport:
+                  clock: Clock | None = None, memo_path: str | None = None) -> Transport:
     """A `Transport` whose shell is `handler`'s host (its workdir a real directory)."""
-    return Transport(FakeShell(handler, host), controller=controller, clock=clock or VirtualClock())
+    return Transport(FakeShell(handler, host), controller=controller, clock=clock or VirtualClock(),
+                     memo_path=memo_path)
 
 
 def controller_in_process() -> Transport:
-    """The controller's own filesystem (workdir "/": its paths are the user's), answered in this process."""
+    """The controller's own filesystem (workdir "/": its paths are the user's), answered in this process; its locks
+    beside a memo in the temporary directory, as the real controller's are beside its memo in the state dir."""
     here = Host(name="controller", role="controller", transport="local", workdir="/")
-    return dir_transport(here, DirHost(here))
+    memo = os.path.join(tempfile.gettempdir(), f"alignflow-fake-controller-{os.getuid()}", "hashmemo.sqlite")
+    return dir_transport(here, DirHost(here), memo_path=memo)
 
 
 def on_disk(host: Host, script: JobScript | None = None) -> Transport:

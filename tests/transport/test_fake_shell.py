@@ -4,6 +4,7 @@ with `alignflow.testing.FakeShell`, in this process (the real shells: test_behav
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from alignflow.errors import PathNotAllowed, RemoteCommandError
 from alignflow.testing import Command, FakeShell
 from alignflow.transport import JobHandle, JobSpec, JobState, Result, Shell, Transport
 from alignflow.transport.commands import script, script_name, with_prologue
-from alignflow.transport.locks import host_lock
+from alignflow.transport.shell import Spawned
 from tests.runner.hosts import DirHost, FakeJob, VirtualClock, controller_in_process
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
@@ -27,9 +28,14 @@ class PodShell(Shell):
         super().__init__(host)
         self.kubectl = kubectl
 
+    def _argv(self, argv: Sequence[str]) -> list[str]:
+        return ["kubectl", "exec", "-i", f"pod/{self.host.name}", "--", *argv]
+
     def exec(self, argv: Sequence[str], *, input: bytes | None = None, timeout_s: float | None = None) -> Result:
-        pod = ["kubectl", "exec", "-i", f"pod/{self.host.name}", "--"]
-        return self.kubectl.exec([*pod, *argv], input=input, timeout_s=timeout_s)
+        return self.kubectl.exec(self._argv(argv), input=input, timeout_s=timeout_s)
+
+    def spawn(self, argv: Sequence[str]) -> Spawned:  # `kubectl exec -i` holds the process open, stdin and all
+        return self.kubectl.spawn(self._argv(argv))
 
 
 def test_a_new_kind_of_host_is_one_shell_and_files_jobs_and_copies_work_over_it(tmp_path: Path) -> None:
@@ -39,7 +45,7 @@ def test_a_new_kind_of_host_is_one_shell_and_files_jobs_and_copies_work_over_it(
 
     def kubectl(command: Command) -> Result:  # the cluster: `kubectl exec -i POD -- ARGV` runs ARGV in the pod
         sent.add(command.argv[:5])
-        return inside(Command(command.argv[5:], command.input, command.timeout_s))
+        return inside(replace(command, argv=command.argv[5:]))
 
     t = Transport(PodShell(pod, FakeShell(kubectl)), controller=controller_in_process, clock=VirtualClock())
     assert t.workdir().real == str(tmp_path / "pod")  # asked of the pod, as of any host
@@ -77,18 +83,30 @@ def test_the_real_parts_read_what_the_fake_answers_and_refuse_before_sending() -
     assert len(asked) == 2  # the escape was refused on the controller: nothing reached the host
 
 
-def test_a_spawned_command_of_a_shell_without_processes_runs_once_when_its_output_is_read() -> None:
-    asked: list[Command] = []
+class ExecOnly(Shell):
+    """A kind of host written to the old one-method contract: it runs commands, it cannot hold one open."""
 
-    def host(command: Command) -> Result:
-        asked.append(command)
+    def exec(self, argv: Sequence[str], *, input: bytes | None = None, timeout_s: float | None = None) -> Result:
         return Result(0, b"locked\n")
 
-    t = Transport(FakeShell(host))
-    with host_lock(t.files, "copy:/fake/in/ckpt", what="a copy"):
-        assert [c.name for c in asked] == ["lock"]  # the holder answered "locked": the block runs
-    assert len(asked) == 1
-    assert asked[0].input == b""  # it ran when read, before the release was sent
+
+def test_a_shell_must_hold_a_spawned_command_open_rather_than_inherit_one_that_cannot() -> None:
+    # The stand-in `spawn` it used to inherit ran the lock's holder on `exec`: the holder read end-of-file, printed
+    # "locked" and exited, so `host_lock` released the copy's lock before the locked block ran (issue 46).
+    with pytest.raises(TypeError, match="spawn"):
+        ExecOnly(Host(name="old", role="cpu", workdir="/w"))  # type: ignore[abstract]
+
+
+def test_a_spawned_command_runs_at_once_and_reads_its_stdin_as_it_is_sent() -> None:
+    def host(command: Command) -> Result:
+        command.write(b"ready\n")
+        line = command.read_line()
+        return Result(0, b"got " + line, b"", 0.0)
+
+    spawned = FakeShell(host).spawn(["bash", "-c", "read x; echo got $x"])
+    assert spawned.read_line() == b"ready\n"  # printed before its stdin said anything
+    spawned.send(b"go\n")
+    assert spawned.finish(timeout_s=5) == Result(0, b"got go\n")
 
 
 def test_the_slurm_login_shell_runs_the_hosts_setup_lines_before_slurms_tools_in_one_bash() -> None:
