@@ -79,7 +79,8 @@ def test_preflight_refuses_glm52_on_a_megatron_core_without_dsa(repo_root: Path,
 def test_preflight_refuses_glm52_on_0_19_without_the_declared_fix_naming_the_builder_line(repo_root: Path,
                                                                                            tmp_path: Path) -> None:
     """core_v0.19.0's pretrain_gpt.py builds through the ModelBuilder, whose MTP spec asserts on DSA (issue 50: rc 1 at
-    model build on the H100 with preflight passing); the recipe declares alignflow's fix, a copy without it is refused."""
+    model build on the H100 with preflight passing); the recipe declares alignflow's fix, a copy without it is
+    refused."""
     path = recipe_copy(repo_root, tmp_path, "glm52_mini", experiment={"gpu.fixes": []})
     result = CliRunner().invoke(app, ["preflight", str(path), "--hosts", str(repo_root / "hosts.ssh.example.yaml")])
     assert result.exit_code == 1, result.output
