@@ -12,6 +12,7 @@ from alignflow.runner.diagnose_step import run_diagnose
 from alignflow.runner.engine import StepRunner
 from alignflow.runner.gate import run_gate
 from alignflow.runner.jobstep import run_job_step
+from alignflow.runner.retry import retrying
 from alignflow.runner.session import StepOutcome
 
 Executor = Callable[[StepRunner, pipeline.StepSpec, Mapping[str, ArtifactRef]], StepOutcome]
@@ -26,6 +27,9 @@ EXECUTORS: dict[pipeline.ExecutorKind, Executor] = {
 
 
 def run_step(runner: StepRunner, step: str, available: Mapping[str, ArtifactRef]) -> StepOutcome:
-    """Execute (or reuse) one step given every artifact produced so far."""
+    """Execute (or reuse) one step given every artifact produced so far; after a transient transport error it is
+    tried again, with a notice, as `runner.backoff` says (`alignflow.runner.retry`: a step left running re-attaches
+    to its job)."""
     spec = runner.ctx.pipeline.step(step)
-    return EXECUTORS[spec.executor](runner, spec, available)
+    return retrying(lambda: EXECUTORS[spec.executor](runner, spec, available), what=step, backoff=runner.backoff,
+                    notice=lambda message: runner.emit(f"{step}: {message}"), stopped=runner.cancelled)
