@@ -65,12 +65,28 @@ def check_steps(*names: str | None) -> None:
                               f"{', '.join(pipeline.STEP_NAMES)}")
 
 
-def check_run_inputs(experiment: Path, hosts: Path) -> None:
-    """The experiment and the inventory load and agree (file:line errors, exit 2) - in well under a second, before
-    Prefect or any framework is imported."""
+def check_run_inputs(experiment: Path, hosts: Path, *steps: str | None) -> None:
+    """The experiment and the inventory load and agree (file:line errors, exit 2), and each named step is one of the
+    experiment's pipeline - in well under a second, before Prefect or any framework is imported."""
     from alignflow.runner.session import load_run_inputs
 
-    load_run_inputs(experiment, hosts)
+    loaded, _ = load_run_inputs(experiment, hosts)
+    check_pipeline_steps(loaded, *steps)
+
+
+def check_pipeline_steps(experiment: Any, *steps: str | None) -> None:
+    """Each named step is a step of `experiment`'s pipeline (derived from its checkpoint formats): a usage error,
+    exit 2, before a Prefect server is started or a run recorded (a step the pipeline lacks was found by the
+    planner, exit 1, after the server had started)."""
+    from alignflow.backends.registry import pipeline_for
+    from alignflow.errors import PipelineError
+
+    pipe = pipeline_for(experiment)
+    for name in filter(None, steps):
+        try:
+            pipe.step(name)
+        except PipelineError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -281,7 +297,7 @@ def run_cmd(
     verbosity = verbosity_of(quiet, verbose)
     path = resolve_experiment(experiment)
     check_steps(from_step, *only, *force)
-    check_run_inputs(path, hosts)
+    check_run_inputs(path, hosts, from_step, *only, *force)
     if parent is not None:
         from alignflow.cli.runs import open_store
 
@@ -307,7 +323,7 @@ def rerun_cmd(
     check_steps(step)
     started = time.monotonic()
     verbosity = verbosity_of(quiet, verbose)
-    parent = _rerunnable(run_id)
+    parent = _rerunnable(run_id, step)
     params = parent.alignment_params()
     record = _flow_run(verbosity=verbosity, experiment=params.experiment_path, hosts=params.hosts_path,
                        force=[step] if step else None, parent_run=parent.id, reuse_parent=True, trigger="rerun")
@@ -360,8 +376,9 @@ def reproduce_cmd(
     raise typer.Exit(0 if judged.verdict == "reproduced" else 1)
 
 
-def _rerunnable(run_id: str) -> RunRecord:
-    """The run `rerun` continues: not one still running; the jobs an interrupted one left are ended first."""
+def _rerunnable(run_id: str, step: str | None = None) -> RunRecord:
+    """The run `rerun` continues: not one still running, whose pipeline has `step`; the jobs an interrupted one left
+    are ended first."""
     from alignflow.cli.runs import open_store
     from alignflow.store import RunStatus
 
@@ -372,6 +389,7 @@ def _rerunnable(run_id: str) -> RunRecord:
             raise ConfigError(f"run {parent.id} is still running (driven by pid "
                               f"{(parent.controller or {}).get('pid', '?')}); wait for it, or `alignflow cancel "
                               f"{parent.id}` first")
+        check_pipeline_steps(parent.alignment_params().experiment, step)
         if parent.status == RunStatus.INTERRUPTED:
             _end_left_jobs(store, parent.id)
     finally:
