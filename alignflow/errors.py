@@ -191,6 +191,9 @@ class ConversionError(AlignflowError):
 
     def __init__(self, problems: Sequence[str], *, header: str = "conversion failed") -> None:
         self.problems = list(problems)
+        if len(self.problems) == 1:  # one line: what failed, and the file and problem that failed it
+            super().__init__(f"{header}: {self.problems[0]}")
+            return
         body = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{header} ({len(self.problems)} problem(s)):\n{body}")
 
