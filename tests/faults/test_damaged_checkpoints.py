@@ -1,12 +1,14 @@
 """Issue 45, item 4: every checkpoint reader fails closed. A truncated, emptied, missing or garbled file of any format
-(MindFormers, Megatron legacy, torch_dist, DCP, Hugging Face; the sharded ones shard by shard) ends the conversion
+(MindFormers, Megatron legacy of one rank and of tp 2 x pp 2, torch_dist, DCP, Hugging Face of one file and sharded
+with its index; every shard, one at a time) ends the conversion
 with exit 1 and one line naming the file - never a library's traceback (a torch_dist checkpoint with a truncated
 `.distcp` ended in `ValueError: negative seek value`; an emptied one in typer's bare "Aborted."), and nothing is
 written. A config that contradicts the tensors is refused naming both; `compare` of a file that is not a text log
 is exit 2.
 
-What is not a damage a reader can see: bytes changed inside a tensor's data (no format here has checksums), and a
-file a format may lack (a MindFormers `common.json`, a Hugging Face `config.json`).
+What is not a damage a reader can see: bytes changed inside a tensor's data (only torch_dist's items carry CRC-32s,
+those of their torch.save archives), and a
+file a format may lack (a MindFormers `common.json`, a Hugging Face `config.json` or index).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     model = root / "model.json"
     model.write_text(json.dumps(load_spec(SPEC).model.model_dump(mode="json")))
     for args in (("megatron", "mindformers", "megatron", "--spec", SPEC),
+                 ("megatron", "mindformers", "megatron_sharded", "--spec", SPEC, "--tp", "2", "--pp", "2"),
                  ("hf", "megatron", "hf", "--spec", SPEC, "--model", str(model)),
                  ("dcp", "hf", "dcp")):
         target, src, dst, *rest = args
@@ -53,13 +56,31 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         assert done.exit_code == 0, done.output
     convert_checkpoint(root / "mindformers", root / "torch_dist", source="mindformers", target="torch_dist",
                        spec=SPEC)
+    _shard_hf(root / "hf", root / "hf_sharded")
     return {p.name: p for p in root.iterdir() if p.is_dir()}
+
+
+def _shard_hf(src: Path, dst: Path) -> None:
+    """`src`'s tensors in two files and the index `save_pretrained` writes for a sharded checkpoint."""
+    from safetensors.torch import load_file, save_file
+
+    dst.mkdir()
+    shutil.copy(src / "config.json", dst)
+    tensors = load_file(str(src / "model.safetensors"))
+    names = sorted(tensors)
+    weight_map = {}
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2:]), start=1):
+        file = f"model-{i:05d}-of-00002.safetensors"
+        save_file({n: tensors[n] for n in part}, str(dst / file), metadata={"format": "pt"})
+        weight_map |= dict.fromkeys(part, file)
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
 
 
 def _convert(fmt: str, src: Path, dst: Path) -> Any:
     """Read `src` (of `fmt`) through its reader: into Megatron's legacy format for MindFormers, else MindFormers."""
     if fmt == "mindformers":
         return _invoke("convert", "megatron", str(src), str(dst), "--spec", SPEC)
+    fmt = fmt.removesuffix("_sharded")
     return _invoke("convert", "mindformers", str(src), str(dst), "--spec", SPEC, "--from", fmt)
 
 
@@ -82,13 +103,16 @@ DAMAGES: dict[str, Callable[[Path], None]] = {
 FILES: dict[str, dict[str, str]] = {
     "mindformers": {"tensors": "iteration_*/*.safetensors", "metadata": "iteration_*/common.json"},
     "megatron": {"tensors": "iter_*/mp_rank_00/model_optim_rng.pt"},
+    "megatron_sharded": {"tensors": "iter_*/mp_rank_*/model_optim_rng.pt"},  # tp 2 x pp 2
     "torch_dist": {"shard": "iter_*/__0_*.distcp", "metadata": "iter_*/.metadata", "common": "iter_*/common.pt",
                    "backend": "iter_*/metadata.json"},
     "hf": {"tensors": "model.safetensors", "config": "config.json"},
+    "hf_sharded": {"tensors": "model-*.safetensors", "index": "model.safetensors.index.json"},
     "dcp": {"shard": "__0_0.distcp", "metadata": ".metadata"},
 }
 # A file a format may lack: the conversion is right without it.
-OPTIONAL = {("mindformers", "metadata", "missing"), ("hf", "config", "missing")}
+OPTIONAL = {("mindformers", "metadata", "missing"), ("hf", "config", "missing"),
+            ("hf_sharded", "index", "missing")}  # its shards are found by their names then
 CASES = [(fmt, role, damage) for fmt, roles in FILES.items() for role in roles for damage in DAMAGES
          if (fmt, role, damage) not in OPTIONAL]
 
