@@ -15,7 +15,7 @@ from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Completed, Failed
 
 from alignflow import pipeline
-from alignflow.errors import AlignflowError, RemoteJobError
+from alignflow.errors import AlignflowError, RemoteJobError, RunCancelled
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.run import finish, preflight_run, run_inputs, start_run
 from alignflow.runner.session import RunOptions, StepOutcome
@@ -87,7 +87,7 @@ def step_task(run_id: str, step: str, available: Mapping[str, ArtifactRef]) -> S
     naming the run it came from (`flows.states.step_state`); the task's result is the `StepOutcome` either way."""
     reporter = TaskReporter(get_run_logger(), step_label(run_id, step))
     try:
-        with runner_for(run_id, events=reporter.message, progress=reporter.progress,
+        with runner_for(run_id, events=reporter.message, warnings=reporter.warning, progress=reporter.progress,
                         progress_every_s=PROGRESS_EVERY_S) as runner:
             outcome = run_step(runner, step, available)
     except BaseException as exc:
@@ -103,7 +103,8 @@ def step_task(run_id: str, step: str, available: Mapping[str, ArtifactRef]) -> S
 def was_cancelled(run_id: str, exc: BaseException) -> bool:
     """Whether a step ended by `exc` was cancelled rather than failed: interrupted, its job killed from outside (the
     run's cancellation: Ctrl-C, `alignflow cancel`, the UI's Cancel), or its run recorded cancelled meanwhile."""
-    if not isinstance(exc, Exception):
+    # RunCancelled: the step itself saw its run cancelled (in a retry's back-off: alignflow.runner.retry)
+    if not isinstance(exc, Exception) or isinstance(exc, RunCancelled):
         return True
     if isinstance(exc, RemoteJobError) and getattr(exc.state, "kind", None) == "cancelled":
         return True

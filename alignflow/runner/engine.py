@@ -101,11 +101,13 @@ class StepRunner:
         progress: ProgressFn | None = None,
         progress_every_s: float = PROGRESS_EVERY_S,
         backoff: Backoff = DEFAULT_BACKOFF,
+        warnings: Events | None = None,
     ) -> None:
         """`transport_factory` opens the transport of an inventory host; `controller` the controller's own (by
         default: its real filesystem, unconfined, with the state dir's hash memo); `progress` receives where a
         running job stands every `progress_every_s` (default: a line through `events`); `backoff`: how a step is
-        retried after a transient transport error (`alignflow.runner.retry`)."""
+        retried after a transient transport error (`alignflow.runner.retry`); `warnings` receives what the user must
+        see at every verbosity, such as a retry's notice (default: a warning through `logging`)."""
         self.ctx = ctx
         self.store = store
         self.state_dir = state_dir
@@ -114,6 +116,7 @@ class StepRunner:
             lambda host: controller_transport(memo_path=str(self.state_dir / "hashmemo.sqlite")))
         self._transports: dict[str, Transport] = {}
         self._events = events or (lambda msg: log.info("%s", msg))
+        self._warnings = warnings or (lambda msg: log.warning("%s", msg))
         self._progress: ProgressFn = progress or (lambda p: self.emit(p.line()))
         self.progress_every_s = progress_every_s
         self.poll_s = poll_s
@@ -140,6 +143,10 @@ class StepRunner:
     # ------------------------------------------------------------------ plumbing
     def emit(self, message: str) -> None:
         self._events(message)
+
+    def warn(self, message: str) -> None:
+        """A message the user sees whatever the verbosity (a retry's notice: a run retrying must not look hung)."""
+        self._warnings(message)
 
     def cancelled(self) -> bool:
         """Whether the run was cancelled: by this process (Ctrl-C, a stopped `serve`), or recorded cancelled by

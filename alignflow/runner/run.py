@@ -321,7 +321,7 @@ def execute_pipeline(
 
         def run_one(step: str, available: Mapping[str, ArtifactRef]) -> StepOutcome:
             runner = StepRunner(child, store=store, state_dir=state_dir, transport_factory=transport_factory,
-                                events=events, controller=controller, backoff=backoff)
+                                events=events, controller=controller, backoff=backoff, warnings=events)
             try:
                 return run_step(runner, step, available)
             finally:

@@ -32,4 +32,4 @@ def run_step(runner: StepRunner, step: str, available: Mapping[str, ArtifactRef]
     to its job)."""
     spec = runner.ctx.pipeline.step(step)
     return retrying(lambda: EXECUTORS[spec.executor](runner, spec, available), what=step, backoff=runner.backoff,
-                    notice=lambda message: runner.emit(f"{step}: {message}"), stopped=runner.cancelled)
+                    notice=lambda message: runner.warn(f"{step}: {message}"), stopped=runner.cancelled)

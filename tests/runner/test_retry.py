@@ -86,7 +86,7 @@ def test_a_cancellation_during_the_back_off_ends_it_at_once(lab: FakeLab) -> Non
     _fail_first(lab, run_id, "ascend", HostUnreachable("connection lost", host="ascend"), times=9)
     runner = StepRunner(open_run(lab.store, run_id), store=lab.store, state_dir=lab.state,
                         transport_factory=lab.transport, controller=lab.controller, events=lab.messages.append,
-                        backoff=Backoff(delays_s=(600,), slice_s=0.05))
+                        warnings=lab.messages.append, backoff=Backoff(delays_s=(600,), slice_s=0.05))
     from alignflow.runner.run import data_artifact
 
     data = data_artifact(runner.ctx, state_dir=lab.state)
