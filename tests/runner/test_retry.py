@@ -60,6 +60,9 @@ def test_a_host_whose_name_does_not_resolve_ends_the_run_error_at_once_not_retri
     assert "(check: ascend reachable)" in view.error  # type: ignore[attr-defined]
     assert clock.now == 0
     assert not [m for m in lab.messages if "retrying" in m]
+    # the step that failed is recorded failed, with its error (it failed before its executor recorded it)
+    step = view.step("npu_base_train")  # type: ignore[attr-defined]
+    assert (step.status, step.error.startswith("ascend: cannot resolve")) == ("failed", True)
 
 
 def test_the_last_retry_s_error_ends_the_step() -> None:

@@ -125,3 +125,6 @@ def test_a_run_against_an_unresolvable_host_ends_error_in_seconds(tmp_path: Path
     assert "(check: ascend reachable)" in view.error  # the permanent kind: not retried by the flow's step task
     assert "\n" not in view.error
     assert not [m for m in messages if "retrying" in m]
+    step = view.step("npu_base_train")  # it failed reaching its host, before its executor recorded it
+    assert step is not None
+    assert (step.status, step.error) == ("failed", view.error)
