@@ -32,6 +32,9 @@ _PROBE = r"""
 for t in rsync setsid flock; do printf '%s=%s\n' "$t" "$(command -v "$t" || true)"; done
 d=$1; while [ ! -e "$d" ]; do d=$(dirname -- "$d"); done
 printf 'free_kib=%s\n' "$(df -Pk -- "$d" | awk 'NR==2 {print $4}')"
+if [ -d "$d" ] && [ -w "$d" ] && [ -x "$d" ]; then w=ok; [ "$d" = "$1" ] || w="created on first use, in $d"
+elif [ "$d" = "$1" ]; then w="not a writable directory"; else w="cannot be created: $d is not writable"; fi
+printf 'workdir=%s\n' "$w"
 printf 'python=%s\n' "$("$2" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null)"
 printf 'alignflow=%s\n' "$("$2" -c 'import alignflow, importlib.metadata as m; print(m.version("alignflow"))' \
   2>/dev/null)"
@@ -148,7 +151,7 @@ def host_checks(host: Host, *, transport_factory: Callable[[Host], Any],
             done = t.run(["bash", "-c", _PROBE, "doctor", host.workdir, t.python()],
                          timeout_s=host.connect_timeout_s + 60, check=False)
     except AlignflowError as exc:
-        return [Check(where, "reachable", False, str(exc))]
+        return [Check(where, getattr(exc, "check", "reachable"), False, getattr(exc, "cause", str(exc)))]
     facts = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     checks = [Check(where, "reachable", True, f"{host.transport}" + (f" {host.user}@{host.address}"
                                                                      if host.transport == "ssh" else ""))]
@@ -165,6 +168,9 @@ def host_checks(host: Host, *, transport_factory: Callable[[Host], Any],
                         why="copies to and from SSH hosts" if host.transport == "ssh" else "local host"))
     for tool in ("setsid", "flock"):
         checks.append(_tool(where, tool, facts.get(tool), needed=True, why="detached jobs and their slots"))
+    workdir = facts.get("workdir", "")
+    checks.append(Check(where, "workdir", workdir == "ok" or workdir.startswith("created on first use"),
+                        f"{host.workdir}: {workdir or 'not probed'}"))
     free = facts.get("free_kib", "")
     checks.append(_disk(where, host.workdir, int(free) * 1024 if free.isdigit() else None, min_free_bytes))
     return checks

@@ -6,8 +6,11 @@ AlignflowError                      retryable?
  +-- TransportError(host)           yes  connect / auth / channel failure
  |    +-- CommandTimeout            yes
  |    +-- HostUnreachable           yes  the host did not answer within its connect timeout
- |    +-- HostKeyRejected           no   "trust it with: alignflow hosts trust NAME"
- |    +-- AuthenticationFailed      no   the host refused our key (or the agent had none it accepts)
+ |    +-- HostUnusable              no   what retrying cannot change (exit 2); each names the `doctor` check
+ |         +-- HostNotFound         no   the host's address does not resolve
+ |         +-- HostKeyRejected      no   "trust it with: alignflow hosts trust NAME"
+ |         +-- AuthenticationFailed no   the host refused our key (or the agent had none it accepts)
+ |         +-- WorkdirUnusable      no   the host's workdir cannot be created or entered
  +-- PathNotAllowed                 no   a remote path outside the host's workdir
  +-- PathMissing                    no   a path that must exist on a host does not
  +-- PathExists                     no   a copy would overwrite different content at its destination
@@ -115,19 +118,41 @@ class HostUnreachable(TransportError):
     """The host did not accept a connection within its connect timeout."""
 
 
-class HostKeyRejected(TransportError):
-    """The host presented a key that is not in the managed known_hosts file (or a changed one)."""
+class HostUnusable(TransportError):
+    """A host that retrying cannot make usable: its name does not resolve, it presents a key we do not trust, it
+    refuses our key, its workdir cannot be made. The step ends at once (issue 45: a `.invalid` address was retried
+    for minutes), the run `error`, exit 2: the inventory or the host is the user's to fix. `check` is the line of
+    `alignflow doctor` that shows the same problem."""
 
     retryable = False
+    exit_code = 2
+    check = "reachable"
+
+    def __init__(self, message: str, *, host: str) -> None:
+        self.cause = f"{host}: {message}"  # without the pointer to doctor (what doctor itself prints)
+        super().__init__(f"{message}; `alignflow doctor --hosts <inventory>` shows it (check: {host} {self.check})",
+                         host=host)
+
+
+class HostNotFound(HostUnusable):
+    """The host's address does not resolve (a typo, a host that was renamed, a `.invalid` name)."""
+
+
+class HostKeyRejected(HostUnusable):
+    """The host presented a key that is not in the managed known_hosts file (or a changed one)."""
 
     def __init__(self, message: str, *, host: str) -> None:
         super().__init__(f"{message}; if the key is right, trust it with: alignflow hosts trust {host}", host=host)
 
 
-class AuthenticationFailed(TransportError):
+class AuthenticationFailed(HostUnusable):
     """The host refused every key offered (identity file or agent). Retrying does not help."""
 
-    retryable = False
+
+class WorkdirUnusable(HostUnusable):
+    """The host's workdir cannot be created or entered (no permission, a file in its place, a read-only disk)."""
+
+    check = "workdir"
 
 
 class PathNotAllowed(AlignflowError):
@@ -180,6 +205,9 @@ class ConversionError(AlignflowError):
 
     def __init__(self, problems: Sequence[str], *, header: str = "conversion failed") -> None:
         self.problems = list(problems)
+        if len(self.problems) == 1:  # one line: what failed, and the file and problem that failed it
+            super().__init__(f"{header}: {self.problems[0]}")
+            return
         body = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{header} ({len(self.problems)} problem(s)):\n{body}")
 

@@ -75,13 +75,20 @@ def check_run_inputs(experiment: Path, hosts: Path, *steps: str | None) -> None:
     """The experiment and the inventory load and agree, and the steps named are the experiment's (file:line
     errors, exit 2) - in well under a second, before Prefect or any framework is imported."""
     # The loaders that alignflow.runner.session.load_run_inputs calls, without the runner's store (SQLAlchemy, 0.5 s)
-    from alignflow.backends.registry import pipeline_for
     from alignflow.config import check_hosts, load_experiment, load_hosts
 
     inventory = load_hosts(hosts)
     loaded = load_experiment(experiment, inventory)
     check_hosts(loaded, inventory)
-    check_steps(*steps, steps=pipeline_for(loaded).names, owner=loaded.name)
+    check_pipeline_steps(loaded, *steps)
+
+
+def check_pipeline_steps(experiment: Any, *steps: str | None) -> None:
+    """Each named step is a step of `experiment`'s pipeline (derived from its checkpoint formats): a usage error,
+    exit 2, before a Prefect server is started or a run recorded."""
+    from alignflow.backends.registry import pipeline_for
+
+    check_steps(*steps, steps=pipeline_for(experiment).names, owner=experiment.name)
 
 
 @dataclass(frozen=True)
@@ -324,7 +331,7 @@ def rerun_cmd(
     check_steps(step)
     started = time.monotonic()
     verbosity = verbosity_of(quiet, verbose)
-    parent = _rerunnable(run_id)
+    parent = _rerunnable(run_id, step)
     params = parent.alignment_params()
     record = _flow_run(verbosity=verbosity, experiment=params.experiment_path, hosts=params.hosts_path,
                        force=[step] if step else None, parent_run=parent.id, reuse_parent=True, trigger="rerun")
@@ -377,8 +384,9 @@ def reproduce_cmd(
     raise typer.Exit(0 if judged.verdict == "reproduced" else 1)
 
 
-def _rerunnable(run_id: str) -> RunRecord:
-    """The run `rerun` continues: not one still running; the jobs an interrupted one left are ended first."""
+def _rerunnable(run_id: str, step: str | None = None) -> RunRecord:
+    """The run `rerun` continues: not one still running, whose pipeline has `step`; the jobs an interrupted one left
+    are ended first."""
     from alignflow.cli.runs import open_store
     from alignflow.store import RunStatus
 
@@ -389,6 +397,7 @@ def _rerunnable(run_id: str) -> RunRecord:
             raise ConfigError(f"run {parent.id} is still running (driven by pid "
                               f"{(parent.controller or {}).get('pid', '?')}); wait for it, or `alignflow cancel "
                               f"{parent.id}` first")
+        check_pipeline_steps(parent.alignment_params().experiment, step)
         if parent.status == RunStatus.INTERRUPTED:
             _end_left_jobs(store, parent.id)
     finally:

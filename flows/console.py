@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Literal
 
-from alignflow.errors import ConfigError
+from alignflow.errors import AlignflowError, ConfigError
 
 Verbosity = Literal["quiet", "normal", "verbose"]
 
@@ -47,14 +47,20 @@ def quiet_prefect(verbosity: Verbosity) -> None:
 
 class _NoFinalStates(logging.Filter):
     """Off `--verbose`, the engine's `Finished in state Cancelled(...)` / `Failed(...)` records (logged at ERROR)
-    stay in the UI: the display's step lines and the run's summary say the same."""
+    stay in the UI: the display's step lines and the run's summary say the same. So does its `Task run failed with
+    exception` record of an `AlignflowError`, a traceback of what is the user's to fix (a host that does not
+    resolve, a failed job): the step's line and the run's error say it in one line (issue 45)."""
 
     def __init__(self, verbosity: Verbosity) -> None:
         super().__init__()
         self.verbosity = verbosity
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return self.verbosity == "verbose" or not str(record.msg).startswith("Finished in state ")
+        if self.verbosity == "verbose":
+            return True
+        if record.exc_info and isinstance(record.exc_info[1], AlignflowError):
+            return False
+        return not str(record.msg).startswith("Finished in state ")
 
 
 @contextmanager

@@ -66,11 +66,12 @@ def transport_factory() -> TransportFactory:
 
 
 @contextmanager
-def runner_for(run_id: str, *, events: Events | None = None, progress: ProgressFn | None = None,
+def runner_for(run_id: str, *, events: Events | None = None, warnings: Events | None = None,
+               progress: ProgressFn | None = None,
                progress_every_s: float = PROGRESS_EVERY_S) -> Iterator[StepRunner]:
     """A `StepRunner` of the run for one task (its transports are the task's own: runners are not shared)."""
     runner = StepRunner(run_context(run_id), store=open_store(), state_dir=state_dir(),
-                        transport_factory=transport_factory(), events=events, progress=progress,
+                        transport_factory=transport_factory(), events=events, warnings=warnings, progress=progress,
                         progress_every_s=progress_every_s)
     try:
         yield runner

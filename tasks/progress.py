@@ -77,6 +77,10 @@ class TaskReporter:
         self._last: StepProgress | None = None
         self._logged_at: float | None = None
 
+    def warning(self, text: str) -> None:
+        """A message every verbosity shows (Prefect's console handler shows warnings, `--quiet` too) and the UI."""
+        self.logger.warning("%s", text)
+
     def message(self, text: str) -> None:
         self.logger.info("%s", text)
         for observer in _each():

@@ -11,11 +11,11 @@ from typing import Any, cast
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.client.schemas.objects import State, TaskRun
+from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Completed, Failed
 
 from alignflow import pipeline
-from alignflow.errors import AlignflowError, RemoteJobError
+from alignflow.errors import AlignflowError, RemoteJobError, RunCancelled
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.run import finish, preflight_run, run_inputs, start_run
 from alignflow.runner.session import RunOptions, StepOutcome
@@ -29,15 +29,6 @@ PROGRESS_EVERY_S = 0.0  # every poll of a running job (the runner's 2 s): the te
 # Caching is alignflow's (the store decides by cache key and re-verified fingerprints), not Prefect's.
 _COMMON: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False}
 CACHED = "Cached"  # the name Prefect's own cache gives a reused task result (its type stays COMPLETED)
-
-
-def retry_on_transient(task: object, task_run: TaskRun, state: State[object]) -> bool:
-    """Retry only transport errors (connection, timeout); never a failed command, sentinel or comparison."""
-    try:
-        state.result()
-    except Exception as exc:  # the state's exception is re-raised here
-        return bool(getattr(exc, "retryable", False))
-    return False
 
 
 def step_state(outcome: StepOutcome) -> StepOutcome | State[object]:
@@ -78,8 +69,7 @@ def preflight_task(run_id: str) -> pipeline.Plan:
     return ctx.plan
 
 
-@task(name="data", task_run_name="data", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=retry_on_transient,
-      **_COMMON)
+@task(name="data", task_run_name="data", **_COMMON)
 def data_task(run_id: str) -> dict[str, ArtifactRef]:
     """Fingerprint (or generate) the data file both sides read, and the shared starting checkpoint if any."""
     inputs = run_inputs(run_context(run_id), state_dir=state_dir())
@@ -88,15 +78,16 @@ def data_task(run_id: str) -> dict[str, ArtifactRef]:
     return inputs
 
 
-@task(retries=3, retry_delay_seconds=[10, 60, 300], retry_jitter_factor=0.5, retry_condition_fn=retry_on_transient,
-      **_COMMON)
+# No Prefect retries: the core retries a step after a transient transport error, with a notice and a back-off that
+# yields to Ctrl-C (alignflow.runner.retry); Prefect's slept in the task's thread, silently, up to five minutes.
+@task(**_COMMON)
 def step_task(run_id: str, step: str, available: Mapping[str, ArtifactRef]) -> StepOutcome | State[object]:
     """Run (or reuse) one pipeline step on its host; messages and progress go to the task log, a progress
     artifact and the process's observers (`tasks.progress`). A reused step ends in Prefect's `Cached` state
     naming the run it came from (`flows.states.step_state`); the task's result is the `StepOutcome` either way."""
     reporter = TaskReporter(get_run_logger(), step_label(run_id, step))
     try:
-        with runner_for(run_id, events=reporter.message, progress=reporter.progress,
+        with runner_for(run_id, events=reporter.message, warnings=reporter.warning, progress=reporter.progress,
                         progress_every_s=PROGRESS_EVERY_S) as runner:
             outcome = run_step(runner, step, available)
     except BaseException as exc:
@@ -112,7 +103,8 @@ def step_task(run_id: str, step: str, available: Mapping[str, ArtifactRef]) -> S
 def was_cancelled(run_id: str, exc: BaseException) -> bool:
     """Whether a step ended by `exc` was cancelled rather than failed: interrupted, its job killed from outside (the
     run's cancellation: Ctrl-C, `alignflow cancel`, the UI's Cancel), or its run recorded cancelled meanwhile."""
-    if not isinstance(exc, Exception):
+    # RunCancelled: the step itself saw its run cancelled (in a retry's back-off: alignflow.runner.retry)
+    if not isinstance(exc, Exception) or isinstance(exc, RunCancelled):
         return True
     if isinstance(exc, RemoteJobError) and getattr(exc.state, "kind", None) == "cancelled":
         return True

@@ -110,6 +110,8 @@ def diagnose_cmd(
 
     Exit 0 when no module diverges, 1 when one does (it is named), 2 on bad input (every other error).
     """
+    from alignflow.config.names import training_step_problem
+    from alignflow.errors import ConfigError
     from alignflow.runner.run import execute_pipeline, start_run
     from alignflow.runner.session import RunOptions, default_state_dir, open_run
     from alignflow.store import Store
@@ -121,8 +123,13 @@ def diagnose_cmd(
     try:
         parent = open_run(store, run_id)
         if step is None:
-            step, why = default_step(parent.experiment)
-            typer.echo(f"diagnose: step {step}, {why}", err=True)
+            step, chosen = default_step(parent.experiment)
+            typer.echo(f"diagnose: step {step}, {chosen}", err=True)
+        # before anything is recorded or looked up (issue 45: a step past the trainings was refused by the step,
+        # after preflight and the cache, leaving an `error` run)
+        why = training_step_problem(step, parent.experiment)
+        if why is not None:
+            raise ConfigError(f"--step {step}: run {parent.run_id} of {parent.experiment.name}: {why}")
         options = RunOptions(parent=parent.run_id, reuse_parent=True, only=("diagnose",), force=("diagnose",),
                              trigger="diagnose", recorded_from=parent.run_id)
         child = start_run(parent.params.experiment_path, parent.params.hosts_path, store=store,
@@ -190,11 +197,16 @@ def setup_cmd(
     Exit 0 written, 2 on a usage or configuration error.
     """
     from alignflow.config.experiment import load_experiment
+    from alignflow.config.names import training_step_problem
     from alignflow.diagnose.mapping import mapping_for
     from alignflow.diagnose.msprobe import msprobe_config, setup_text, write_mapping_files
+    from alignflow.errors import ConfigError
 
     try:
         exp = load_experiment(experiment)
+        why = training_step_problem(step, exp)
+        if why is not None:
+            raise ConfigError(f"--step {step}: {exp.name}: {why}")
         out.mkdir(parents=True, exist_ok=True)
         (out / "config.json").write_text(json.dumps(msprobe_config(dump_path, step=step, task=task), indent=2))
         files = write_mapping_files(out, mapping_for(exp))

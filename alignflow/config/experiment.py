@@ -46,6 +46,9 @@ class DataGenerate(_Strict):
 
     tokens: int = Field(ge=1, description="Number of tokens to generate.")
     seed: int = Field(0, ge=0, description="Generator seed.")
+    documents: Literal["split", "one"] = Field(
+        "split", description="split: documents end at the last token id (the twin's data); one: the whole stream is "
+        "one document (what the MindFormers CPU lab's `alignflow.labs.mindformers_cpu.data` writes, byte for byte).")
 
 
 class DataConfig(_Strict):

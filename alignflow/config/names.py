@@ -55,6 +55,7 @@ def resolve_names(experiment: Any, lines: dict[KeyPath, int] | None = None) -> l
         problems.append((src, line, message))
 
     _check_spec(experiment, problem)
+    _check_family(experiment, problem)
     for check in experiment_checks():  # the backends': the pipeline derived from the two sides' formats
         for loc, message in check(experiment):
             problem(loc, message)
@@ -66,6 +67,8 @@ def resolve_names(experiment: Any, lines: dict[KeyPath, int] | None = None) -> l
                 problem((side, "template"), f"{side}.template: {written!r} not found ({template})"
                         + closest_file(template, written))
     _check_data(experiment, problem)
+    _check_controller_paths(experiment, problem)
+    _check_diagnose_step(experiment, problem)
     return problems
 
 
@@ -121,6 +124,81 @@ def _spec_flavours(path: Path, chain: tuple[Path, ...] = ()) -> list[str] | None
     return _spec_flavours(parent_path, (*chain, path))
 
 
+def spec_family(path: Path, chain: tuple[Path, ...] = ()) -> str | None:
+    """The `model.family` a spec file declares, following `extends: <packaged name>` (None when none says)."""
+    doc = load_yaml(path)
+    data = doc.data if isinstance(doc.data, dict) else {}
+    model = data.get("model")
+    if isinstance(model, dict) and isinstance(model.get("family"), str):
+        return str(model["family"])
+    parent = data.get("extends")
+    parent_path = packaged_spec_dir() / f"{parent}.yaml"
+    if not isinstance(parent, str) or not parent_path.is_file() or parent_path in chain:
+        return None
+    return spec_family(parent_path, (*chain, path))
+
+
+def known_families(spec_file: Path | None = None) -> list[str]:
+    """The model families alignflow knows: those the packaged conversion specs declare (`model.family`), and that
+    of the experiment's own spec file. A family is only as known as its spec: the spec maps its weights."""
+    families = {f for p in packaged_spec_dir().glob("*.yaml") if (f := spec_family(p)) is not None}
+    if spec_file is not None and spec_file.is_file():
+        try:
+            own = spec_family(spec_file)
+        except ConfigError:  # a broken spec file is reported as such (`_check_spec`)
+            own = None
+        families |= {own} if own else set()
+    return sorted(families)
+
+
+def _check_family(experiment: Any, problem: Any) -> None:
+    """`model.family` names a family a conversion spec declares (issue 45: `twin-mo` trained with the field
+    ignored)."""
+    family = experiment.model.family
+    spec = experiment.conversion.spec if experiment.conversion is not None else None
+    spec_file = Path(experiment.spec_ref) if spec is not None and spec.endswith(SPEC_SUFFIXES) else None
+    known = known_families(spec_file)
+    if family not in known:
+        problem(("model", "family"), f"model.family: unknown model family {family!r}{did_you_mean(family, known)}; "
+                f"the conversion specs declare: {', '.join(known)} (a new family comes with its spec: "
+                "`conversion.spec: <file>.yaml` declaring `model: {family: ...}`)")
+
+
+def _check_controller_paths(experiment: Any, problem: Any) -> None:
+    """The base checkpoint, and data that lives only on the controller, exist on this machine (the controller that
+    reads them), unless the experiment says how to make them (`generate`). Data declared on the training hosts
+    (`data.host_paths`) is left to `preflight --check-hosts` and the run (issue 45: a `base.path` that does not exist
+    passed validate, and the run failed without a line)."""
+    declared = [(("base", "path"), "base.path", experiment.base, "checkpoint")] if experiment.base is not None else []
+    if not experiment.data.host_paths:
+        declared.append((("data", "path"), "data.path", experiment.data, "data"))
+    for loc, key, section, what in declared:
+        if section.generate is not None:
+            continue
+        path = experiment.resolve_path(section.path)
+        if not path.exists():
+            # base.generate makes Hugging Face checkpoints only (runner.session.prepare_base)
+            makes = loc[0] == "data" or experiment.base.format == "hf"
+            problem(loc, f"{key}: {what} {section.path!r} does not exist on this machine ({path})"
+                    + closest_file(path, section.path, suffixes=())
+                    + (f"; give an existing path, or `{loc[0]}.generate` to make it" if makes else ""))
+
+
+def training_step_problem(step: int, experiment: Any) -> str | None:
+    """Why `step` is not a step of `experiment`'s alignment trainings (1 to `training.steps`), or None."""
+    steps = experiment.training.steps
+    if 1 <= step <= steps:
+        return None
+    return f"{step} is not a step of the trainings (training.steps: {steps}); choose a step from 1 to {steps}"
+
+
+def _check_diagnose_step(experiment: Any, problem: Any) -> None:
+    """The diagnosed step is one of the trainings' steps."""
+    why = training_step_problem(experiment.diagnose.step, experiment)
+    if why is not None:
+        problem(("diagnose", "step"), f"diagnose.step: {why}")
+
+
 def _check_data(experiment: Any, problem: Any) -> None:
     """A data directory that exists on this machine holds `<prefix>.bin` and `<prefix>.idx`. One that does not exist
     here is left to the run: it is generated (`data.generate`), or it lives on the controller that runs it."""
@@ -138,10 +216,11 @@ def _check_data(experiment: Any, problem: Any) -> None:
 
 
 def closest_file(path: Path, written: str, suffixes: Iterable[str] = SPEC_SUFFIXES) -> str:
-    """` (did you mean 'x.yaml'?)` among the files of that directory with the same kind of suffix."""
+    """` (did you mean 'x.yaml'?)` among the files of that directory with the same kind of suffix (any entry
+    when `suffixes` is empty)."""
     if not path.parent.is_dir():
         return f"; its directory {path.parent} does not exist"
-    names = [p.name for p in path.parent.iterdir() if p.suffix in tuple(suffixes)]
+    names = [p.name for p in path.parent.iterdir() if not suffixes or p.suffix in tuple(suffixes)]
     hint = did_you_mean(path.name, names)
     if hint and "/" in written:
         return hint.replace("'", "'" + written.rsplit("/", 1)[0] + "/", 1)

@@ -55,6 +55,7 @@ from alignflow.convert.registry import load_spec
 from alignflow.convert.spec import Flavor, Spec
 from alignflow.convert.summary import ConversionSummary, ProgressFn, dtype_counts, staged_output
 from alignflow.convert.tensor_io import StreamingSafetensorsWriter, TensorMeta, TensorSource, read_layout, read_tensor
+from alignflow.convert.unreadable import reading, storage_problems
 from alignflow.errors import ConfigError, ConversionError
 from alignflow.pipeline import CHECKPOINT_FORMATS, NAMING, CheckpointFormat, Naming, not_converted
 
@@ -70,33 +71,71 @@ class HfCheckpoint:
         self.path = path
         self.tensors: dict[str, TensorMeta] = {}
         self._file: dict[str, Path] = {}
+        header = f"cannot open the Hugging Face checkpoint {path}"
         directory = path if path.is_dir() else path.parent
-        files = [path] if path.is_file() else self._files(path)
+        files = [path] if path.is_file() else self._files(path, header)
         for f in files:
-            for name, meta in read_layout(f).items():
+            if not f.is_file():
+                raise ConversionError([f"{f}: missing (named by {HF_INDEX})"], header=header)
+            with reading(f, header=header):
+                layout = read_layout(f)
+            for name, meta in layout.items():
                 if name in self.tensors:
-                    raise ConversionError([f"{name} is in both {self._file[name].name} and {f.name}"],
-                                          header=f"cannot open the Hugging Face checkpoint {path}")
+                    raise ConversionError([f"{name} is in both {self._file[name].name} and {f.name}"], header=header)
                 self.tensors[name], self._file[name] = meta, f
-        self.config = read_config(directory)
+        with reading(directory / CONFIG_JSON, header=header):
+            self.config = read_config(directory)
+        problems = config_problems(self.config, self.tensors, config_file=directory / CONFIG_JSON, files=files)
+        if problems:
+            raise ConversionError(problems, header=header)
 
     @staticmethod
-    def _files(path: Path) -> list[Path]:
+    def _files(path: Path, header: str) -> list[Path]:
         index = path / HF_INDEX
         if index.is_file():
-            weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map") or {}
-            return [path / name for name in sorted(set(weight_map.values()))]
+            with reading(index, header=header):
+                doc = json.loads(index.read_text(encoding="utf-8"))
+            weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+            if not isinstance(weight_map, dict) or not weight_map:
+                raise ConversionError([f"{index}: no weight_map"], header=header)
+            return [path / str(name) for name in sorted(set(weight_map.values()))]
         files = sorted(path.glob("*.safetensors"))
         if not files:
-            raise ConversionError([f"{path}: no {HF_MODEL_FILE}, {HF_INDEX} or *.safetensors"],
-                                  header="cannot open the Hugging Face checkpoint")
+            raise ConversionError([f"{path}: no {HF_MODEL_FILE}, {HF_INDEX} or *.safetensors"], header=header)
         return files
 
     def read(self, name: str) -> torch.Tensor:
-        return read_tensor(self._file[name], name)
+        with reading(self._file[name], header=f"cannot read the Hugging Face checkpoint {self.path}"):
+            return read_tensor(self._file[name], name)
 
     def close(self) -> None:
         return None
+
+
+# config.json's dimensions and the tensor that shows each (`model.layers.{i}.` counts the layers)
+_HF_DIMENSIONS = (("hidden_size", "model.embed_tokens.weight", 1), ("vocab_size", "model.embed_tokens.weight", 0),
+                  ("intermediate_size", "model.layers.0.mlp.gate_proj.weight", 0))
+
+
+def config_problems(config: dict[str, Any] | None, tensors: dict[str, TensorMeta], *, config_file: Path,
+                    files: list[Path]) -> list[str]:
+    """Where a Hugging Face checkpoint's config.json contradicts its tensors (issue 45: a config claiming twice the
+    layers and width converted without a word; the config is what a loader builds the model from)."""
+    if config is None:
+        return []
+    where = ", ".join(f.name for f in files)
+    problems = []
+    layers = {int(k.split(".")[2]) for k in tensors if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
+    claimed = config.get("num_hidden_layers")
+    if isinstance(claimed, int) and layers and claimed != len(layers):
+        problems.append(f"{config_file}: num_hidden_layers {claimed}, but the tensors of {where} hold {len(layers)} "
+                        f"layers (model.layers.0-{max(layers)})")
+    for key, tensor, dim in _HF_DIMENSIONS:
+        claimed = config.get(key)
+        meta = tensors.get(tensor)
+        if isinstance(claimed, int) and meta is not None and len(meta.shape) > dim and meta.shape[dim] != claimed:
+            problems.append(f"{config_file}: {key} {claimed}, but {tensor} in {where} has shape {list(meta.shape)}")
+    return problems
 
 
 class DcpCheckpoint:
@@ -108,13 +147,19 @@ class DcpCheckpoint:
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
         self.path = path
-        try:
+        header = f"cannot open the DCP checkpoint {path}"
+        if not (path / ".metadata").is_file():
+            raise ConversionError([f"{path / '.metadata'}: missing"], header=header)
+        with reading(path / ".metadata", header=header):
             metadata = FileSystemReader(str(path)).read_metadata()
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise ConversionError([f"{path}: no readable .metadata ({exc})"],
-                                  header="cannot open the DCP checkpoint") from None
+        problems = storage_problems(path, metadata)
+        if problems:
+            raise ConversionError(problems, header=header)
         self.tensors: dict[str, TensorMeta] = {}
         self.others: list[str] = []
+        self._files: dict[str, list[str]] = {}  # the .distcp files of each tensor (what a failed read names)
+        for index, info in metadata.storage_data.items():
+            self._files.setdefault(index.fqn, []).append(str(info.relative_path))
         for name, meta in metadata.state_dict_metadata.items():
             if isinstance(meta, TensorStorageMetadata):
                 self.tensors[name] = TensorMeta(tuple(meta.size), meta.properties.dtype)
@@ -122,12 +167,15 @@ class DcpCheckpoint:
                 self.others.append(name)
 
     def read(self, name: str) -> torch.Tensor:
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.filesystem import FileSystemReader
         from torch.distributed.checkpoint.state_dict_loader import load
 
         meta = self.tensors[name]
         state = {name: torch.empty(meta.shape, dtype=meta.dtype)}
-        with _single_process():
+        files = ", ".join(str(self.path / f) for f in sorted(set(self._files.get(name, ())))) or str(self.path)
+        with reading(files, header=f"cannot read tensor {name!r} of the DCP checkpoint {self.path}",
+                     also=(CheckpointException,)), _single_process():
             load(state, storage_reader=FileSystemReader(str(self.path)), no_dist=True)
         return state[name]
 

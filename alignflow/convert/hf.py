@@ -89,5 +89,7 @@ def read_config(path: Path) -> dict[str, Any] | None:
     file = path / CONFIG_JSON
     if not file.is_file():
         return None
-    data: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
+    data = json.loads(file.read_text(encoding="utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"not a JSON object but a {type(data).__name__}")
     return data

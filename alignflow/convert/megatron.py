@@ -95,7 +95,30 @@ def open_megatron(src: Path) -> MegatronCheckpoint:
         keys = sorted(payload) if isinstance(payload, dict) else type(payload).__name__
         detail = "; virtual-pipeline files (model0, model1, ...) are not supported" if "model0" in str(keys) else ""
         raise ConversionError([f"{file}: no 'model' state dict (found {keys}){detail}"], header=header)
+    problems = args_problems(payload, file)
+    if problems:
+        raise ConversionError(problems, header=header)
     return MegatronCheckpoint(src, payload, file)
+
+
+def args_problems(payload: dict[str, Any], file: Path) -> list[str]:
+    """Where the `args` Megatron saved with a one-rank checkpoint contradict its tensors (the layers it says it has,
+    its hidden size): Megatron builds the model from them (issue 45: a contradicting config converted silently)."""
+    args = payload.get("args")
+    model = payload["model"]
+    layers = {int(k.split(".")[2]) for k in model if k.startswith("decoder.layers.") and k.split(".")[2].isdigit()}
+    embedding = model.get("embedding.word_embeddings.weight")
+    problems = []
+    num_layers, hidden = getattr(args, "num_layers", None), getattr(args, "hidden_size", None)
+    one_stage = getattr(args, "pipeline_model_parallel_size", 1) in (None, 1)  # a stage file holds its own layers
+    if isinstance(num_layers, int) and one_stage and layers and num_layers != len(layers):
+        problems.append(f"{file}: its args say num_layers {num_layers}, its tensors hold {len(layers)} layers "
+                        f"(decoder.layers.0-{max(layers)})")
+    if isinstance(hidden, int) and isinstance(embedding, torch.Tensor) and embedding.dim() == 2 \
+            and embedding.shape[1] != hidden:
+        problems.append(f"{file}: its args say hidden_size {hidden}, its embedding.word_embeddings.weight is "
+                        f"{list(embedding.shape)}")
+    return problems
 
 
 def _resolve_file(src: Path, header: str) -> Path:
@@ -113,6 +136,9 @@ def _resolve_file(src: Path, header: str) -> Path:
             raise ConversionError([f"{tracker}: expected an iteration number or 'release', found {text[:40]!r}"],
                                   header=header)
     shards = sorted(p.name for p in directory.glob("mp_rank_*")) if directory.is_dir() else []
+    if not shards and (directory / ".metadata").is_file():  # a torch_dist directory that lost its metadata.json
+        raise ConversionError([f"{directory / 'metadata.json'}: missing (the directory holds a distributed "
+                               "checkpoint's .metadata, and no mp_rank_* directory)"], header=header)
     if not shards:
         raise ConversionError([f"{directory}: no mp_rank_* directory (expected {checkpoint_path(0)} under a "
                                "checkpoint directory)"], header=header)

@@ -29,6 +29,7 @@ from alignflow.convert.sharding import Layouts, Piece, RankLayout, rank_file_dir
 from alignflow.convert.summary import ProgressFn
 from alignflow.convert.tensor_io import TensorMeta
 from alignflow.convert.torch_dist import fill_region
+from alignflow.convert.unreadable import reading
 from alignflow.errors import ConversionError
 from alignflow.staging import check_interrupted
 
@@ -133,7 +134,7 @@ def infer_parallel(directory: Path) -> ParallelConfig:
     if not seconds:
         return ParallelConfig(tp=tp)
     n = max(seconds) + 1
-    first = torch.load(dirs[(0, 0, None)] / MEGATRON_FILE_NAME, map_location="cpu", weights_only=True, mmap=True)
+    first = load_rank_file(dirs[(0, 0, None)] / MEGATRON_FILE_NAME)
     if "decoder.final_layernorm.weight" in first.get("model", {}):
         return ParallelConfig(tp=tp, ep=n, dp=n)
     return ParallelConfig(tp=tp, pp=n)
@@ -167,8 +168,7 @@ class MegatronShards:
 
     def _state(self, coordinate: tuple[int, int, int]) -> dict[str, Any]:
         if coordinate not in self._loaded:
-            payload = torch.load(self._files[coordinate], map_location="cpu", weights_only=True, mmap=True)
-            self._loaded[coordinate] = payload if isinstance(payload, dict) else {}
+            self._loaded[coordinate] = load_rank_file(self._files[coordinate])
         return self._loaded[coordinate]
 
     def _local(self, coordinate: tuple[int, int, int], name: str) -> torch.Tensor:
@@ -199,10 +199,18 @@ class MegatronShards:
         self.close()
 
 
+def load_rank_file(file: Path) -> dict[str, Any]:
+    """One rank's `model_optim_rng.pt`; a damaged one is a `ConversionError` naming it (alignflow.convert.unreadable),
+    a payload that is not a dict an empty one (its missing 'model' is then named)."""
+    with reading(file, header="cannot read the Megatron checkpoint"):
+        payload = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    return payload if isinstance(payload, dict) else {}
+
+
 def file_mtp_inner(directory: Path, candidates: tuple[str, ...]) -> str | None:
     """Which MTP inner-layer name the rank files use (None: no MTP key in them)."""
     for d in rank_dirs(directory).values():
-        model = torch.load(d / MEGATRON_FILE_NAME, map_location="cpu", weights_only=True, mmap=True).get("model", {})
+        model = load_rank_file(d / MEGATRON_FILE_NAME).get("model", {})
         for key in model:
             for inner in candidates:
                 if re.match(rf"^mtp\.layers\.\d+\.{re.escape(inner)}\.", key):
@@ -226,7 +234,7 @@ def open_shards(src: Path, directory: Path, layouts: Layouts, tp1: RankLayout, *
                             f"{layouts.parallel.tp} pp {layouts.parallel.pp} ep {layouts.parallel.ep})")
             continue
         files[rank.coordinate] = file
-        payload = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        payload = load_rank_file(file)
         model = payload.get("model") if isinstance(payload, dict) else None
         if not isinstance(model, dict):
             problems.append(f"{file}: no 'model' state dict")
@@ -246,6 +254,6 @@ def open_shards(src: Path, directory: Path, layouts: Layouts, tp1: RankLayout, *
     problems += [f"{directory / d}: a rank directory the layout does not have" for d in strays]
     if problems:
         raise ConversionError(problems, header=header)
-    payload = torch.load(files[layouts.ranks[0].coordinate], map_location="cpu", weights_only=True, mmap=True)
+    payload = load_rank_file(files[layouts.ranks[0].coordinate])
     return MegatronShards(src, directory, layouts, tp1, files, int(payload.get("iteration", 0)),
                           layout_inner=layout_inner, file_inner=file_inner)

@@ -46,6 +46,7 @@ from alignflow.convert.layout import CHECKPOINT_VERSION, TRACKER
 from alignflow.convert.sharding import RankLayout
 from alignflow.convert.summary import ProgressFn
 from alignflow.convert.tensor_io import TensorMeta
+from alignflow.convert.unreadable import reading, storage_problems, zip_problem
 from alignflow.errors import ConversionError
 
 log = logging.getLogger(__name__)
@@ -207,10 +208,15 @@ class TorchDistCheckpoint:
             yield s.offset, s.size, partial(self._load, s)
 
     def _load(self, stored: _Stored) -> torch.Tensor:
-        with open(self.directory / stored.file, "rb") as fh:
-            fh.seek(stored.start)
-            raw = fh.read(stored.length)
-        tensor: torch.Tensor = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        file = self.directory / stored.file
+        header = f"cannot read the torch_dist checkpoint {self.path}"
+        with reading(file, header=header):
+            raw = read_item(file, stored.start, stored.length)
+            problem = zip_problem(raw)
+            if problem is not None:
+                raise ConversionError([f"{file}: bytes {stored.start}-{stored.start + stored.length}: {problem}"],
+                                      header=header)
+            tensor: torch.Tensor = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
         return tensor
 
     def close(self) -> None:
@@ -221,6 +227,32 @@ class TorchDistCheckpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def read_item(file: Path, start: int, length: int) -> bytes:
+    """The `length` bytes at `start` of a `.distcp` file (one stored item)."""
+    with open(file, "rb") as fh:
+        fh.seek(start)
+        raw = fh.read(length)
+    if len(raw) != length:
+        raise EOFError(f"{length} bytes at {start} wanted, {len(raw)} there")
+    return raw
+
+
+def _object_problems(directory: Path, metadata: Any, header: str) -> list[str]:
+    """The stored sharded objects whose `torch.save` bytes fail their CRCs (they are small: read them all)."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    problems = []
+    for index, info in metadata.storage_data.items():
+        if not isinstance(metadata.state_dict_metadata.get(index.fqn), BytesStorageMetadata):
+            continue
+        file = directory / str(info.relative_path)
+        with reading(file, header=header):
+            problem = zip_problem(read_item(file, int(info.offset), int(info.length)))
+        if problem is not None:
+            problems.append(f"{file}: {index.fqn}: {problem}")
+    return problems
 
 
 def fill_region(target: torch.Tensor, key: str, offset: tuple[int, ...],
@@ -264,11 +296,12 @@ def is_torch_dist(src: Path) -> bool:
     meta = directory / METADATA_JSON
     if not meta.is_file():
         return False
-    try:
-        backend = json.loads(meta.read_text(encoding="utf-8")).get("sharded_backend")
-    except (json.JSONDecodeError, AttributeError, OSError):
-        return False
-    return bool(backend == BACKEND)
+    with reading(meta, header=f"cannot open the distributed checkpoint {directory}"):
+        doc = json.loads(meta.read_text(encoding="utf-8"))
+    if not isinstance(doc, dict):
+        raise ConversionError([f"{meta}: not a JSON object"], header=f"cannot open the distributed checkpoint "
+                              f"{directory}")
+    return bool(doc.get("sharded_backend") == BACKEND)
 
 
 def open_torch_dist(src: Path, layout: RankLayout, *, partial: bool = False) -> TorchDistCheckpoint:
@@ -283,19 +316,22 @@ def open_torch_dist(src: Path, layout: RankLayout, *, partial: bool = False) -> 
     directory, iteration = resolve_directory(src)
     if not is_torch_dist(directory):
         raise ConversionError([f"{directory}: no {METADATA_JSON} naming the torch_dist backend"], header=header)
-    try:
+    with reading(directory / ".metadata", header=header):
         metadata = FileSystemReader(str(directory)).read_metadata()
-    except (OSError, EOFError, ValueError) as exc:
-        raise ConversionError([f"{directory}/.metadata: {exc}"], header=header) from None
-    common: dict[str, Any] = {}
-    common_pt = directory / "common.pt"
-    if common_pt.is_file():
+    common_pt = directory / "common.pt"  # Megatron's loader reads it first (`dist_checkpointing.load_common`)
+    if not common_pt.is_file():
+        raise ConversionError([f"{common_pt}: missing (the checkpoint's version and iteration)"], header=header)
+    with reading(common_pt, header=header):
         common = torch.load(common_pt, map_location="cpu", weights_only=True)
+    if not isinstance(common, dict):
+        raise ConversionError([f"{common_pt}: holds a {type(common).__name__}, not a dict"], header=header)
     needed = {p.key: p.global_shape for t in layout.tensors for p in t.pieces}
-    problems: list[str] = []
+    problems: list[str] = storage_problems(directory, metadata)
     seen: set[str] = set()
     stored: dict[str, list[_Stored]] = {}
     dtypes: dict[str, torch.dtype] = {}
+    if not problems:  # the sharded objects (`_extra_state`) are not converted; a damaged one is a damaged checkpoint
+        problems = _object_problems(directory, metadata, header)
     for key, entry in metadata.state_dict_metadata.items():
         if isinstance(entry, BytesStorageMetadata):
             continue  # sharded objects (`_extra_state`)

@@ -253,11 +253,20 @@ def _join(pending: _Pending, text: str, r: int | None, line_no: int,
     return True
 
 
+SNIFF_BYTES = 8192  # what is looked at to tell a binary file from a log
+
+
 def parse_log_file(path: str | Path, **kwargs: object) -> ParsedLog:
     """Read `path` (UTF-8, undecodable bytes replaced) and parse it; `LogParseError` if it cannot be read."""
     p = Path(path)
     source = str(kwargs.pop("source", "") or p)
     try:
+        with p.open("rb") as raw:
+            head = raw.read(SNIFF_BYTES)
+        if b"\0" in head:  # as git and grep tell binary files: a log is text (issue 45: a store.sqlite was compared)
+            kind = " (an SQLite database)" if head.startswith(b"SQLite format 3\0") else ""
+            raise LogParseError(f"not a text log: binary content{kind} (a NUL byte in its first "
+                                f"{min(len(head), SNIFF_BYTES)} bytes)", source=source)
         with p.open("r", encoding="utf-8", errors="replace", newline="") as fh:
             return parse_log(fh, source=source, **kwargs)  # type: ignore[arg-type]
     except FileNotFoundError:

@@ -43,9 +43,10 @@ from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.placeholders import fill
 from alignflow.runner.progress import ProgressFn, ProgressTracker
 from alignflow.runner.recording import recorded_jobs
+from alignflow.runner.retry import Backoff
 from alignflow.runner.session import Events, RunContext, StepOutcome
 from alignflow.store import Store
-from alignflow.store.records import StepRunRecord, StepStatus
+from alignflow.store.records import RunStatus, StepRunRecord, StepStatus
 from alignflow.transport import JobHandle, JobSpec, JobState, Transport, controller_transport
 
 if TYPE_CHECKING:
@@ -65,6 +66,8 @@ def note_cancelled(run_id: str) -> None:
     _cancelled_here.add(run_id)
 
 POLL_S = 2.0
+CANCEL_LOOK_S = 2.0
+DEFAULT_BACKOFF = Backoff()
 TAIL_BYTES = 8192
 PROGRESS_EVERY_S = 10.0
 PROGRESS_TAIL_BYTES = 16384  # enough for the last few step lines of any framework
@@ -97,10 +100,14 @@ class StepRunner:
         controller: TransportFactory | None = None,
         progress: ProgressFn | None = None,
         progress_every_s: float = PROGRESS_EVERY_S,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        warnings: Events | None = None,
     ) -> None:
         """`transport_factory` opens the transport of an inventory host; `controller` the controller's own (by
         default: its real filesystem, unconfined, with the state dir's hash memo); `progress` receives where a
-        running job stands every `progress_every_s` (default: a line through `events`)."""
+        running job stands every `progress_every_s` (default: a line through `events`); `backoff`: how a step is
+        retried after a transient transport error (`alignflow.runner.retry`); `warnings` receives what the user must
+        see at every verbosity, such as a retry's notice (default: a warning through `logging`)."""
         self.ctx = ctx
         self.store = store
         self.state_dir = state_dir
@@ -109,10 +116,13 @@ class StepRunner:
             lambda host: controller_transport(memo_path=str(self.state_dir / "hashmemo.sqlite")))
         self._transports: dict[str, Transport] = {}
         self._events = events or (lambda msg: log.info("%s", msg))
+        self._warnings = warnings or (lambda msg: log.warning("%s", msg))
         self._progress: ProgressFn = progress or (lambda p: self.emit(p.line()))
         self.progress_every_s = progress_every_s
         self.poll_s = poll_s
+        self.backoff = backoff
         self._parent_steps: dict[str, StepRunRecord] | None = None
+        self._cancel_looked = -CANCEL_LOOK_S
 
     @property
     def run_id(self) -> str:
@@ -133,6 +143,24 @@ class StepRunner:
     # ------------------------------------------------------------------ plumbing
     def emit(self, message: str) -> None:
         self._events(message)
+
+    def warn(self, message: str) -> None:
+        """A message the user sees whatever the verbosity (a retry's notice: a run retrying must not look hung)."""
+        self._warnings(message)
+
+    def cancelled(self) -> bool:
+        """Whether the run was cancelled: by this process (Ctrl-C, a stopped `serve`), or recorded cancelled by
+        another (`alignflow cancel`, the UI), which the store tells (asked at most every `CANCEL_LOOK_S`)."""
+        if self.run_id in _cancelled_here:
+            return True
+        now = time.monotonic()
+        if now - self._cancel_looked < CANCEL_LOOK_S:
+            return False
+        self._cancel_looked = now
+        try:
+            return self.store.get_run(self.run_id).status == RunStatus.CANCELLED
+        except AlignflowError:
+            return False
 
     def host(self, step: str) -> Host:
         """Where `step` runs, as placed when the run started."""

@@ -37,8 +37,9 @@ from alignflow.fingerprint import HashMemo
 from alignflow.preflight import PreflightReport, check_experiment
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.control import cancel_interrupted
-from alignflow.runner.engine import StepRunner, TransportFactory
+from alignflow.runner.engine import DEFAULT_BACKOFF, StepRunner, TransportFactory
 from alignflow.runner.gate import GateFailed
+from alignflow.runner.retry import Backoff
 from alignflow.runner.session import (
     Events,
     RunContext,
@@ -299,11 +300,12 @@ def show(store: Store, run_id: str) -> RunView:
 
 def execute_pipeline(
     run_id: str, *, store: Store, state_dir: Path, transport_factory: TransportFactory, events: Events | None = None,
-    workers: int = 4, controller: TransportFactory | None = None,
+    workers: int = 4, controller: TransportFactory | None = None, backoff: Backoff = DEFAULT_BACKOFF,
 ) -> RunView:
     """Walk the run's plan without Prefect, steps in threads (the flow does the same with tasks).
 
-    `controller`: the controller's own transport (default: its real filesystem; see `StepRunner`)."""
+    `controller`: the controller's own transport (default: its real filesystem; see `StepRunner`); `backoff`: how a
+    step is retried after a transient transport error (`alignflow.runner.retry`)."""
     ctx = open_run(store, run_id)
     try:
         preflight_run(ctx, state_dir=state_dir, events=events, transport_factory=transport_factory)
@@ -319,7 +321,7 @@ def execute_pipeline(
 
         def run_one(step: str, available: Mapping[str, ArtifactRef]) -> StepOutcome:
             runner = StepRunner(child, store=store, state_dir=state_dir, transport_factory=transport_factory,
-                                events=events, controller=controller)
+                                events=events, controller=controller, backoff=backoff, warnings=events)
             try:
                 return run_step(runner, step, available)
             finally:

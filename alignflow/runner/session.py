@@ -112,7 +112,8 @@ def prepare_data(experiment: Experiment, *, memo: HashMemo | None) -> ArtifactRe
             raise ConfigError(f"{experiment.source}: data.path {path} does not exist and data.generate is not set")
         log.info("generating %d tokens of synthetic data into %s/%s.bin/.idx", gen.tokens, path, prefix)
         try:
-            sha256 = make_data_dir(path, prefix, gen.tokens, gen.seed, experiment.model.vocab_size)
+            sha256 = make_data_dir(path, prefix, gen.tokens, gen.seed, experiment.model.vocab_size,
+                                   one_document=gen.documents == "one")
         except OSError as exc:
             raise PipelineError(f"{experiment.source}: cannot generate data.path {path}: {exc}") from exc
     else:

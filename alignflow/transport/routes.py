@@ -31,7 +31,15 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import IO, Literal
 
-from alignflow.errors import ConfigError, RemoteCommandError, TransportError
+from alignflow.errors import (
+    AuthenticationFailed,
+    ConfigError,
+    HostKeyRejected,
+    HostNotFound,
+    HostUnusable,
+    RemoteCommandError,
+    TransportError,
+)
 from alignflow.fingerprint import Fingerprint
 from alignflow.transport import commands
 from alignflow.transport.commands import ARGV0
@@ -336,9 +344,31 @@ def _feed_progress(stream: IO[bytes], progress: ProgressFn | None, total: int) -
                     progress(min(int(fields[0].replace(b",", b"")), total), total)
 
 
+# What the OpenSSH client prints for what retrying cannot change (ssh.c, sshconnect.c; LogLevel ERROR keeps them).
+_OPENSSH_PERMANENT: tuple[tuple[str, type[HostUnusable]], ...] = (
+    ("Could not resolve hostname", HostNotFound),
+    ("Host key verification failed", HostKeyRejected),
+    ("REMOTE HOST IDENTIFICATION HAS CHANGED", HostKeyRejected),
+    ("Permission denied (", AuthenticationFailed),
+)
+
+
+def openssh_error(message: str, stderr: str, *, host: str) -> TransportError:
+    """The error of an OpenSSH client (ssh, rsync over ssh) that could not reach `host`: permanent for a name that
+    does not resolve, a host key or a refused key (`HostUnusable`, not retried), else a retryable `TransportError`."""
+    unresolved = re.search(r"Could not resolve hostname (\S+?):", stderr)
+    if unresolved and unresolved.group(1).rstrip(".").lower().endswith(".invalid"):  # never resolves (RFC 6761)
+        return HostNotFound(message, host=host)
+    if "Temporary failure in name resolution" not in stderr:  # EAI_AGAIN: the resolver did not answer
+        for marker, kind in _OPENSSH_PERMANENT:
+            if marker in stderr:
+                return kind(message, host=host)
+    return TransportError(message, host=host)
+
+
 def _raise_process_error(argv: Sequence[str], code: int, stderr: bytes, host: str) -> None:
     text = stderr.decode("utf-8", errors="replace")
     if code in _RSYNC_CONNECTION_CODES:
         tail = " | ".join(text.strip().splitlines()[-3:])
-        raise TransportError(f"transfer failed (exit {code}, {argv[0]}): {tail}", host=host)
+        raise openssh_error(f"transfer failed (exit {code}, {argv[0]}): {tail}", text, host=host)
     raise RemoteCommandError(Completed(host, tuple(argv), code, "", text, 0.0))

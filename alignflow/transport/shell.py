@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from alignflow.config.hosts import Host
-from alignflow.errors import TransportError
+from alignflow.errors import WorkdirUnusable
 from alignflow.transport import commands
 from alignflow.transport.openssh import OpenSSHClient
 
@@ -139,7 +139,7 @@ class Shell(ABC):
                                    timeout_s=CONTROL_TIMEOUT_S)
                 parts = result.stdout.split(b"\0")
                 if result.exit_code != 0 or len(parts) != 4 or parts[3]:
-                    raise TransportError(
+                    raise WorkdirUnusable(
                         f"cannot create or enter workdir {self.host.workdir!r}: {result.text('stderr').strip()}",
                         host=self.host.name,
                     )
@@ -164,10 +164,10 @@ def _workdir(parts: list[bytes], host: Host) -> Workdir:
     try:
         real, declared, home = (p.decode("utf-8") for p in parts)
     except UnicodeDecodeError:
-        raise TransportError(f"workdir {host.workdir!r}: the host answers with a path that is not UTF-8",
-                             host=host.name) from None
+        raise WorkdirUnusable(f"workdir {host.workdir!r}: the host answers with a path that is not UTF-8",
+                              host=host.name) from None
     for what, value in (("resolves to", real), ("is", declared), ("is under the home", home)):
         if any(ord(c) < 32 or ord(c) == 127 for c in value):
-            raise TransportError(f"workdir {host.workdir!r} {what} {value!r}, which holds a control character; "
-                                 "choose a workdir without one", host=host.name)
+            raise WorkdirUnusable(f"workdir {host.workdir!r} {what} {value!r}, which holds a control character; "
+                                  "choose a workdir without one", host=host.name)
     return Workdir(declared=posixpath.normpath(declared), real=real, home=home)

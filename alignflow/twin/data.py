@@ -97,13 +97,17 @@ def write_documents(prefix: str | Path, documents: list[npt.NDArray[Any]], vocab
     return data_sha256(prefix)
 
 
-def make_data(prefix: str | Path, num_tokens: int, seed: int, vocab_size: int = 256) -> str:
-    """Generate synthetic data and write it as `<prefix>.bin/.idx`; return its fingerprint (`alignflow data make`)."""
+def make_data(prefix: str | Path, num_tokens: int, seed: int, vocab_size: int = 256, *,
+              one_document: bool = False) -> str:
+    """Generate synthetic data and write it as `<prefix>.bin/.idx`; return its fingerprint (`alignflow data make`).
+    `one_document`: the stream is one document, not split at the last token id."""
     tokens = generate_tokens(num_tokens, seed, vocab_size)
-    return write_documents(prefix, split_documents(tokens, vocab_size - 1), vocab_size)
+    documents = [tokens] if one_document else split_documents(tokens, vocab_size - 1)
+    return write_documents(prefix, documents, vocab_size)
 
 
-def make_data_dir(directory: str | Path, prefix: str, num_tokens: int, seed: int, vocab_size: int = 256) -> str:
+def make_data_dir(directory: str | Path, prefix: str, num_tokens: int, seed: int, vocab_size: int = 256, *,
+                  one_document: bool = False) -> str:
     """Generate `<directory>/<prefix>.bin/.idx` where `directory` does not exist yet: written in a temporary sibling
     directory and renamed into place whole, so an interrupted run leaves no half-made data directory."""
     import shutil
@@ -115,7 +119,7 @@ def make_data_dir(directory: str | Path, prefix: str, num_tokens: int, seed: int
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
     try:
-        digest = make_data(tmp / prefix, num_tokens, seed, vocab_size)
+        digest = make_data(tmp / prefix, num_tokens, seed, vocab_size, one_document=one_document)
         tmp.chmod(0o755)
         tmp.rename(directory)
     except BaseException:

@@ -120,6 +120,7 @@ def _both_megatron_from_mindformers(repo_root: Path, tmp_path: Path, fmt: str) -
              "gpu:\n  kind: twin-torch\n")
     path = tmp_path / "both.yaml"
     path.write_text(text)
+    (tmp_path / "base").mkdir(exist_ok=True)  # the base exists on the controller (validated where it is read)
     return load_experiment(path)
 
 

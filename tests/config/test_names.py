@@ -136,14 +136,48 @@ def test_a_torch_dist_base_is_converted_to_mindformers_and_loaded_as_given(tmp_p
     from alignflow.config.experiment import load_experiment
 
     exp = edited(repo_root / "experiments" / "demo-hf-base.yaml", tmp_path / "td.yaml",
-                 "  format: hf\n  generate: {seed: 0}", "  format: torch_dist")
+                 '  path: "{state_dir}/base/demo-hf-qwen3"\n  format: hf\n  generate: {seed: 0}',
+                 f"  path: {tmp_path}\n  format: torch_dist")
     pipe = pipeline_for(load_experiment(exp))
     assert [s.name for s in pipe.steps if s.converts] == ["convert_mindformers"]
     assert pipe.load_format("npu") == "mindformers"
     assert pipe.load_format("gpu") == "torch_dist"
 
 
+def family_typo(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    # issue 45: `twin-mo` trained with the field ignored; the families are those the conversion specs declare
+    return (demo(tmp, root, "family: twin-moe", "family: twin-mo"), "family: twin-mo",
+            "model.family: unknown model family 'twin-mo' (did you mean 'twin-moe'?); the conversion specs declare: ")
+
+
+def base_path_missing(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    # issue 45: a base.path that does not exist passed validate; the run then failed without a line
+    (tmp / "base-ckpt").mkdir()
+    exp = edited(root / "experiments" / "demo-hf-base.yaml", tmp / "hf.yaml",
+                 "  path: \"{state_dir}/base/demo-hf-qwen3\"\n  format: hf\n  generate: {seed: 0}",
+                 f"  path: {tmp}/base-ckpts\n  format: hf")
+    return (exp, "base-ckpts", f"base.path: checkpoint '{tmp}/base-ckpts' does not exist on this machine "
+            f"({tmp}/base-ckpts) (did you mean '{tmp}/base-ckpt'?); give an existing path, or `base.generate` to "
+            "make it")
+
+
+def data_path_missing(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    exp = demo(tmp, root, 'path: "{state_dir}/data/demo"', f"path: {tmp}/nowhere/demo")
+    exp = edited(exp, exp, "  generate: {tokens: 131072, seed: 7}\n", "")
+    return (exp, "nowhere/demo", f"data.path: data '{tmp}/nowhere/demo' does not exist on this machine "
+            f"({tmp}/nowhere/demo); its directory {tmp}/nowhere does not exist; give an existing path, or "
+            "`data.generate` to make it")
+
+
+def diagnose_step(tmp: Path, root: Path) -> tuple[Path, str, str]:
+    exp = demo(tmp, root, "conversion:\n", "diagnose: {step: 99}\nconversion:\n")
+    return (exp, "diagnose: {step: 99}", "diagnose.step: 99 is not a step of the trainings (training.steps: 30); "
+            "choose a step from 1 to 30")
+
+
 CASES: dict[str, Callable[[Path, Path], tuple[Path, str, str]]] = {
+    "family": family_typo, "base path": base_path_missing, "data path": data_path_missing,
+    "diagnose step": diagnose_step,
     "spec": spec_typo, "spec file": spec_file_typo, "flavour": flavour, "template": template_typo,
     "data prefix": data_prefix, "criteria file": criteria_file, "backend": backend_typo,
     "backend key": backend_key_typo, "conversion missing": conversion_missing,

@@ -64,7 +64,7 @@ def test_a_retried_step_reattaches_to_its_running_job_instead_of_launching_again
             data = data_artifact(ctx, state_dir=env.state)
             with pytest.raises(HostUnreachable):
                 run_job_step(runner, spec, {"data": data})
-            outcome = run_job_step(runner, spec, {"data": data})  # what Prefect's retry does
+            outcome = run_job_step(runner, spec, {"data": data})  # what run_step's retry does (runner.retry)
         finally:
             runner.close()
         assert outcome.status == "ran"

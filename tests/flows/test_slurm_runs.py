@@ -168,8 +168,8 @@ def test_a_preempted_job_is_retried_with_a_new_job_when_the_step_says_so(env: Fl
             data = data_artifact(ctx, state_dir=env.state)
             with pytest.raises(RemoteJobError, match=r"preempted \(Slurm PREEMPTED\)") as first:
                 run_job_step(runner, spec, {"data": data})
-            assert first.value.retryable  # what the flow's retry condition reads
-            outcome = run_job_step(runner, spec, {"data": data})  # what the task's retry does
+            assert first.value.retryable  # what run_step's retry reads
+            outcome = run_job_step(runner, spec, {"data": data})  # what run_step's retry does (runner.retry)
         finally:
             done.set()
             urgent.join()

@@ -84,3 +84,13 @@ def test_a_matrix_trainings_rows_are_labelled_with_its_variant(monkeypatch: pyte
         for variant in ("01_recompute", "06_capacity"):
             TaskReporter(log, f"{variant}/gpu_train").progress(_at(3))
     assert set(display.rows) == {"01_recompute/gpu_train", "06_capacity/gpu_train"}
+
+
+def test_a_retry_notice_is_a_warning_which_every_verbosity_shows(caplog: pytest.LogCaptureFixture) -> None:
+    """Off --verbose the terminal shows Prefect's WARNING records and not the task's info lines (flows/console.py):
+    a retry's notice is a warning, so a run retrying a host does not look hung (issue 45)."""
+    logger = logging.getLogger("test.task")
+    with caplog.at_level(logging.INFO, logger="test.task"):
+        TaskReporter(logger, "gpu_train").warning("gpu_train: retrying (1/3) in 10 s: cuda: connection lost")
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "gpu_train: retrying (1/3) in 10 s: cuda: connection lost")]

@@ -36,3 +36,12 @@ def test_the_writer_is_deterministic(tmp_path: Path) -> None:
     write_indexed(tmp_path / "a", "doc", tokens=1000, seed=3)
     write_indexed(tmp_path / "b", "doc", tokens=1000, seed=3)
     assert sha256_of(tmp_path / "a") == sha256_of(tmp_path / "b")
+
+
+def test_data_generate_with_one_document_writes_the_lab_s_bytes(tmp_path: Path) -> None:
+    """`data.generate: {documents: one}` (experiments/mindformers-cpu.yaml) makes what the lab's writer makes, so the
+    experiment's data is made on first use and its declared sha256 holds."""
+    from alignflow.twin.data import make_data_dir
+
+    write_indexed(tmp_path / "lab", "doc", tokens=1000, seed=3)
+    assert make_data_dir(tmp_path / "twin", "doc", 1000, 3, one_document=True) == sha256_of(tmp_path / "lab")

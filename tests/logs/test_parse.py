@@ -251,8 +251,12 @@ def test_parse_log_file_reads_and_reports_unreadable_inputs(tmp_path: Path) -> N
         parse_log_file(tmp_path)
     binary = tmp_path / "binary.log"
     binary.write_bytes(b"\xff\xfe\x00garbage\n")
-    with pytest.raises(LogParseError, match=r"no step lines"):
+    with pytest.raises(LogParseError, match=r"binary.log: not a text log: binary content \(a NUL byte"):
         parse_log_file(binary)
+    undecodable = tmp_path / "latin1.log"  # text that is not UTF-8 is still a log: its bytes are replaced
+    undecodable.write_bytes(b"\xff\xfe garbage\n")
+    with pytest.raises(LogParseError, match=r"no step lines"):
+        parse_log_file(undecodable)
 
 
 def test_unknown_format_name_is_refused() -> None:

@@ -160,7 +160,7 @@ def test_a_retry_after_a_lost_connection_reattaches_to_the_job_instead_of_launch
         run_job_step(runner, spec, {"data": data})
     open_step = [s for s in lab.store.steps(run_id) if s.step == "npu_base_train"]
     assert [s.status for s in open_step] == [StepStatus.RUNNING]  # left open for the retry
-    outcome = run_job_step(runner, spec, {"data": data})  # what the task's retry does
+    outcome = run_job_step(runner, spec, {"data": data})  # what run_step's retry does (runner.retry)
     assert outcome.status == StepStatus.RAN
     assert len(ascend.launched) == 1
     assert [s.status for s in lab.store.steps(run_id) if s.step == "npu_base_train"] == [StepStatus.RAN]
