@@ -81,8 +81,9 @@ def preflight_task(run_id: str) -> pipeline.Plan:
 @task(name="data", task_run_name="data", retries=2, retry_delay_seconds=[5, 30], retry_condition_fn=retry_on_transient,
       **_COMMON)
 def data_task(run_id: str) -> dict[str, ArtifactRef]:
-    """Fingerprint (or generate) the data file both sides read, and the shared starting checkpoint if any."""
-    inputs = run_inputs(run_context(run_id), state_dir=state_dir())
+    """Fingerprint (or generate, once for every run: `alignflow.once`) the data file both sides read, and the shared
+    starting checkpoint if any."""
+    inputs = run_inputs(run_context(run_id), state_dir=state_dir(), events=get_run_logger().info)
     for ref in inputs.values():
         get_run_logger().info("%s %s sha256 %s", ref.name, ref.path, ref.sha256)
     return inputs

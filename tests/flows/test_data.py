@@ -39,7 +39,7 @@ def test_a_failed_generation_is_an_alignflow_error_with_the_reason(repo_root: Pa
     with pytest.raises(AlignflowError, match="at least 2"):
         prepare_data(exp, memo=None)
     assert not (tmp_path / "one").exists()  # nothing half-made
-    assert [p.name for p in tmp_path.iterdir()] == ["exp.yaml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".one.lock", "exp.yaml"]  # the lock stays (alignflow.once)
     (tmp_path / "blocked").write_text("a file where a directory must be")
     exp = load_experiment(_experiment(repo_root, tmp_path, {"path": "blocked/x", "prefix": "x",
                                                             "generate": {"tokens": 64}}))
