@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import json
 import logging
 import os
@@ -48,13 +47,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from alignflow import controller
 from alignflow.errors import ConfigError
+from alignflow.once import exclusive
 from alignflow.state import writable_dir
 
 log = logging.getLogger(__name__)
@@ -323,19 +323,19 @@ def forget(state: Path, record: ServerRecord) -> None:
 
 
 @contextlib.contextmanager
-def _lock(state: Path) -> Iterator[None]:
+def _lock(state: Path, events: Callable[[str], None] | None = None) -> Iterator[None]:
+    """The kept server's lock, held from the look for a running one to its record (`alignflow.once.exclusive`): a
+    second `alignflow server start` waits, saying for whom, then finds the first one's server (issue 49)."""
     writable_dir(server_dir(state))
-    with open(server_dir(state) / "lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with exclusive(server_dir(state) / "lock", what="the kept Prefect server", events=events):
+        yield
 
 
-def start_kept(state: Path, *, timeout_s: float | None = None) -> tuple[ServerRecord, bool]:
-    """The kept server, started if none is running; returns (record, started now)."""
-    with _lock(state):
+def start_kept(state: Path, *, timeout_s: float | None = None,
+               events: Callable[[str], None] | None = None) -> tuple[ServerRecord, bool]:
+    """The kept server, started if none is running; returns (record, started now). Two at once start one server:
+    the second waits for the first's (saying so through `events`) and returns it."""
+    with _lock(state, events):
         record = kept_server(state)
         if record is not None:
             return record, False

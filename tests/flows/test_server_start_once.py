@@ -1,0 +1,42 @@
+"""Two `alignflow server start` at once end with one kept server, both reporting it (issue 49).
+
+The server's start is replaced by a stand-in that takes its time and records a kept server of this process, as the
+real one records its child: what is tested is the lock around the look for a running server and its start."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from alignflow import controller
+from flows import server
+
+
+def test_two_starts_at_once_start_one_server_and_both_report_it(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[int] = []
+
+    def slow_start(state: Path, *, kept: bool, timeout_s: float | None = None) -> server.ServerRecord:
+        started.append(1)
+        record = server.ServerRecord(url="http://127.0.0.1:1/api", port=1, process=controller.current().to_dict(),
+                                     kept=kept, log=str(tmp_path / "server.log"))
+        server.kept_path(state).write_text(record.to_json())
+        time.sleep(0.5)  # the health wait
+        return record
+
+    monkeypatch.setattr(server, "start", slow_start)
+    said: list[str] = []
+    results: list[tuple[server.ServerRecord, bool]] = []
+    threads = [threading.Thread(target=lambda: results.append(server.start_kept(tmp_path, events=said.append)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(started) == 1
+    assert sorted(now for _, now in results) == [False, True]
+    assert results[0][0] == results[1][0]
+    assert said == [f"waiting for the kept Prefect server ({controller.current().describe()} is creating it)"]
