@@ -140,6 +140,33 @@ def exclusive(path: Path, *, what: str, run_id: str | None = None,
         os.close(fd)  # releases the flock
 
 
+@contextmanager
+def unless_held(path: Path, *, what: str, run_id: str | None = None) -> Iterator[str | None]:
+    """Hold the flock of lock file `path` for the block if it is free (yields None); if another process holds it,
+    hold nothing and yield who that is (`run <id>`, `pid <pid> on <host>`, from its note). For what must not run
+    twice at once and is not waited for: a second `alignflow serve` of one state dir reports the first and ends."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            if holder is None:
+                time.sleep(POLL_S)
+                holder = _read_holder(fd)
+            yield holder.describe() if holder is not None else "another process"
+            return
+        except OSError as exc:
+            if exc.errno not in _NO_FLOCK:
+                raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, Holder(what, run_id, controller.current()).to_json().encode(), 0)
+        yield None
+    finally:
+        os.close(fd)
+
+
 def create_once(dst: Path, *, what: str, build: Callable[[Path], object], verify: Callable[[Path], T],
                 run_id: str | None = None, events: Callable[[str], None] | None = None,
                 mode: int = 0o755) -> Made[T]:

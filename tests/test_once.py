@@ -124,3 +124,13 @@ def test_a_creator_killed_mid_creation_releases_the_lock_and_the_next_caller_cre
     assert "value=['data.bin']" in messages[-1]
     assert any(m == f"created the data demo: {dst}" for m in messages)
     assert [p.name for p in dst.parent.iterdir() if staging.staging_destination(p.name)] == []  # swept
+
+
+def test_unless_held_holds_a_free_lock_and_names_the_holder_of_a_taken_one(tmp_path: Path) -> None:
+    lock = tmp_path / "serve.lock"
+    with once.unless_held(lock, what="alignflow serve", run_id="first") as other:
+        assert other is None
+        with once.unless_held(lock, what="alignflow serve") as second:
+            assert second == "run first"  # not waited for: the second one reports the first and ends
+    with once.unless_held(lock, what="alignflow serve") as after:
+        assert after is None  # released with the block
