@@ -324,11 +324,27 @@ def forget(state: Path, record: ServerRecord) -> None:
 
 @contextlib.contextmanager
 def _lock(state: Path, events: Callable[[str], None] | None = None) -> Iterator[None]:
-    """The kept server's lock, held from the look for a running one to its record (`alignflow.once.exclusive`): a
-    second `alignflow server start` waits, saying for whom, then finds the first one's server (issue 49)."""
+    """The servers' lock (`alignflow.once.exclusive`), held from the look for a running server until the one started
+    answers: a second `alignflow server start` waits, saying for whom, then finds the first one's server; a second
+    run's server starts once the first one's has migrated their shared database (issue 49)."""
     writable_dir(server_dir(state))
-    with exclusive(server_dir(state) / "lock", what="the kept Prefect server", events=events):
+    with exclusive(server_dir(state) / "lock", what=f"the Prefect server of {server_dir(state)}", events=events):
         yield
+
+
+def server_for_run(state: Path, *, timeout_s: float | None = None,
+                   events: Callable[[str], None] | None = None) -> ServerRecord:
+    """The kept server when one answers, else a per-run server started now (its record's `kept` says which).
+
+    Every owned server keeps its flow runs in `<state>/prefect/home` and migrates that database as it starts: two
+    runs starting their servers at once on a fresh state dir both migrated it, and the second server died
+    (`duplicate column name: has_data`, its run exit 2). Starts are therefore one at a time, under the servers'
+    lock; the second run's server finds the database migrated and starts in seconds."""
+    with _lock(state, events):
+        record = kept_server(state)
+        if record is not None and healthy(record.url):
+            return record
+        return start(state, kept=False, timeout_s=timeout_s)
 
 
 def start_kept(state: Path, *, timeout_s: float | None = None,
