@@ -49,6 +49,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 LOCK_SUFFIX = ".lock"
+WAITING = "waiting for "  # how every wait starts (displays show these lines even when they hide the others)
 POLL_S = 0.1  # how often a waiter tries the lock again (a blocking flock would not yield to Ctrl-C)
 # No flock on this filesystem (some NFS mounts): nothing waits, as in `alignflow.staging`.
 _NO_FLOCK = (errno.ENOLCK, errno.EBADF, errno.EOPNOTSUPP, errno.EINVAL)
@@ -117,7 +118,7 @@ def exclusive(path: Path, *, what: str, run_id: str | None = None,
                 time.sleep(POLL_S)
                 waited = _read_holder(fd)
             by = waited.describe() if waited is not None else "another process"
-            say(f"waiting for {what} ({by} is creating it)")
+            say(f"{WAITING}{what} ({by} is creating it)")
             while True:
                 time.sleep(POLL_S)
                 try:
