@@ -9,8 +9,9 @@ imports, says it is ready, and starts when every one is. Then:
 - every run completes with its verdict (pass);
 - the data is created once (one `created the data` line in all their output) and each job step of the pipeline runs
   once (one step run `ran` per step in the store, the others `cached` from it); the waits are said and counted;
-- the store (created by all of them at once on the fresh state dir) passes SQLite's integrity check and
-  `alignflow db check`, and holds every run, none left `running`.
+- the store (created by all of them at once on the fresh state dir; or, as the team runs it, an empty PostgreSQL
+  database they all migrate at once) passes SQLite's integrity check and `alignflow db check`, and holds every
+  run, none left `running`.
 
 A variant kills the creator of the data with SIGKILL while it writes it, another run waiting on it: the waiting run
 creates the data and completes.
@@ -126,8 +127,10 @@ def _being_written(data: Path) -> bool:
 
 
 def _store_is_whole(state: Path, environ: dict[str, str]) -> None:
-    with sqlite3.connect(state / "store.sqlite") as db:
-        assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    """SQLite's own integrity check (on SQLite), then `alignflow db check`: the schema at head, the models its."""
+    if "ALIGNFLOW_DB_URL" not in environ:
+        with sqlite3.connect(state / "store.sqlite") as db:
+            assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
     check = subprocess.run([sys.executable, "-m", "alignflow", "db", "check"], capture_output=True, text=True,
                            env=environ, timeout=120)
     assert check.returncode == 0, check.stdout + check.stderr
@@ -144,10 +147,13 @@ def workspace(tmp_path: Path, repo_root: Path, subprocess_env: dict[str, str]) -
     return env.root, environ
 
 
+@pytest.mark.parametrize("store", ["sqlite", "postgresql"])
 def test_runs_started_together_share_what_they_create_and_all_complete(
-        workspace: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+        workspace: tuple[Path, dict[str, str]], tmp_path: Path, store: str, request: pytest.FixtureRequest) -> None:
     root, environ = workspace
     state = root / "state"
+    if store == "postgresql":  # the team's store: a fresh, empty database that every run migrates at once
+        environ = {**environ, "ALIGNFLOW_DB_URL": str(request.getfixturevalue("postgres_url"))}
     experiments = [root / ("tiny.yaml" if i % 2 == 0 else "tiny-b.yaml") for i in range(RUNS)]
     runs = [_start(e, root, state, tmp_path / f"run{i}.out", environ) for i, e in enumerate(experiments)]
     try:
@@ -170,10 +176,11 @@ def test_runs_started_together_share_what_they_create_and_all_complete(
     assert launched == dict.fromkeys(JOB_STEPS, 1)
     created = [line for line in lines if line.startswith("created ")]
     assert created == [f"created the data demo: {root}/data/demo"]
-    with Store.open(state_dir=state) as store:
-        recorded = store.list_runs(limit=100)
+    with Store.open(environ.get("ALIGNFLOW_DB_URL"), state_dir=state) as opened:
+        recorded = opened.list_runs(limit=100)
         assert sorted(r.id for r in recorded) == sorted(str(r["run"]) for r in results)
-        statuses = Counter((s.step, str(s.status)) for r in recorded for s in store.steps(r.id))
+        assert {r.status for r in recorded} == {RunStatus.COMPLETED}
+        statuses = Counter((s.step, str(s.status)) for r in recorded for s in opened.steps(r.id))
     for step in JOB_STEPS:  # each training and conversion ran once; every other run reused it
         assert (statuses[(step, "ran")], statuses[(step, "cached")]) == (1, RUNS - 1), statuses
     assert statuses[("compare", "ran")] == RUNS  # each run's own verdict
