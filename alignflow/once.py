@@ -100,10 +100,11 @@ def _read_holder(fd: int) -> Holder | None:
 
 
 @contextmanager
-def exclusive(path: Path, *, what: str, run_id: str | None = None,
-              events: Callable[[str], None] | None = None) -> Iterator[Holder | None]:
+def exclusive(path: Path, *, what: str, run_id: str | None = None, events: Callable[[str], None] | None = None,
+              check: Callable[[], None] | None = None) -> Iterator[Holder | None]:
     """Hold the exclusive flock of lock file `path` for the block, naming this caller in it; yields whom it waited
-    for (None: the lock was free). A wait is said once, through `events` (else the log)."""
+    for (None: the lock was free). A wait is said once, through `events` (else the log); `check` is called at each
+    poll of a wait and may raise to end it (a run cancelled while it waits for another run's training)."""
     say = events or log.info
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -120,6 +121,8 @@ def exclusive(path: Path, *, what: str, run_id: str | None = None,
             by = waited.describe() if waited is not None else "another process"
             say(f"{WAITING}{what} ({by} is creating it)")
             while True:
+                if check is not None:
+                    check()
                 time.sleep(POLL_S)
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

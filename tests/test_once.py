@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from alignflow import once, staging
+from alignflow.errors import RunCancelled
 
 
 def _build_slowly(tmp: Path, *, started: threading.Event | None = None, text: str = "whole") -> None:
@@ -134,3 +135,18 @@ def test_unless_held_holds_a_free_lock_and_names_the_holder_of_a_taken_one(tmp_p
             assert second == "run first"  # not waited for: the second one reports the first and ends
     with once.unless_held(lock, what="alignflow serve") as after:
         assert after is None  # released with the block
+
+
+def test_a_wait_ends_when_its_check_raises_and_the_lock_is_left_to_its_holder(tmp_path: Path) -> None:
+    lock = tmp_path / "step.lock"
+    polls: list[int] = []
+
+    def cancelled() -> None:
+        polls.append(1)
+        if len(polls) == 3:
+            raise RunCancelled("run r was cancelled while npu_base_train waited for npu_base_train")
+
+    with once.exclusive(lock, what="npu_base_train", run_id="holder"), pytest.raises(RunCancelled), \
+            once.exclusive(lock, what="npu_base_train", check=cancelled):
+        raise AssertionError("never held")
+    assert len(polls) == 3
