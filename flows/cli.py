@@ -115,7 +115,11 @@ def _flow_run(*, verbosity: Verbosity, **params: Any) -> Launched:
     use_state_dir_for_prefect()
     from flows.prefect_client import prefect_api
 
-    with prefect_api(state_dir()) as api, _CtrlC() as ctrl_c:
+    def say(message: str) -> None:  # waiting for another run's Prefect server to start
+        if verbosity != "quiet":
+            Console(stderr=True).print(f"prefect: {message}", highlight=False, soft_wrap=True)
+
+    with prefect_api(state_dir(), events=say) as api, _CtrlC() as ctrl_c:
         per_run = api.server is not None and not api.server.kept
         if verbosity != "quiet" and api.server is not None and per_run:
             Console(stderr=True).print(f"prefect: a server for this run only, stopped with it (UI {api.server.ui}); "

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,7 +37,7 @@ from flows.server import (
     kept_server,
     prefect_home,
     run_servers,
-    start,
+    server_for_run,
     start_kept,
     stop,
     sweep,
@@ -100,11 +100,13 @@ def configured_api_url() -> str | None:
 
 
 @contextlib.contextmanager
-def prefect_api(state: Path, *, timeout_s: float | None = None) -> Iterator[PrefectApi]:
+def prefect_api(state: Path, *, timeout_s: float | None = None,
+                events: Callable[[str], None] | None = None) -> Iterator[PrefectApi]:
     """Make Prefect in this process (and its children) talk to a healthy API for the duration of the block.
 
     A configured `PREFECT_API_URL` (environment or Prefect profile) is used as it is, after a health check. Else
-    the kept server, else a server started for this block and stopped when it ends (or when this process dies).
+    the kept server, else a server started for this block and stopped when it ends (or when this process dies);
+    `events` hears that this run waits for another one's server to start (`flows.server.server_for_run`).
     """
     configured = configured_api_url()
     if configured:
@@ -112,12 +114,11 @@ def prefect_api(state: Path, *, timeout_s: float | None = None) -> Iterator[Pref
         yield PrefectApi(configured, "PREFECT_API_URL")
         return
     sweep(state)
-    record = kept_server(state)
-    if record is not None and healthy(record.url):
+    record = server_for_run(state, timeout_s=timeout_s, events=events)
+    if record.kept:
         with client_of(record):
             yield PrefectApi(record.url, "kept", record)
         return
-    record = start(state, kept=False, timeout_s=timeout_s)
     try:
         with client_of(record):
             try:

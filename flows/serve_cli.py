@@ -86,7 +86,7 @@ def serve_cmd(
     from flows.prefect_client import use_state_dir_for_prefect
 
     use_state_dir_for_prefect()
-    from flows.serve import describe, load_serve_spec, serve_deployments, serving_reports
+    from flows.serve import describe, load_serve_spec
 
     if nightly is None and Path("nightly.yaml").is_file():
         nightly = Path("nightly.yaml")
@@ -100,6 +100,24 @@ def serve_cmd(
     _print_spec(console, spec, described)
     if dry_run:
         raise typer.Exit(0)
+    from alignflow.once import unless_held
+    from alignflow.state import state_dir
+
+    with unless_held(state_dir() / "serve.lock", what="alignflow serve") as other:
+        if other is not None:  # two serves of one state dir would register the same deployments twice (issue 49)
+            console.print(f"already serving: `alignflow serve` of state dir {state_dir()} is running ({other}); "
+                          "its deployments take the launches and the nightly. Stop it first (Ctrl-C or SIGTERM) "
+                          "to serve other settings.", highlight=False, soft_wrap=True)
+            raise typer.Exit(0)
+        _serve(console, spec, reports_bind=reports_bind, reports_port=reports_port, reports_url=reports_url,
+               limit=limit)
+
+
+def _serve(console: Console, spec: ServeSpec, *, reports_bind: str, reports_port: int | None,
+           reports_url: str | None, limit: int | None) -> None:
+    """Check the Prefect server and the store, then serve until told to stop (the caller holds serve.lock)."""
+    from flows.serve import serve_deployments, serving_reports
+
     api, ui = _api_url()
     _check_server(api)
     from alignflow.cli.runs import open_store

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import json
 import logging
 import os
@@ -48,13 +47,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from alignflow import controller
 from alignflow.errors import ConfigError
+from alignflow.once import exclusive
 from alignflow.state import writable_dir
 
 log = logging.getLogger(__name__)
@@ -323,19 +323,35 @@ def forget(state: Path, record: ServerRecord) -> None:
 
 
 @contextlib.contextmanager
-def _lock(state: Path) -> Iterator[None]:
+def _lock(state: Path, events: Callable[[str], None] | None = None) -> Iterator[None]:
+    """The servers' lock (`alignflow.once.exclusive`), held from the look for a running server until the one started
+    answers: a second `alignflow server start` waits, saying for whom, then finds the first one's server; a second
+    run's server starts once the first one's has migrated their shared database (issue 49)."""
     writable_dir(server_dir(state))
-    with open(server_dir(state) / "lock", "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    with exclusive(server_dir(state) / "lock", what=f"the Prefect server of {server_dir(state)}", events=events):
+        yield
 
 
-def start_kept(state: Path, *, timeout_s: float | None = None) -> tuple[ServerRecord, bool]:
-    """The kept server, started if none is running; returns (record, started now)."""
-    with _lock(state):
+def server_for_run(state: Path, *, timeout_s: float | None = None,
+                   events: Callable[[str], None] | None = None) -> ServerRecord:
+    """The kept server when one answers, else a per-run server started now (its record's `kept` says which).
+
+    Every owned server keeps its flow runs in `<state>/prefect/home` and migrates that database as it starts: two
+    runs starting their servers at once on a fresh state dir both migrated it, and the second server died
+    (`duplicate column name: has_data`, its run exit 2). Starts are therefore one at a time, under the servers'
+    lock; the second run's server finds the database migrated and starts in seconds."""
+    with _lock(state, events):
+        record = kept_server(state)
+        if record is not None and healthy(record.url):
+            return record
+        return start(state, kept=False, timeout_s=timeout_s)
+
+
+def start_kept(state: Path, *, timeout_s: float | None = None,
+               events: Callable[[str], None] | None = None) -> tuple[ServerRecord, bool]:
+    """The kept server, started if none is running; returns (record, started now). Two at once start one server:
+    the second waits for the first's (saying so through `events`) and returns it."""
+    with _lock(state, events):
         record = kept_server(state)
         if record is not None:
             return record, False

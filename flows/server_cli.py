@@ -26,7 +26,7 @@ def server_app() -> typer.Typer:
         from flows.prefect_client import use_state_dir_for_prefect
 
         use_state_dir_for_prefect()
-        record, started = server.start_kept(state_dir(), timeout_s=timeout_s)
+        record, started = server.start_kept(state_dir(), timeout_s=timeout_s, events=typer.echo)
         verb = "started" if started else "already running"
         typer.echo(f"prefect server {verb}: {record.url}, pid {record.identity.pid}, log {record.log}")
         typer.echo(f"UI {record.ui}/runs")

@@ -71,8 +71,10 @@ def preflight_task(run_id: str) -> pipeline.Plan:
 
 @task(name="data", task_run_name="data", **_COMMON)
 def data_task(run_id: str) -> dict[str, ArtifactRef]:
-    """Fingerprint (or generate) the data file both sides read, and the shared starting checkpoint if any."""
-    inputs = run_inputs(run_context(run_id), state_dir=state_dir())
+    """Fingerprint (or generate, once for every run: `alignflow.once`) the data file both sides read, and the shared
+    starting checkpoint if any."""
+    say = TaskReporter(get_run_logger(), "data").message  # a wait for another run's data shows in the terminal too
+    inputs = run_inputs(run_context(run_id), state_dir=state_dir(), events=say)
     for ref in inputs.values():
         get_run_logger().info("%s %s sha256 %s", ref.name, ref.path, ref.sha256)
     return inputs

@@ -27,6 +27,7 @@ from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
 from rich.text import Text
 
+from alignflow.once import WAITING
 from alignflow.runner.progress import StepProgress, format_duration
 
 PLAIN_EVERY_S = 30.0
@@ -119,7 +120,7 @@ class ConsoleProgress:
         self.console.print(text, highlight=False, markup=False, soft_wrap=True)
 
     def message(self, text: str) -> None:
-        if self.verbose:
+        if self.verbose or text.startswith(WAITING):  # a wait for another run says why nothing moves (issue 49)
             self._print(text)
 
     def log_line(self, text: str) -> None:

@@ -18,6 +18,7 @@ The layouts are read from `GPTModel.sharded_state_dict()` of real megatron-core 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -25,6 +26,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -34,6 +36,7 @@ from alignflow.config.model import ModelConfig
 from alignflow.config.parallel import ParallelConfig
 from alignflow.convert.layout import write_atomic
 from alignflow.errors import ConversionError
+from alignflow.once import exclusive
 
 log = logging.getLogger(__name__)
 
@@ -252,13 +255,20 @@ def plan_in_process(model: ModelConfig, parallel: ParallelConfig) -> Layouts:
 
 def plan_layouts(model: ModelConfig, parallel: ParallelConfig | None = None) -> Layouts:
     """`plan_in_process` in a child process (cached per model and layout, in this process and in the layout
-    cache); `ConversionError` with the child's error when megatron-core cannot build the model at that layout."""
+    cache); `ConversionError` with the child's error when megatron-core cannot build the model at that layout.
+
+    A missing entry is planned by one process while the others wait (`alignflow.once.exclusive` on a lock beside
+    it, issue 49: several conversions of one model starting at once each spent seconds on megatron-core); the
+    waiters then read the entry, checked against the request it records."""
     parallel = parallel or ParallelConfig()
     key = _request(model, parallel)
-    cached = _read_cache(key)
-    data = cached if cached is not None else _planned(key)
-    if cached is None:
-        _write_cache(key, data)
+    data = _read_cache(key)
+    if data is None:
+        with _cache_lock(key):
+            data = _read_cache(key)
+            if data is None:
+                data = _planned(key)
+                _write_cache(key, data)
     ranks = tuple(RankLayout.from_json(r) for r in data["ranks"])
     return Layouts(parallel, ranks, data["megatron_core"])
 
@@ -317,6 +327,20 @@ def _write_cache(request: str, data: Mapping[str, Any]) -> None:
         write_atomic(path, json.dumps({**data, "request": request}))
     except OSError as exc:  # a cache that cannot be written costs time, never a conversion
         log.info("layout cache %s not written: %s", path, exc)
+
+
+@contextmanager
+def _cache_lock(request: str) -> Iterator[None]:
+    """The lock of the layout cache's entry for `request`, held while it is planned; none where the cache cannot be
+    written (the plan then costs time, never a conversion)."""
+    path = _cache_path(request)
+    with contextlib.ExitStack() as held:
+        if path is not None:
+            try:
+                held.enter_context(exclusive(path.with_suffix(".lock"), what=f"the megatron-core layout {path.stem}"))
+            except OSError as exc:
+                log.info("layout cache %s not locked: %s", path, exc)
+        yield
 
 
 def cached_layout(model: ModelConfig) -> RankLayout | None:

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
+
+from alignflow.once import exclusive
 
 
 def cache_key(
@@ -34,16 +36,16 @@ def cache_key(
     return hashlib.sha256(blob).hexdigest()
 
 
-_guard = threading.Lock()
-_executing: dict[str, threading.Lock] = {}
-
-
 @contextmanager
-def one_at_a_time(key: str) -> Iterator[None]:
+def one_at_a_time(key: str, *, lock_dir: Path, what: str, run_id: str | None = None,
+                  events: Callable[[str], None] | None = None, check: Callable[[], None] | None = None
+                  ) -> Iterator[None]:
     """Held while a step with cache key `key` looks for a cached result and, finding none, executes: a second step
-    of this process with the same key (two runs of a switch matrix whose trainings are one) waits, then finds the
-    first one's result in the cache instead of training again."""
-    with _guard:
-        lock = _executing.setdefault(key, threading.Lock())
-    with lock:
+    with the same key - two runs of a switch matrix whose trainings are one, in this process; two runs of one
+    experiment, or two matrices sharing a training, in others (issue 49) - waits, saying `waiting for <what> (run
+    <id> is creating it)`, then finds the first one's result in the cache instead of training again.
+
+    A flock of `<lock_dir>/<key>.lock` (`alignflow.once.exclusive`): the kernel drops it when its holder dies, and
+    the waiter then runs the step itself. `check` may end a wait (it raises when the waiting run is cancelled)."""
+    with exclusive(lock_dir / f"{key[:32]}.lock", what=what, run_id=run_id, events=events, check=check):
         yield

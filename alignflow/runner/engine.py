@@ -367,6 +367,12 @@ class StepRunner:
         return transport.launch(JobSpec(argv=argv, name=name, env=env, cwd=out, take_slot=True,
                                         time_limit_s=time_limit_s))
 
+    def check_cancelled(self, doing: str) -> None:
+        """`RunCancelled` if this process has cancelled the run: a step waiting on a job the cancellation did not
+        see, or on another run's training (`alignflow.runner.cache.one_at_a_time`), stops at its next poll."""
+        if self.run_id in _cancelled_here:
+            raise RunCancelled(f"run {self.run_id} was cancelled while {doing}")
+
     def wait(self, label: str, transport: Transport, handle: JobHandle, timeout_s: float, *,
              total: int | None = None, log_format: FormatChoice | LogFormatSpec | None = None) -> JobState:
         """Poll the job until it ends, saying every `progress_every_s` where it stands: the training step its
@@ -375,8 +381,8 @@ class StepRunner:
         last = [-self.progress_every_s]
 
         def on_poll(state: JobState) -> None:
-            if not state.finished and self.run_id in _cancelled_here:
-                raise RunCancelled(f"run {self.run_id} was cancelled while {label} waited on job {handle.job_dir}")
+            if not state.finished:
+                self.check_cancelled(f"{label} waited on job {handle.job_dir}")
             now = time.monotonic()
             if now - last[0] < self.progress_every_s or state.finished:
                 return

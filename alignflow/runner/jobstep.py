@@ -51,7 +51,10 @@ def run_job_step(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping
     key = cache_key(step=spec.name, argv=template.argv, files=template.files, env=template.env,
                     code_version=runner.code_version(template, host),
                     inputs={n: ref.sha256 for n, ref in inputs.items()})
-    with one_at_a_time(key):  # the same training asked for twice at once (a matrix's runs) executes once
+    # the same training asked for twice at once (a matrix's runs, two runs of one experiment) executes once
+    waiting = f"{spec.name} ({key[:12]})"
+    with one_at_a_time(key, lock_dir=runner.state_dir / "locks" / "steps", what=waiting, run_id=runner.run_id,
+                       events=runner.emit, check=lambda: runner.check_cancelled(f"{spec.name} waited for {waiting}")):
         return _run_or_reuse(runner, spec, host, transport, command, inputs, key)
 
 

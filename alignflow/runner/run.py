@@ -218,13 +218,14 @@ def data_artifact(ctx: RunContext, *, state_dir: Path) -> ArtifactRef:
     return run_inputs(ctx, state_dir=state_dir)["data"]
 
 
-def run_inputs(ctx: RunContext, *, state_dir: Path) -> dict[str, ArtifactRef]:
+def run_inputs(ctx: RunContext, *, state_dir: Path, events: Events | None = None) -> dict[str, ArtifactRef]:
     """What the run takes from outside, on the controller, fingerprinted: the data (generated for the twin) and
-    the shared starting checkpoint when the experiment gives one (`base_ckpt`)."""
+    the shared starting checkpoint when the experiment gives one (`base_ckpt`). What is generated is made by one
+    run while the others wait, saying so through `events`."""
     memo = HashMemo(state_dir / "hashmemo.sqlite")
     try:
-        inputs = {"data": prepare_data(ctx.experiment, memo=memo)}
-        base = prepare_base(ctx.experiment, memo=memo)
+        inputs = {"data": prepare_data(ctx.experiment, memo=memo, run_id=ctx.run_id, events=events)}
+        base = prepare_base(ctx.experiment, memo=memo, run_id=ctx.run_id, events=events)
         return inputs | ({"base_ckpt": base} if base is not None else {})
     finally:
         memo.close()
@@ -309,7 +310,7 @@ def execute_pipeline(
     ctx = open_run(store, run_id)
     try:
         preflight_run(ctx, state_dir=state_dir, events=events, transport_factory=transport_factory)
-        inputs = run_inputs(ctx, state_dir=state_dir)
+        inputs = run_inputs(ctx, state_dir=state_dir, events=events)
     except AlignflowError as exc:
         return finish(store, run_id, {}, error=str(exc), failures=(exc,))
 

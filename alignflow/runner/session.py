@@ -98,27 +98,38 @@ def default_state_dir() -> Path:
     return state_dir()
 
 
-def prepare_data(experiment: Experiment, *, memo: HashMemo | None) -> ArtifactRef:
+def prepare_data(experiment: Experiment, *, memo: HashMemo | None, run_id: str | None = None,
+                 events: Events | None = None) -> ArtifactRef:
     """The data directory on the controller (a Megatron indexed dataset, `<path>/<prefix>.bin/.idx`): generated when
-    the experiment says how and it is absent; its sha256 checked against the declared one (a different dataset must
-    never be trained on silently)."""
-    from alignflow.twin.data import check_data_dir, make_data_dir  # numpy: imported by the runs that read data
+    the experiment says how and it is absent, by one run while the others wait (`alignflow.once`, issue 49); its
+    sha256 checked against the declared one (a different dataset must never be trained on silently)."""
+    from alignflow.once import create_once
+    from alignflow.twin.data import check_data_dir, make_data  # numpy: imported by the runs that read data
 
     path = experiment.resolve_path(experiment.data.path)
     prefix = experiment.data.prefix or ""
-    if not path.exists():
-        gen = experiment.data.generate
-        if gen is None:
+    gen = experiment.data.generate
+    where = f"{experiment.source}: data"
+
+    def verify(found: Path) -> str:
+        check_data_dir(found, prefix, where=where)
+        return Fingerprinter(memo).fingerprint(found).sha256
+
+    if path.exists() or gen is None:
+        if gen is None and not path.exists():
             raise ConfigError(f"{experiment.source}: data.path {path} does not exist and data.generate is not set")
-        log.info("generating %d tokens of synthetic data into %s/%s.bin/.idx", gen.tokens, path, prefix)
+        sha256 = verify(path)
+    else:
+        def build(tmp: Path) -> None:
+            log.info("generating %d tokens of synthetic data into %s/%s.bin/.idx", gen.tokens, path, prefix)
+            make_data(tmp / prefix, gen.tokens, gen.seed, experiment.model.vocab_size,
+                      one_document=gen.documents == "one")
+
         try:
-            sha256 = make_data_dir(path, prefix, gen.tokens, gen.seed, experiment.model.vocab_size,
-                                   one_document=gen.documents == "one")
+            sha256 = create_once(path, what=f"the data {path.name}", build=build, verify=verify, run_id=run_id,
+                                 events=events).value
         except OSError as exc:
             raise PipelineError(f"{experiment.source}: cannot generate data.path {path}: {exc}") from exc
-    else:
-        check_data_dir(path, prefix, where=f"{experiment.source}: data")
-        sha256 = Fingerprinter(memo).fingerprint(path).sha256
     size = sum(p.stat().st_size for p in path.iterdir())
     declared = experiment.data.sha256
     if declared is not None and sha256 != declared:
@@ -128,32 +139,40 @@ def prepare_data(experiment: Experiment, *, memo: HashMemo | None) -> ArtifactRe
     return ArtifactRef(name="data", host=CONTROLLER, path=str(path), sha256=sha256, size=size, kind="data")
 
 
-def prepare_base(experiment: Experiment, *, memo: HashMemo | None) -> ArtifactRef | None:
+def prepare_base(experiment: Experiment, *, memo: HashMemo | None, run_id: str | None = None,
+                 events: Events | None = None) -> ArtifactRef | None:
     """The experiment's shared starting checkpoint (`base: {path, format}`) on the controller, fingerprinted: made
     with random weights when `base.generate` says so and it is absent (a Hugging Face checkpoint, by transformers'
-    own class of the model's family); its sha256 checked against the declared one. None: the NPU side trains the
-    base (`npu_base_train`)."""
+    own class of the model's family), by one run while the others wait (`alignflow.once`, issue 49); its sha256
+    checked against the declared one. None: the NPU side trains the base (`npu_base_train`)."""
     base = experiment.base
     if base is None:
         return None
     path = experiment.resolve_path(base.path)
     where = f"{experiment.source}: base.path {path}"
-    if not path.exists():
+    fingerprint = Fingerprinter(memo).fingerprint
+    if path.exists():
+        fp = fingerprint(path)
+    else:
         if base.generate is None:
             raise ConfigError(f"{where} does not exist and base.generate is not set")
         if base.format != "hf":
             raise ConfigError(f"{where}: base.generate makes Hugging Face checkpoints (format hf), not {base.format}")
         from alignflow.convert.hf import make_hf_checkpoint
-        from alignflow.convert.summary import staged_output
+        from alignflow.once import create_once
 
-        log.info("generating a %s base checkpoint of %s (seed %d) into %s", base.format, experiment.model.family,
-                 base.generate.seed, path)
+        seed = base.generate.seed
+
+        def build(tmp: Path) -> None:
+            log.info("generating a %s base checkpoint of %s (seed %d) into %s", base.format, experiment.model.family,
+                     seed, path)
+            make_hf_checkpoint(experiment.model, tmp, seed=seed)
+
         try:
-            with staged_output(path) as tmp:
-                make_hf_checkpoint(experiment.model, tmp, seed=base.generate.seed)
+            fp = create_once(path, what=f"the base checkpoint {path.name}", build=build, verify=fingerprint,
+                             run_id=run_id, events=events).value
         except OSError as exc:
             raise PipelineError(f"{where}: cannot generate it: {exc}") from exc
-    fp = Fingerprinter(memo).fingerprint(path)
     if base.sha256 is not None and fp.sha256 != base.sha256:
         raise FingerprintMismatch(f"{path}: sha256 {fp.sha256} differs from the declared base.sha256 {base.sha256}; "
                                   "both sides must start from the same weights", expected=base.sha256,

@@ -106,28 +106,6 @@ def make_data(prefix: str | Path, num_tokens: int, seed: int, vocab_size: int = 
     return write_documents(prefix, documents, vocab_size)
 
 
-def make_data_dir(directory: str | Path, prefix: str, num_tokens: int, seed: int, vocab_size: int = 256, *,
-                  one_document: bool = False) -> str:
-    """Generate `<directory>/<prefix>.bin/.idx` where `directory` does not exist yet: written in a temporary sibling
-    directory and renamed into place whole, so an interrupted run leaves no half-made data directory."""
-    import shutil
-    import tempfile
-
-    directory = Path(directory)
-    if directory.exists():
-        raise ConfigError(f"{directory}: already exists; data is never generated over existing files")
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
-        digest = make_data(tmp / prefix, num_tokens, seed, vocab_size, one_document=one_document)
-        tmp.chmod(0o755)
-        tmp.rename(directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return digest
-
-
 def check_data_dir(directory: Path, prefix: str, *, where: str) -> None:
     """An experiment's data directory holds `<prefix>.bin` and `<prefix>.idx` and nothing else (the runner
     fingerprints and moves the whole directory; the trainings check the two files)."""

@@ -57,3 +57,11 @@ def test_on_a_terminal_rows_are_redrawn_with_their_whole_names_and_log_lines_go_
     assert "npu_re…" not in text
     assert "Ctrl-C, cancelling it\n" in text
     assert "gpu_train         cancelled" in text
+
+
+def test_a_wait_for_another_run_is_shown_without_verbose_and_other_messages_are_not() -> None:
+    out = io.StringIO()
+    with ConsoleProgress(Console(file=out, width=120, color_system=None)) as display:
+        display.message("npu_base_train: launched on ascend (job /w/jobs/x)")
+        display.message("waiting for npu_base_train (4338c05b1b66) (run d8154d9a7179 is creating it)")
+    assert out.getvalue() == "waiting for npu_base_train (4338c05b1b66) (run d8154d9a7179 is creating it)\n"

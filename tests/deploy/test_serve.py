@@ -370,3 +370,18 @@ def test_a_serve_that_does_not_stop_in_time_shows_where_it_waited_kills_its_proc
     with contextlib.suppress(OSError):  # gone, a zombie, or the pid already another process's (a busy machine)
         stat, cmdline = (Path(f"/proc/{pid}") / "stat").read_text(), (Path(f"/proc/{pid}") / "cmdline").read_bytes()
         assert stat.rpartition(")")[2].split()[0] == "Z" or cmdline != b"sleep\x00299.5\x00", (stat, cmdline)
+
+
+@pytest.mark.integration
+def test_a_second_serve_of_one_state_dir_reports_the_first_and_ends(workspace: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from alignflow import controller
+    from alignflow.once import unless_held
+
+    monkeypatch.setenv("ALIGNFLOW_STATE_DIR", str(workspace / "state"))
+    with unless_held(workspace / "state" / "serve.lock", what="alignflow serve") as other:  # the first serve
+        assert other is None
+        second = CliRunner().invoke(app, ["serve"])
+    assert second.exit_code == 0, second.output
+    assert "already serving: `alignflow serve` of state dir" in second.output
+    assert f"({controller.current().describe()})" in second.output

@@ -39,7 +39,7 @@ def test_a_failed_generation_is_an_alignflow_error_with_the_reason(repo_root: Pa
     with pytest.raises(AlignflowError, match="at least 2"):
         prepare_data(exp, memo=None)
     assert not (tmp_path / "one").exists()  # nothing half-made
-    assert [p.name for p in tmp_path.iterdir()] == ["exp.yaml"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".one.lock", "exp.yaml"]  # the lock stays (alignflow.once)
     (tmp_path / "blocked").write_text("a file where a directory must be")
     exp = load_experiment(_experiment(repo_root, tmp_path, {"path": "blocked/x", "prefix": "x",
                                                             "generate": {"tokens": 64}}))
@@ -69,3 +69,43 @@ def test_a_npy_or_prefixless_data_path_is_a_validation_error(repo_root: Path, tm
     with pytest.raises(ConfigError, match=message) as err:
         load_experiment(_experiment(repo_root, tmp_path, data))
     assert "exp.yaml" in str(err.value)  # the file is named (with its line)
+
+
+def test_runs_starting_together_generate_the_data_and_the_base_once_and_all_verify_them(
+        repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 49: the second of two runs lost the rename of the data both had generated and ended `error`."""
+    import threading
+
+    from alignflow.convert import hf
+    from alignflow.runner.session import prepare_base
+
+    doc = yaml.safe_load((repo_root / "experiments" / "demo-hf-base.yaml").read_text())
+    doc["data"]["path"], doc["base"]["path"] = "data/demo", "base/qwen3"
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    exp = load_experiment(tmp_path / "exp.yaml")
+    made: list[str] = []
+    real = hf.make_hf_checkpoint
+
+    def counted(*args: object, **kwargs: object) -> None:
+        made.append("base")
+        real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(hf, "make_hf_checkpoint", counted)
+    said: list[str] = []
+    refs: list[tuple[object, object]] = []
+
+    def run(i: int) -> None:
+        data = prepare_data(exp, memo=None, run_id=f"run{i}", events=said.append)
+        refs.append((data, prepare_base(exp, memo=None, run_id=f"run{i}", events=said.append)))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(refs) == 3
+    assert len(set(refs)) == 1  # every run verified the same data and base, by fingerprint
+    assert made == ["base"]
+    assert sorted(m.split(":")[0] for m in said if m.startswith("created")) == [
+        "created the base checkpoint qwen3", "created the data demo"]
+    assert all(m.endswith(" is creating it)") for m in said if m.startswith("waiting"))

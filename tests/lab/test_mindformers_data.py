@@ -41,7 +41,9 @@ def test_the_writer_is_deterministic(tmp_path: Path) -> None:
 def test_data_generate_with_one_document_writes_the_lab_s_bytes(tmp_path: Path) -> None:
     """`data.generate: {documents: one}` (experiments/mindformers-cpu.yaml) makes what the lab's writer makes, so the
     experiment's data is made on first use and its declared sha256 holds."""
-    from alignflow.twin.data import make_data_dir
+    from alignflow.twin.data import make_data
 
     write_indexed(tmp_path / "lab", "doc", tokens=1000, seed=3)
-    assert make_data_dir(tmp_path / "twin", "doc", 1000, 3, one_document=True) == sha256_of(tmp_path / "lab")
+    (tmp_path / "twin").mkdir()
+    make_data(tmp_path / "twin" / "doc", 1000, 3, one_document=True)
+    assert sha256_of(tmp_path / "twin") == sha256_of(tmp_path / "lab")

@@ -20,7 +20,6 @@ from alignflow.twin.data import (
     generate_tokens,
     load_data,
     make_data,
-    make_data_dir,
     split_documents,
 )
 from tests.datasets.megatron_real import megatron_gpt_dataset
@@ -103,18 +102,6 @@ def test_the_data_directory_must_hold_the_dataset_alone(tmp_path: Path) -> None:
     (tmp_path / "data" / "notes.txt").write_text("x")
     with pytest.raises(ConfigError, match=r"exp: data directory .* holds notes\.txt besides d\.bin and d\.idx"):
         check_data_dir(tmp_path / "data", "d", where="exp")
-
-
-def test_an_interrupted_generation_leaves_no_data_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import alignflow.twin.data as data_module
-
-    def broken(*args: object, **kwargs: object) -> str:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(data_module, "make_data", broken)
-    with pytest.raises(KeyboardInterrupt):
-        make_data_dir(tmp_path / "data", "d", 1000, 0)
-    assert list(tmp_path.iterdir()) == []
 
 
 def cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
