@@ -108,7 +108,7 @@ def _main(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, t
     (["run", "--verbos", "demo"], "No such option: --verbos (did you mean '--verbose'?)"),
     (["runn"], "No such command 'runn' (did you mean 'run'?)"),
     (["compare"], "compare: Missing argument 'LOGS'"),
-    (["compare", "--test-format", "x", "a", "b"], "'x' is not one of 'auto', 'mindformers'"),
+    (["compare", "--test-format", "x", "a", "b"], "'x': use auto or a registered log format: mindformers"),
     (["golden", "check"], "Missing argument 'RUN_ID'"),
 ])
 def test_a_usage_error_is_one_line_with_the_closest_name(capsys: pytest.CaptureFixture[str],

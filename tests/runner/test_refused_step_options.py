@@ -27,8 +27,7 @@ def _alignflow(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPat
      "error: --step 99: run {run} of tiny: 99 is not a step of the trainings (training.steps: 8); choose a step "
      "from 1 to 8"),
     (["rerun", "{run}", "--step", "convert_hf"],
-     "error: step 'convert_hf' is not part of this experiment's pipeline (derived from its checkpoint formats); "
-     "its steps are: "),
+     "error: tiny has no step 'convert_hf' (its pipeline is derived from its checkpoint formats); its steps are: "),
 ])
 def test_a_step_option_out_of_range_is_exit_2_and_records_nothing(
         args: list[str], message: str, lab: FakeLab, capsys: pytest.CaptureFixture[str],
