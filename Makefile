@@ -26,7 +26,7 @@ UNIT_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4;
 # (tests/conftest.py: GROUP_OF_FIXTURE, MEASURED_S; --no-loadscope-reorder keeps that order).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -lt 2 ] && n=2; [ $$n -gt 4 ] && n=4; echo $$((n + 1)))
 
-.PHONY: venv demo test test-unit lint bench clean
+.PHONY: venv demo test test-unit test-floors lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,22 @@ test: $(STAMP) $(MF_STAMP) $(MCORE_STAMP)
 test-unit: $(STAMP)
 	ALIGNFLOW_TEST_TIER=unit $(BIN)/python -m pytest -q -n $(UNIT_WORKERS) -m "not integration and not slow and not gpu" \
 		$(PYTEST_ARGS)
+
+# The declared floors (issue 50): every direct dependency of pyproject.toml pinned to its lower bound (.ci/floors.py)
+# in an environment of its own, the rest (torch, the frameworks, the test tools) taken from .venv behind it; then the
+# CLI's help and the unit tier on it. A lower bound in pyproject.toml is one the code was seen to run with.
+FLOORS := .venv-floors
+test-floors: $(STAMP) $(MF_STAMP)
+	rm -rf $(FLOORS) && $(BIN)/python -m venv --without-pip $(FLOORS)
+	$(BIN)/python .ci/floors.py > $(FLOORS)/floors.txt
+	$(BIN)/python -m pip --python $(FLOORS)/bin/python install -q --disable-pip-version-check \
+		-c $(FLOORS)/floors.txt -r $(FLOORS)/floors.txt
+	echo "import site; site.addsitedir('$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')')" \
+		> "$$($(FLOORS)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-alignflow-venv.pth"
+	$(FLOORS)/bin/python -m alignflow --help > /dev/null
+	$(FLOORS)/bin/python .ci/floors.py --check
+	ALIGNFLOW_TEST_TIER=unit $(FLOORS)/bin/python -m pytest -q -n $(UNIT_WORKERS) -p no:cacheprovider \
+		-m "not integration and not slow and not gpu" $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check alignflow tasks flows tests benchmarks

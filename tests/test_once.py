@@ -101,6 +101,7 @@ _CREATOR = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration  # the creator is a real process, killed with SIGKILL
 def test_a_creator_killed_mid_creation_releases_the_lock_and_the_next_caller_creates_it(tmp_path: Path) -> None:
     dst = tmp_path / "data" / "demo"
     with subprocess.Popen([sys.executable, "-c", _CREATOR, str(dst)], stdout=subprocess.PIPE, text=True) as proc:

@@ -71,6 +71,7 @@ def test_a_npy_or_prefixless_data_path_is_a_validation_error(repo_root: Path, tm
     assert "exp.yaml" in str(err.value)  # the file is named (with its line)
 
 
+@pytest.mark.integration  # transformers' model classes (the generated base) start processes as they import
 def test_runs_starting_together_generate_the_data_and_the_base_once_and_all_verify_them(
         repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Issue 49: the second of two runs lost the rename of the data both had generated and ended `error`."""
