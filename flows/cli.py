@@ -81,6 +81,8 @@ class Launched:
     link: str | None  # its flow run's page, on a Prefect server that outlives this command
     per_run_server: bool  # its Prefect server was started for it, and is gone
     ctrl_c: bool
+    not_killed: str | None = None  # after Ctrl-C: the jobs the cancellation did not see end
+    killed: int = 0  # after Ctrl-C: the jobs the cancellation saw end
 
 
 def _flow_run(*, verbosity: Verbosity, **params: Any) -> Launched:
@@ -118,6 +120,7 @@ def _flow_run(*, verbosity: Verbosity, **params: Any) -> Launched:
                                options=options)
         finally:
             store.close()
+        ctrl_c.cancels(run_id)
         from tasks.progress import observing
 
         link_of = _FlowRunLink()
@@ -141,7 +144,7 @@ def _flow_run(*, verbosity: Verbosity, **params: Any) -> Launched:
                 store.close()
         # the flow announced its flow run's page; asked of the API only if it never got that far
         link = None if per_run else (link_of.link or _run_link(api.url, run_id))
-    return Launched(record, link, per_run, ctrl_c.seen)
+    return Launched(record, link, per_run, ctrl_c.seen, ctrl_c.failure, len(ctrl_c.killed))
 
 
 class _FlowRunLink:
@@ -165,15 +168,54 @@ class _FlowRunLink:
 
 
 class _CtrlC:
-    """While inside (in the main thread): Ctrl-C raises KeyboardInterrupt as always, and is remembered."""
+    """While inside (in the main thread): Ctrl-C is remembered; until a run is recorded it raises KeyboardInterrupt
+    as always. Once `cancels(run_id)` names the run, the first Ctrl-C cancels it through the runner's one path
+    (`alignflow.runner.control.cancel_run_jobs`, in a thread of its own) and raises nothing: a KeyboardInterrupt
+    raised wherever the main thread happens to be - in Prefect's engine as it starts the flow run, or in a task
+    it runs there - was swallowed there or reported as a crash, and the run went on training (issue 45). The
+    steps then see their jobs end, killed, and the flow ends `Cancelled`. A second Ctrl-C raises KeyboardInterrupt."""
 
     def __init__(self) -> None:
         self.seen = False
+        self.killed: list[str] = []
+        self.failure: str | None = None
         self._previous: Any = None
+        self._run_id: str | None = None
+        self._pressed = threading.Event()
+        self._done = threading.Event()
+        self._canceller: threading.Thread | None = None
 
     def _handler(self, signum: int, frame: Any) -> None:
+        if self._canceller is None or self.seen:
+            self.seen = True
+            signal.default_int_handler(signum, frame)
         self.seen = True
-        signal.default_int_handler(signum, frame)
+        self._pressed.set()  # the canceller thread does the work: nothing blocking runs in a signal handler
+
+    def cancels(self, run_id: str) -> None:
+        """From now on the first Ctrl-C cancels `run_id` (the run this command recorded)."""
+        if self._previous is None:
+            return
+        self._run_id = run_id
+        self._canceller = threading.Thread(target=self._cancel, name="alignflow-ctrl-c", daemon=True)
+        self._canceller.start()
+
+    def _cancel(self) -> None:
+        while not self._pressed.wait(0.2):
+            if self._done.is_set():
+                return
+        from alignflow.cli.runs import open_store
+        from alignflow.errors import AlignflowError
+        from alignflow.runner.control import cancel_run_jobs
+        from alignflow.transport import open_transport
+
+        assert self._run_id is not None
+        try:
+            with open_store(quiet=True) as store:
+                self.killed = cancel_run_jobs(store, self._run_id, transport_factory=open_transport,
+                                              why="stopped by Ctrl-C")
+        except AlignflowError as exc:
+            self.failure = str(exc)
 
     def __enter__(self) -> _CtrlC:
         if threading.current_thread() is threading.main_thread():
@@ -181,6 +223,9 @@ class _CtrlC:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._canceller is not None:
+            self._canceller.join()
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
 
@@ -249,8 +294,11 @@ def _finish(launched: Launched | Any, as_json: bool, started: float, verbosity: 
         print_view(view, seconds=time.monotonic() - started)
         print_link(launched, view.run_id)
     if launched.ctrl_c:
+        jobs = (f"not every job was seen to end: {launched.not_killed}" if launched.not_killed
+                else "its jobs were killed" if launched.killed or any("killed" in (s.error or "") for s in view.steps)
+                else "no job was running")
         Console(stderr=True, highlight=False).print(
-            f"run {view.run_id} {view.status} (Ctrl-C): its jobs were killed; `alignflow rerun {view.run_id}` "
+            f"run {view.run_id} {view.status} (Ctrl-C): {jobs}; `alignflow rerun {view.run_id}` "
             "continues it, reusing every step that finished", markup=False, soft_wrap=True)
         raise typer.Exit(130)
     raise typer.Exit(view.exit_code)
