@@ -32,6 +32,7 @@ from alignflow.errors import ConfigError
 from flows.console import Verbosity, terminal, verbosity_of
 
 if TYPE_CHECKING:
+    from alignflow.runner.control import Canceller
     from alignflow.runner.reproduce import Reproduction
     from alignflow.runview import RunView
     from alignflow.store import RunRecord
@@ -144,7 +145,9 @@ def _flow_run(*, verbosity: Verbosity, **params: Any) -> Launched:
                 store.close()
         # the flow announced its flow run's page; asked of the API only if it never got that far
         link = None if per_run else (link_of.link or _run_link(api.url, run_id))
-    return Launched(record, link, per_run, ctrl_c.seen, ctrl_c.failure, len(ctrl_c.killed))
+    cancelled = ctrl_c.canceller
+    return Launched(record, link, per_run, ctrl_c.seen, cancelled.failure if cancelled else None,
+                    len(cancelled.killed) if cancelled else 0)
 
 
 class _FlowRunLink:
@@ -169,53 +172,33 @@ class _FlowRunLink:
 
 class _CtrlC:
     """While inside (in the main thread): Ctrl-C is remembered; until a run is recorded it raises KeyboardInterrupt
-    as always. Once `cancels(run_id)` names the run, the first Ctrl-C cancels it through the runner's one path
-    (`alignflow.runner.control.cancel_run_jobs`, in a thread of its own) and raises nothing: a KeyboardInterrupt
-    raised wherever the main thread happens to be - in Prefect's engine as it starts the flow run, or in a task
-    it runs there - was swallowed there or reported as a crash, and the run went on training (issue 45). The
-    steps then see their jobs end, killed, and the flow ends `Cancelled`. A second Ctrl-C raises KeyboardInterrupt."""
+    as always. Once `cancels(run_id)` names the run, the first Ctrl-C cancels it through the runner's one path (a
+    `Canceller`: its own thread, `cancel_run_jobs`) and raises nothing; the steps see their jobs end, killed, and
+    the flow ends `Cancelled`. A second Ctrl-C raises KeyboardInterrupt."""
 
     def __init__(self) -> None:
         self.seen = False
-        self.killed: list[str] = []
-        self.failure: str | None = None
+        self.canceller: Canceller | None = None
         self._previous: Any = None
-        self._run_id: str | None = None
-        self._pressed = threading.Event()
-        self._done = threading.Event()
-        self._canceller: threading.Thread | None = None
 
     def _handler(self, signum: int, frame: Any) -> None:
-        if self._canceller is None or self.seen:
+        if self.canceller is None or self.seen:
             self.seen = True
             signal.default_int_handler(signum, frame)
         self.seen = True
-        self._pressed.set()  # the canceller thread does the work: nothing blocking runs in a signal handler
+        self.canceller.request("stopped by Ctrl-C")
 
     def cancels(self, run_id: str) -> None:
         """From now on the first Ctrl-C cancels `run_id` (the run this command recorded)."""
         if self._previous is None:
             return
-        self._run_id = run_id
-        self._canceller = threading.Thread(target=self._cancel, name="alignflow-ctrl-c", daemon=True)
-        self._canceller.start()
+        from alignflow.runner.control import Canceller, cancel_run_jobs
+        from tasks.context import open_store, transport_factory
 
-    def _cancel(self) -> None:
-        while not self._pressed.wait(0.2):
-            if self._done.is_set():
-                return
-        from alignflow.cli.runs import open_store
-        from alignflow.errors import AlignflowError
-        from alignflow.runner.control import cancel_run_jobs
-        from alignflow.transport import open_transport
+        def cancel(why: str) -> list[str]:  # the store the flow's tasks use: open, migrated, nothing to reconcile
+            return cancel_run_jobs(open_store(), run_id, transport_factory=transport_factory(), why=why)
 
-        assert self._run_id is not None
-        try:
-            with open_store(quiet=True) as store:
-                self.killed = cancel_run_jobs(store, self._run_id, transport_factory=open_transport,
-                                              why="stopped by Ctrl-C")
-        except AlignflowError as exc:
-            self.failure = str(exc)
+        self.canceller = Canceller(run_id, cancel)
 
     def __enter__(self) -> _CtrlC:
         if threading.current_thread() is threading.main_thread():
@@ -223,9 +206,8 @@ class _CtrlC:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        if self._canceller is not None:
-            self._canceller.join()
+        if self.canceller is not None:
+            self.canceller.close()
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
 
@@ -301,6 +283,10 @@ def _finish(launched: Launched | Any, as_json: bool, started: float, verbosity: 
             f"run {view.run_id} {view.status} (Ctrl-C): {jobs}; `alignflow rerun {view.run_id}` "
             "continues it, reusing every step that finished", markup=False, soft_wrap=True)
         raise typer.Exit(130)
+    from flows.alignment import SIGTERM_WHY
+
+    if view.status == "cancelled" and (view.error or "").endswith(SIGTERM_WHY):
+        raise typer.Exit(143)  # 128 + SIGTERM, as an interrupted command exits (alignflow.cli.main)
     raise typer.Exit(view.exit_code)
 
 

@@ -13,9 +13,11 @@ more.
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 
 from alignflow.config.hosts import Inventory
-from alignflow.errors import ImmutableRecord, RemoteJobError
+from alignflow.errors import AlignflowError, ImmutableRecord, RemoteJobError
 from alignflow.runner.engine import TransportFactory, kill
 from alignflow.runner.recording import recorded_jobs
 from alignflow.runner.session import open_run
@@ -116,3 +118,42 @@ def cancel_interrupted(store: Store, run_id: str, interruption: BaseException, *
                         why=why or f"{what} was stopped ({type(interruption).__name__})")
     except Exception:
         log.exception("run %s: killing its jobs as %s stopped failed", run_id, what)
+
+
+class Canceller:
+    """Cancels one run when a signal asks: `request()` only wakes a thread of its own, which calls
+    `cancel_run_jobs` (nothing that blocks runs in a signal handler, and nothing is raised in whatever code the main
+    thread was running: a KeyboardInterrupt raised in Prefect's engine was swallowed there or reported as a crash,
+    and the run trained on, issue 45). `close()` waits for a cancellation under way."""
+
+    def __init__(self, run_id: str, cancel: Callable[[str], list[str]]) -> None:
+        """`cancel(why)`: `cancel_run_jobs` of `run_id` with the caller's store and transports; the job dirs killed."""
+        self.run_id, self._cancel = run_id, cancel
+        self.why: str | None = None
+        self.killed: list[str] = []
+        self.failure: str | None = None
+        self._asked = threading.Event()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._wait, name=f"alignflow-cancel-{run_id}", daemon=True)
+        self._thread.start()
+
+    def request(self, why: str) -> None:
+        """Cancel the run (once; safe in a signal handler)."""
+        if self.why is None:
+            self.why = why
+            self._asked.set()
+
+    def _wait(self) -> None:
+        while not self._asked.wait(0.2):
+            if self._closed.is_set():
+                return
+        assert self.why is not None
+        try:
+            self.killed = self._cancel(self.why)
+        except AlignflowError as exc:
+            self.failure = str(exc)
+            log.error("run %s: %s", self.run_id, exc)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join()

@@ -42,6 +42,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 SEEDS = int(os.environ.get("ALIGNFLOW_CANCEL_SEEDS", "20"))
 GONE_WITHIN_S = 10.0
+STACKS = "import faulthandler, signal\nfaulthandler.register(signal.SIGUSR1, all_threads=True)\n"
 LONG = ["bash", "-c", "for i in $(seq 600); do sleep 0.5; done"]  # a training that only a kill ends
 
 
@@ -104,7 +105,7 @@ def test_ctrl_c_at_random_moments_kills_every_job_within_seconds_and_the_record_
     cli_env.update(ALIGNFLOW_STATE_DIR=str(env.state), PREFECT_HOME=str(env.root / "prefect-home"), GLOG_v="3",
                    PREFECT_API_URL=prefect_api_url, DO_NOT_TRACK="1")
     (tmp_path / "zygote").mkdir()
-    zygote = Zygote(cli_env, tmp_path / "zygote", PRELOAD, exit_like_a_process=True)
+    zygote = Zygote(cli_env, tmp_path / "zygote", PRELOAD + STACKS, exit_like_a_process=True)
     hosts = env.state / "hosts"
     landed: list[str] = []
     try:
@@ -147,8 +148,11 @@ def _one(zygote: Zygote, root: Path, state: Path, hosts: Path, argv: list[str], 
     what = (f"seed {seed}: Ctrl-C at {at:.2f} s ({kind}" + (f" job {nth} + {seconds:.2f} s" if nth else "") +
             f"), {jobs_then} job(s) launched, {with_procs} job process(es) alive")
     if survivors:
+        proc.signal(signal.SIGUSR1)  # the command's threads, where they stand (faulthandler, PRELOAD below)
+        time.sleep(2)
         proc.signal(signal.SIGKILL)
-    assert not survivors, (what, f"alive {GONE_WITHIN_S:.0f} s after Ctrl-C", survivors)
+        stacks = proc.err.read_text(errors="replace")[-6000:]
+        assert not survivors, (what, f"alive {GONE_WITHIN_S:.0f} s after Ctrl-C", survivors, stacks)
     done = proc.wait()
     assert done.code == 130, (what, done.code, done.stdout, done.stderr)
     new_runs = _run_ids(state) - runs_before
