@@ -148,6 +148,8 @@ class Canceller:
             if self._closed.is_set():
                 return
         assert self.why is not None
+        log.warning("run %s %s: cancelling it, killing its jobs (the signal again stops at once)", self.run_id,
+                    self.why)
         try:
             self.killed = self._cancel(self.why)
         except AlignflowError as exc:
