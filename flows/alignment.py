@@ -13,9 +13,12 @@ No `from __future__ import annotations` here: Prefect builds the UI form from th
 """
 
 import logging
-from collections.abc import Iterable, Mapping
+import signal
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from prefect import flow, get_run_logger
 from prefect.client.schemas.objects import State
@@ -25,7 +28,7 @@ from prefect.futures import PrefectFuture, as_completed
 from alignflow.config.experiment import experiment_name
 from alignflow.errors import AlignflowError
 from alignflow.runner.artifacts import ArtifactRef
-from alignflow.runner.control import cancel_interrupted
+from alignflow.runner.control import Canceller, cancel_interrupted, cancel_run_jobs
 from alignflow.runner.session import RunOptions, StepOutcome
 from alignflow.runner.walk import WalkResult, walk
 from flows.artifacts import publish_matrix_artifacts, publish_run_artifacts
@@ -112,22 +115,23 @@ def alignment(
     failures: tuple[BaseException, ...] = ()  # what decides between `error` and `failed` (runner.run.failure_status)
     verdict: str | None = None
     try:
-        plan = preflight_task(run_id)  # before step 1: a configuration mismatch fails the run with nothing run
-        inputs = data_task(run_id)  # the data, and the shared starting checkpoint when the experiment gives one
-        result = walk(plan, inputs, TaskScheduler(run_id))
-        error, failures = result.error, tuple(f.exception for f in result.failures)
-        if error is None and ctx.experiment.variants is not None:
-            # the switch matrix: a child run per training, its steps Prefect tasks like the run's own
-            verdict = matrix_verdict(run_id, result, inputs, TaskScheduler, logger.info)
+        with _sigterm_cancels(run_id):
+            plan = preflight_task(run_id)  # before step 1: a configuration mismatch fails the run with nothing run
+            inputs = data_task(run_id)  # the data, and the shared starting checkpoint when the experiment gives one
+            result = walk(plan, inputs, TaskScheduler(run_id))
+            error, failures = result.error, tuple(f.exception for f in result.failures)
+            if error is None and ctx.experiment.variants is not None:
+                # the switch matrix: a child run per training, its steps Prefect tasks like the run's own
+                verdict = matrix_verdict(run_id, result, inputs, TaskScheduler, logger.info)
     except AlignflowError as exc:
         error, failures = str(exc), (exc,)
     except Exception as exc:  # a task failed: Prefect re-raises the original error
         error, failures = f"{type(exc).__name__}: {exc}", (exc,)
-    except KeyboardInterrupt as exc:  # Ctrl-C in `alignflow run`: the run ends cancelled, here and in Prefect
+    except KeyboardInterrupt as exc:  # a second Ctrl-C in `alignflow run`: the run ends cancelled, here and in Prefect
         logger.warning("run %s: Ctrl-C, cancelling it (its jobs are killed)", run_id)
         cancel_interrupted(open_store(), run_id, exc, transport_factory=transport_factory(), why="stopped by Ctrl-C")
         error = "stopped by Ctrl-C"
-    except BaseException as exc:  # stopped (`alignflow serve` got SIGTERM): kill the jobs, as the CLI does
+    except BaseException as exc:  # TerminationSignal: a second SIGTERM, or a flow run outside the main thread
         cancel_interrupted(open_store(), run_id, exc, transport_factory=transport_factory(), what="the flow run")
         raise
     view = finish_task(run_id, result.outcomes, error=error, failures=failures, verdict=verdict)
@@ -138,6 +142,39 @@ def alignment(
         publish_matrix_artifacts(run_id)
     logger.info("run %s: %s, verdict %s, report %s", run_id, view.status, view.verdict, view.report)
     return run_state(view)
+
+
+SIGTERM_WHY = "stopped (SIGTERM)"
+
+
+@contextmanager
+def _sigterm_cancels(run_id: str) -> Iterator[None]:
+    """While inside (in the main thread): the first SIGTERM (`alignflow cancel`, systemd, the Prefect runner
+    cancelling a flow run from the UI) cancels the run through the runner's one path, in a thread of its own
+    (`Canceller`); the steps see their jobs end and the flow returns `Cancelled`. Prefect's own handler raised
+    TerminationSignal wherever the main thread was, and the flow run ended `Crashed` with "Crash detected!" (issue
+    45). A second SIGTERM goes to Prefect's handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def cancel(why: str) -> list[str]:
+        return cancel_run_jobs(open_store(), run_id, transport_factory=transport_factory(), why=why)
+
+    canceller = Canceller(run_id, cancel)
+    previous: Any = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        if canceller.why is not None and callable(previous):
+            previous(signum, frame)
+        canceller.request(SIGTERM_WHY)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        canceller.close()
 
 
 def flow_run_link() -> str | None:

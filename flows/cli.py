@@ -32,6 +32,7 @@ from alignflow.errors import ConfigError
 from flows.console import Verbosity, terminal, verbosity_of
 
 if TYPE_CHECKING:
+    from alignflow.runner.control import Canceller
     from alignflow.runner.reproduce import Reproduction
     from alignflow.runview import RunView
     from alignflow.store import RunRecord
@@ -99,6 +100,8 @@ class Launched:
     link: str | None  # its flow run's page, on a Prefect server that outlives this command
     per_run_server: bool  # its Prefect server was started for it, and is gone
     ctrl_c: bool
+    not_killed: str | None = None  # after Ctrl-C: the jobs the cancellation did not see end
+    killed: int = 0  # after Ctrl-C: the jobs the cancellation saw end
 
 
 def _flow_run(*, verbosity: Verbosity, **params: Any) -> Launched:
@@ -140,6 +143,7 @@ def _flow_run(*, verbosity: Verbosity, **params: Any) -> Launched:
                                options=options)
         finally:
             store.close()
+        ctrl_c.cancels(run_id)
         from tasks.progress import observing
 
         link_of = _FlowRunLink()
@@ -163,7 +167,9 @@ def _flow_run(*, verbosity: Verbosity, **params: Any) -> Launched:
                 store.close()
         # the flow announced its flow run's page; asked of the API only if it never got that far
         link = None if per_run else (link_of.link or _run_link(api.url, run_id))
-    return Launched(record, link, per_run, ctrl_c.seen)
+    cancelled = ctrl_c.canceller
+    return Launched(record, link, per_run, ctrl_c.seen, cancelled.failure if cancelled else None,
+                    len(cancelled.killed) if cancelled else 0)
 
 
 class _FlowRunLink:
@@ -187,15 +193,34 @@ class _FlowRunLink:
 
 
 class _CtrlC:
-    """While inside (in the main thread): Ctrl-C raises KeyboardInterrupt as always, and is remembered."""
+    """While inside (in the main thread): Ctrl-C is remembered; until a run is recorded it raises KeyboardInterrupt
+    as always. Once `cancels(run_id)` names the run, the first Ctrl-C cancels it through the runner's one path (a
+    `Canceller`: its own thread, `cancel_run_jobs`) and raises nothing; the steps see their jobs end, killed, and
+    the flow ends `Cancelled`. A second Ctrl-C raises KeyboardInterrupt."""
 
     def __init__(self) -> None:
         self.seen = False
+        self.canceller: Canceller | None = None
         self._previous: Any = None
 
     def _handler(self, signum: int, frame: Any) -> None:
+        if self.canceller is None or self.seen:
+            self.seen = True
+            signal.default_int_handler(signum, frame)
         self.seen = True
-        signal.default_int_handler(signum, frame)
+        self.canceller.request("stopped by Ctrl-C")
+
+    def cancels(self, run_id: str) -> None:
+        """From now on the first Ctrl-C cancels `run_id` (the run this command recorded)."""
+        if self._previous is None:
+            return
+        from alignflow.runner.control import Canceller, cancel_run_jobs
+        from tasks.context import open_store, transport_factory
+
+        def cancel(why: str) -> list[str]:  # the store the flow's tasks use: open, migrated, nothing to reconcile
+            return cancel_run_jobs(open_store(), run_id, transport_factory=transport_factory(), why=why)
+
+        self.canceller = Canceller(run_id, cancel)
 
     def __enter__(self) -> _CtrlC:
         if threading.current_thread() is threading.main_thread():
@@ -203,6 +228,8 @@ class _CtrlC:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.canceller is not None:
+            self.canceller.close()
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
 
@@ -271,10 +298,17 @@ def _finish(launched: Launched | Any, as_json: bool, started: float, verbosity: 
         print_view(view, seconds=time.monotonic() - started)
         print_link(launched, view.run_id)
     if launched.ctrl_c:
+        jobs = (f"not every job was seen to end: {launched.not_killed}" if launched.not_killed
+                else "its jobs were killed" if launched.killed or any("killed" in (s.error or "") for s in view.steps)
+                else "no job was running")
         Console(stderr=True, highlight=False).print(
-            f"run {view.run_id} {view.status} (Ctrl-C): its jobs were killed; `alignflow rerun {view.run_id}` "
+            f"run {view.run_id} {view.status} (Ctrl-C): {jobs}; `alignflow rerun {view.run_id}` "
             "continues it, reusing every step that finished", markup=False, soft_wrap=True)
         raise typer.Exit(130)
+    from flows.alignment import SIGTERM_WHY
+
+    if view.status == "cancelled" and (view.error or "").endswith(SIGTERM_WHY):
+        raise typer.Exit(143)  # 128 + SIGTERM, as an interrupted command exits (alignflow.cli.main)
     raise typer.Exit(view.exit_code)
 
 

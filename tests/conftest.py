@@ -80,6 +80,7 @@ MEASURED_S = {
     "tests/faults/test_interrupted_writers.py": 46, "tests/twin/test_model_parallel.py": 40,
     "tests/diagnose/test_seed_bugs.py": 35, "tests/diagnose/test_msprobe.py": 32, "tests/store/test_concurrency.py": 23,
     "tests/logs/test_fuzz.py": 21, "tests/faults/test_concurrent_runs.py": 120,  # issue 49's three tests
+    "tests/faults/test_cancel.py": 140,  # 20 seeds (136-142 s on the session's machine, 2026-12-07)
 }
 
 

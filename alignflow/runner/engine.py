@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +32,7 @@ from alignflow.config.placement import CONTROLLER
 from alignflow.errors import (
     AlignflowError,
     FingerprintMismatch,
+    ImmutableRecord,
     PathMissing,
     PipelineError,
     RunCancelled,
@@ -42,7 +43,7 @@ from alignflow.logs.sentinels import CHECKPOINT_LOADED, check_sentinels
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.placeholders import fill
 from alignflow.runner.progress import ProgressFn, ProgressTracker
-from alignflow.runner.recording import recorded_jobs
+from alignflow.runner.recording import StepRecord, recorded_jobs
 from alignflow.runner.retry import Backoff
 from alignflow.runner.session import Events, RunContext, StepOutcome
 from alignflow.store import Store
@@ -54,16 +55,6 @@ if TYPE_CHECKING:
     from alignflow.logs.parse import FormatChoice
 
 log = logging.getLogger(__name__)
-
-# Runs this process has cancelled (`control.cancel_run_jobs`, once it has killed the jobs the store recorded): a step
-# still waiting on a running job of one of them waits on a job launched as the cancellation read the steps (not yet
-# recorded), which would keep the step, and the interrupted controller, waiting; it kills the job at its next poll.
-_cancelled_here: set[str] = set()
-
-
-def note_cancelled(run_id: str) -> None:
-    """Record that this process has cancelled `run_id` (after it killed the jobs it could see)."""
-    _cancelled_here.add(run_id)
 
 POLL_S = 2.0
 CANCEL_LOOK_S = 2.0
@@ -149,10 +140,8 @@ class StepRunner:
         self._warnings(message)
 
     def cancelled(self) -> bool:
-        """Whether the run was cancelled: by this process (Ctrl-C, a stopped `serve`), or recorded cancelled by
-        another (`alignflow cancel`, the UI), which the store tells (asked at most every `CANCEL_LOOK_S`)."""
-        if self.run_id in _cancelled_here:
-            return True
+        """Whether the run was cancelled: recorded cancelled by its canceller (`control.cancel_run_jobs`: Ctrl-C or
+        SIGTERM here, `alignflow cancel`, the UI), which the store tells (asked at most every `CANCEL_LOOK_S`)."""
         now = time.monotonic()
         if now - self._cancel_looked < CANCEL_LOOK_S:
             return False
@@ -368,21 +357,41 @@ class StepRunner:
                                         time_limit_s=time_limit_s))
 
     def check_cancelled(self, doing: str) -> None:
-        """`RunCancelled` if this process has cancelled the run: a step waiting on a job the cancellation did not
-        see, or on another run's training (`alignflow.runner.cache.one_at_a_time`), stops at its next poll."""
-        if self.run_id in _cancelled_here:
+        """`RunCancelled` if the run was cancelled (`cancelled`): a step waiting on another run's training
+        (`alignflow.runner.cache.one_at_a_time`) stops at its next look."""
+        if self.cancelled():
             raise RunCancelled(f"run {self.run_id} was cancelled while {doing}")
 
+    def attach(self, rec: StepRecord, jobs: Sequence[tuple[Transport, JobHandle]], *, out: str | None = None) -> None:
+        """Record the job(s) a step launched before anyone polls them, so that cancelling the run finds them.
+
+        A step run closed meanwhile (its run was cancelled, here or by another process, as the jobs launched: the
+        canceller could not see them) refuses them: the step kills them itself, sees them end, and raises
+        `RunCancelled` (its record stays the canceller's). Left recorded nowhere, such a job trained on alone.
+        """
+        try:
+            rec.attach([handle for _, handle in jobs], out=out)
+        except ImmutableRecord:
+            ends = "; ".join(f"job {handle.job_dir} {kill(transport, handle)}" for transport, handle in jobs)
+            raise RunCancelled(f"run {self.run_id} was cancelled as {rec.record.step} launched: {ends}") from None
+
     def wait(self, label: str, transport: Transport, handle: JobHandle, timeout_s: float, *,
-             total: int | None = None, log_format: FormatChoice | LogFormatSpec | None = None) -> JobState:
+             total: int | None = None, log_format: FormatChoice | LogFormatSpec | None = None,
+             step_run: str | None = None) -> JobState:
         """Poll the job until it ends, saying every `progress_every_s` where it stands: the training step its
-        log has reached, of `total`, with its loss, rate and ETA (`StepProgress`)."""
+        log has reached, of `total`, with its loss, rate and ETA (`StepProgress`).
+
+        Every poll also reads the step run `step_run` (the one the job is recorded in): once it is closed (its run
+        was cancelled, by this process or another, after the canceller looked for this job), the job is killed here
+        and `RunCancelled` raised, so no step waits on a job nobody will collect."""
         tracker = ProgressTracker(label, handle.host, total=total, log_format=log_format)
         last = [-self.progress_every_s]
 
         def on_poll(state: JobState) -> None:
-            if not state.finished:
-                self.check_cancelled(f"{label} waited on job {handle.job_dir}")
+            if not state.finished and step_run is not None and self.store.get_step(step_run).finished:
+                end = kill(transport, handle)
+                raise RunCancelled(f"run {self.run_id} was cancelled while {label} waited on job {handle.job_dir} "
+                                   f"(job {end})")
             now = time.monotonic()
             if now - last[0] < self.progress_every_s or state.finished:
                 return
@@ -435,3 +444,13 @@ class StepRunner:
                 raise SentinelError(f"{label}: the log never says {required!r} ({path}); the run is not valid (the "
                                     "weights were not loaded as expected?)", sentinels=[])
         return parsed
+
+
+def kill(transport: Transport, handle: JobHandle) -> JobState:
+    """Kill a job's process tree (TERM, then KILL after the grace period) and return the end it was seen to reach;
+    a transport error while killing is a state too (`running`, with the error as its note): nothing may claim a kill
+    it did not see."""
+    try:
+        return transport.cancel(handle)
+    except AlignflowError as exc:
+        return JobState("running", note=f"the kill could not be confirmed: {exc}")

@@ -105,8 +105,8 @@ def _gate(runner: StepRunner, spec: pipeline.StepSpec, sides: list[_Side], input
         try:
             for side in sides:
                 jobs.append(_launch(runner, spec, side, inputs))
-            rec.attach([job.handle for job in jobs])  # a cancelled run kills both
-            results = {job.side.name: _step1(runner, spec, job) for job in jobs}
+            runner.attach(rec, [(job.transport, job.handle) for job in jobs])  # a cancelled run kills both
+            results = {job.side.name: _step1(runner, spec, job, rec.id) for job in jobs}
         except BaseException:
             _cancel_running(jobs)  # a failed side (or an interrupted gate) must not leave the other side training
             raise
@@ -151,11 +151,11 @@ def _launch(runner: StepRunner, spec: pipeline.StepSpec, side: _Side, inputs: Ma
     return _Job(side, t, handle, out)
 
 
-def _step1(runner: StepRunner, spec: pipeline.StepSpec, job: _Job) -> dict[str, float]:
+def _step1(runner: StepRunner, spec: pipeline.StepSpec, job: _Job, step_run: str) -> dict[str, float]:
     """Wait for one side, then read its log exactly as the long trainings' logs are read; step 1's metrics."""
     side, t = job.side, job.transport
     state = runner.wait(f"{spec.name}/{side.name}", t, job.handle, timeout_for(runner.experiment, spec.name),
-                        total=runner.experiment.gate.steps, log_format=side.template.log_format)
+                        total=runner.experiment.gate.steps, log_format=side.template.log_format, step_run=step_run)
     if not state.ok:
         tail = t.tail(job.handle, 4096, stream="stderr").rstrip().splitlines()[-15:]
         raise RemoteJobError(f"{side.host.name}: early gate ({side.name} side) {state}; job dir "

@@ -83,7 +83,7 @@ def _run_or_reuse(runner: StepRunner, spec: pipeline.StepSpec, host: Host, trans
                    cache_key=key, inputs={**inputs, **code_file_refs(template, host.name, out)}) as rec:
         handle = runner.launch(transport, template, values, argv, out=out, name=f"{runner.run_id}-{spec.name}",
                                time_limit_s=timeout_for(runner.experiment, spec.name))
-        rec.attach([handle], out=out)
+        runner.attach(rec, [(transport, handle)], out=out)  # a run cancelled as it launched: killed here
         runner.emit(f"{spec.name}: launched on {host.name} (job {handle.job_dir})")
         return _finish_job(runner, spec, host, transport, command, rec, handle, out)
 
@@ -105,17 +105,16 @@ def _finish_job(runner: StepRunner, spec: pipeline.StepSpec, host: Host, transpo
     timeout_s = timeout_for(runner.experiment, spec.name)
     try:
         state = runner.wait(spec.name, transport, handle, timeout_s, total=command.expect_steps,
-                            log_format=command.template.log_format if spec.log_source else None)
+                            log_format=command.template.log_format if spec.log_source else None, step_run=rec.id)
     except CommandTimeout:
         _cancel_quietly(transport, handle)
         rec.stdout_tail, rec.stderr_tail = runner.tails(transport, handle)
         raise PipelineError(f"{host.name}: step {spec.name} still running after {timeout_s:.0f} s (its time limit; "
                             f"steps.{spec.name}.timeout_s raises it); the job was killed, job dir {handle.job_dir}"
                             ) from None
-    except RunCancelled as exc:  # the run was cancelled after its canceller looked for this job: kill it here
-        _cancel_quietly(transport, handle)
+    except RunCancelled as exc:  # the run was cancelled after its canceller looked for this job: `wait` killed it
         rec.stdout_tail, rec.stderr_tail = runner.tails(transport, handle)
-        rec.end(StepStatus.CANCELLED, f"cancelled: {exc}; its remote job was killed")
+        rec.end(StepStatus.CANCELLED, f"cancelled: {exc}")
         raise
     except AlignflowError as exc:
         if not exc.retryable:

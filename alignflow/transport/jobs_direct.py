@@ -122,7 +122,8 @@ af_alive && { echo RUNNING; exit 0; }
 echo LOST
 """
 
-# $1 job dir, $2 grace seconds. TERM to the group, KILL after the grace period; then prints the state.
+# $1 job dir, $2 grace seconds. TERM to the group, KILL after the grace period; then prints the state (ALIVE: a
+# process of the group outlived the KILL).
 CANCEL_SH = _ALIVE_SH + """\
 d=$1; grace=$2
 [ -d "$d" ] || { echo MISSING; exit 0; }
@@ -135,6 +136,7 @@ if [ ! -f "$d/exit_code" ] && af_alive; then
   while af_group && [ "$(date +%s)" -lt "$end" ]; do sleep 0.1; done
   af_group && kill -KILL -- "-$pid" 2>/dev/null
   i=0; while af_group && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done
+  af_group && { echo ALIVE; exit 0; }
 fi
 """ + STATUS_SH
 
@@ -144,12 +146,14 @@ ATTACH_SH = '[ -f "$1/spec.json" ] || exit 3; cat -- "$1/pid" 2>/dev/null || ech
 
 
 def parse_status(line: str) -> JobState | None:
-    """The STATUS_SH answer as a state; None for MISSING."""
+    """The STATUS_SH (or CANCEL_SH) answer as a state; None for MISSING."""
     word, _, rest = line.strip().partition(" ")
     table: dict[str, JobState] = {
         "RUNNING": JobState("running"),
         "CANCELLED": JobState("cancelled"),
         "LOST": JobState("lost"),
+        # CANCEL_SH: a process of the job's group outlived SIGKILL (uninterruptible sleep): not seen to end
+        "ALIVE": JobState("running", note="a process of its group outlived SIGKILL"),
     }
     if word == "MISSING":
         return None

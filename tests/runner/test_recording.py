@@ -48,7 +48,7 @@ def test_a_step_whose_run_was_cancelled_meanwhile_keeps_its_cancelled_record_wit
     assert len(_step_whose_job_the_run_cancel_killed(lab, run_id)) == 1
     [step] = [s for s in lab.store.steps(run_id) if s.step == "npu_base_train"]
     assert step.status == StepStatus.CANCELLED
-    assert step.error == "cancelled: the flow run was stopped (X); its remote job was killed"
+    assert step.error == "cancelled: the flow run was stopped (X); its job was killed"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     assert "recorded cancelled already" in caplog.text
 
@@ -64,7 +64,7 @@ def test_cancelling_a_run_that_its_controller_already_cancelled_kills_nothing_an
     run = lab.store.get_run(run_id)
     assert (run.status, run.error) == (RunStatus.CANCELLED, "cancelled: the flow run was stopped (X)")
     [step] = [s for s in lab.store.steps(run_id) if s.step == "npu_base_train"]
-    assert step.error == "cancelled: the flow run was stopped (X); its remote job was killed"
+    assert step.error == "cancelled: the flow run was stopped (X); its job was killed"
 
 
 def test_a_failure_to_cancel_an_interrupted_run_is_logged_not_raised_over_the_interruption(

@@ -9,11 +9,12 @@ import time
 import pytest
 
 from alignflow.errors import HostNotFound, HostUnreachable, RunCancelled
-from alignflow.runner.engine import StepRunner, note_cancelled
+from alignflow.runner.engine import StepRunner
 from alignflow.runner.retry import Backoff, retrying
 from alignflow.runner.run import execute_pipeline
 from alignflow.runner.session import open_run
 from alignflow.runner.steps import run_step
+from alignflow.store.records import RunStatus
 from alignflow.testing import Command
 from tests.runner.conftest import FakeLab
 from tests.runner.hosts import VirtualClock
@@ -83,8 +84,8 @@ def test_the_last_retry_s_error_ends_the_step() -> None:
 
 
 def test_a_cancellation_during_the_back_off_ends_it_at_once(lab: FakeLab) -> None:
-    """Ctrl-C lands in the controller's main thread, which cancels the run (`note_cancelled`); a step thread in its
-    back-off sees it within a slice, not after the delay (Prefect's retry slept through it: minutes)."""
+    """Ctrl-C lands in the controller, whose canceller records the run cancelled; a step thread in its back-off sees
+    it within a look (`CANCEL_LOOK_S`), not after the delay (Prefect's retry slept through it: minutes)."""
     run_id = lab.start()
     _fail_first(lab, run_id, "ascend", HostUnreachable("connection lost", host="ascend"), times=9)
     runner = StepRunner(open_run(lab.store, run_id), store=lab.store, state_dir=lab.state,
@@ -93,7 +94,8 @@ def test_a_cancellation_during_the_back_off_ends_it_at_once(lab: FakeLab) -> Non
     from alignflow.runner.run import data_artifact
 
     data = data_artifact(runner.ctx, state_dir=lab.state)
-    timer = threading.Timer(0.3, note_cancelled, args=(run_id,))
+    timer = threading.Timer(0.3, lambda: lab.store.finish_run(run_id, status=RunStatus.CANCELLED, verdict=None,
+                                                                 report=None, error="cancelled: Ctrl-C"))
     started = time.monotonic()
     timer.start()
     try:
