@@ -76,23 +76,11 @@ def _fail(exc: AlignflowError) -> NoReturn:
 
 
 def default_step(experiment: Experiment) -> tuple[int, str]:
-    """The step `alignflow diagnose RUN` re-runs without --step, and why: the experiment's `diagnose.step` when it
-    sets one, else the first step whose update has a learning rate above 0. A warm-up from 0 makes step 1's update
-    zero on both sides, so optimizer differences cannot show there (issue 47: the default was step 1)."""
-    if "step" in experiment.diagnose.model_fields_set:
-        return experiment.diagnose.step, "the experiment's diagnose.step"
-    from alignflow.twin.schedule import LRSchedule  # Megatron's schedule, which both sides follow
+    """The step `alignflow diagnose RUN` re-runs without --step, and why (`runner.diagnose_step.chosen_step`; issue
+    47: the default was step 1)."""
+    from alignflow.runner.diagnose_step import chosen_step
 
-    t = experiment.training
-    schedule = LRSchedule(max_lr=t.lr, min_lr=t.min_lr, warmup_steps=t.lr_warmup_iters,
-                          decay_steps=t.lr_decay_iters or t.steps, style=t.lr_decay_style)
-    for step in range(1, t.steps + 1):
-        lr = schedule(step - 1)  # update k uses the rate after k - 1 updates
-        if lr > 0:
-            zero = {1: "", 2: "; step 1 has lr 0 in the warm-up"}.get(step, f"; steps 1-{step - 1} have lr 0 in the "
-                                                                          "warm-up")
-            return step, f"the first step where the optimizer acts (lr {lr:.3g}{zero})"
-    return 1, "every step has lr 0"
+    return chosen_step(experiment)
 
 
 def diagnose_cmd(

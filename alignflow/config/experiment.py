@@ -138,7 +138,9 @@ class StepConfig(_Strict):
 class DiagnoseConfig(_Strict):
     """The `diagnose` step: one training step re-run on both sides with tensor dumps, compared module by module."""
 
-    step: int = Field(1, ge=1, description="The training step to re-run (its batch and learning rate).")
+    step: int | None = Field(None, ge=1, description="The training step to re-run (its batch and learning rate); left "
+                             "out: the first step whose update has a learning rate above 0 (a warm-up from 0 hides "
+                             "optimizer differences at step 1).")
     dump_budget_bytes: int = Field(2 * 10**9, ge=1, description="Largest dump per side; a larger one is refused "
                                    "before anything is written.")
     on_gate_failure: bool = Field(True, description="Diagnose automatically when the early gate fails (twin "

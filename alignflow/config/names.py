@@ -194,6 +194,8 @@ def training_step_problem(step: int, experiment: Any) -> str | None:
 
 def _check_diagnose_step(experiment: Any, problem: Any) -> None:
     """The diagnosed step is one of the trainings' steps."""
+    if experiment.diagnose.step is None:
+        return
     why = training_step_problem(experiment.diagnose.step, experiment)
     if why is not None:
         problem(("diagnose", "step"), f"diagnose.step: {why}")

@@ -318,13 +318,16 @@ def open_torch_dist(src: Path, layout: RankLayout, *, partial: bool = False) -> 
         raise ConversionError([f"{directory}: no {METADATA_JSON} naming the torch_dist backend"], header=header)
     with reading(directory / ".metadata", header=header):
         metadata = FileSystemReader(str(directory)).read_metadata()
-    common_pt = directory / "common.pt"  # Megatron's loader reads it first (`dist_checkpointing.load_common`)
-    if not common_pt.is_file():
-        raise ConversionError([f"{common_pt}: missing (the checkpoint's version and iteration)"], header=header)
-    with reading(common_pt, header=header):
-        common = torch.load(common_pt, map_location="cpu", weights_only=True)
-    if not isinstance(common, dict):
-        raise ConversionError([f"{common_pt}: holds a {type(common).__name__}, not a dict"], header=header)
+    # Megatron's loader reads common.pt first (`dist_checkpointing.load_common`) up to megatron-core 0.18; 0.19 keeps
+    # the common state inside the DCP files (the writer of that release writes no common.pt): absent is not damaged
+    common: dict[str, Any] = {}
+    common_pt = directory / "common.pt"
+    if common_pt.exists():
+        with reading(common_pt, header=header):
+            loaded = torch.load(common_pt, map_location="cpu", weights_only=True)
+        if not isinstance(loaded, dict):
+            raise ConversionError([f"{common_pt}: holds a {type(loaded).__name__}, not a dict"], header=header)
+        common = loaded
     needed = {p.key: p.global_shape for t in layout.tensors for p in t.pieces}
     problems: list[str] = storage_problems(directory, metadata)
     seen: set[str] = set()

@@ -242,18 +242,19 @@ def test_cancel_from_the_ui_and_sigterm_stop_runs_in_flight_and_kill_their_jobs(
     _long_base_step(demo_path)
     try:
         launch_id = launch(team, "alignment", "launch", {"experiment": "demo", "steps": {"force": ["npu_base_train"]}})
-        _long_base_step(team.experiments / "drifting.yaml")
+        _long_base_step(team.experiments / "drifting.yaml", seconds=601)
         nightly_id = launch(team, "nightly-regression", "nightly", {"config": {"experiments": ["drifting"]}})
         _cancel_both(team, launch_id, nightly_id)
     finally:
         demo_path.write_text(demo_text)
 
 
-def _long_base_step(path: Path) -> None:
+def _long_base_step(path: Path, seconds: int = 600) -> None:
     """The experiment's NPU base step replaced by a job that waits ten minutes (preflight cannot read a replaced
-    training command, so it is off, as for any such experiment)."""
+    training command, so it is off, as for any such experiment). Two experiments get different waits: the same
+    command on the same data is one training, run once while the other run waits for it (issue 49)."""
     experiment = yaml.safe_load(path.read_text())
-    experiment.setdefault("steps", {})["npu_base_train"] = {"command": ["sleep", "600"]}
+    experiment.setdefault("steps", {})["npu_base_train"] = {"command": ["sleep", str(seconds)]}
     experiment["preflight"] = False
     path.write_text(yaml.safe_dump(experiment, sort_keys=False))
 

@@ -112,7 +112,8 @@ FILES: dict[str, dict[str, str]] = {
 }
 # A file a format may lack: the conversion is right without it.
 OPTIONAL = {("mindformers", "metadata", "missing"), ("hf", "config", "missing"),
-            ("hf_sharded", "index", "missing")}  # its shards are found by their names then
+            ("hf_sharded", "index", "missing"),  # its shards are found by their names then
+            ("torch_dist", "common", "missing")}  # megatron-core 0.19 keeps the common state in the DCP files
 CASES = [(fmt, role, damage) for fmt, roles in FILES.items() for role in roles for damage in DAMAGES
          if (fmt, role, damage) not in OPTIONAL]
 

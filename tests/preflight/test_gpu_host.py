@@ -155,6 +155,9 @@ def test_dsa_on_a_host_without_fast_hadamard_transform_is_named(repo_root: Path,
     exp = yaml.safe_load((repo_root / "experiments" / "glm52_mini.yaml").read_text())
     exp["gpu"]["entry"] = str(entry)
     exp["data"] = {"path": str(tmp_path / "data"), "prefix": "glm52_mini_text_document"}
+    (tmp_path / "data").mkdir()  # validate refuses a data path the controller lacks (issue 45)
+    for suffix in (".bin", ".idx"):
+        (tmp_path / "data" / f"glm52_mini_text_document{suffix}").write_bytes(b"")
     exp["npu"]["template"] = str(repo_root / "experiments" / "templates" / "glm52_mini.yaml")
     exp["hosts"] = {"ascend": "ascend", "cpu": "cpu", "cuda": "cuda"}
     hosts = {name: {"role": name, "transport": "local", "workdir": str(tmp_path / "hosts" / name)}
