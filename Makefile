@@ -62,7 +62,7 @@ test-unit: $(STAMP)
 # The declared floors (issue 50): every direct dependency of pyproject.toml pinned to its lower bound (.ci/floors.py)
 # in an environment of its own, the rest (torch, the frameworks, the test tools) taken from .venv behind it; then the
 # CLI's help and the unit tier on it. A lower bound in pyproject.toml is one the code was seen to run with.
-FLOORS := .venv-floors
+FLOORS := $(VENV)/floors
 test-floors: $(STAMP) $(MF_STAMP)
 	rm -rf $(FLOORS) && $(BIN)/python -m venv --without-pip $(FLOORS)
 	$(BIN)/python .ci/floors.py > $(FLOORS)/floors.txt
