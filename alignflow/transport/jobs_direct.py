@@ -91,7 +91,9 @@ def supervisor_script(slots: int | None, slot_dir: str | None = None) -> str:
     return _PID_SH + take + _RUN_SH % " 9>&-"
 
 # $1 job dir, $2 cmd.sh, $3 job.sh, $4 spec.json. Prints the pid. Exit 98 when the job dir exists (job ids
-# are never reused, so a job's files are never overwritten).
+# are never reused, so a job's files are never overwritten). It waits at most 5 s of wall time for the supervisor's
+# pid ($SECONDS, no process per look: 500 `sleep 0.01` took over 10 s on a loaded 2-core machine, and a launch whose
+# controller was cancelled meanwhile outlived the cancellation's 10 s in tests/faults/test_cancel, seed 13 of CI).
 LAUNCH_SH = """\
 d=$1
 mkdir -p -m 700 -- "${d%/*}" || exit 1
@@ -99,7 +101,7 @@ mkdir -m 700 -- "$d" 2>/dev/null || { echo "job dir exists: $d" >&2; exit 98; }
 cd -- "$d" || exit 1
 printf '%s' "$2" > cmd.sh && printf '%s' "$3" > job.sh && printf '%s' "$4" > spec.json || exit 1
 setsid nohup bash ./job.sh > /dev/null 2>&1 < /dev/null &
-i=0; while [ ! -s pid ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done
+SECONDS=0; while [ ! -s pid ] && [ "$SECONDS" -lt 5 ]; do sleep 0.01; done
 [ -s pid ] || { echo "the job's supervisor did not start in $d" >&2; exit 1; }
 cat pid
 """
