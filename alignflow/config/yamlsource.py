@@ -18,7 +18,10 @@ importing MindSpore sets).
 from __future__ import annotations
 
 import contextlib
+import copy
+import threading
 import typing
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,8 +82,32 @@ def load_yaml(path: str | Path) -> YamlDocument:
 
 
 def parse_yaml(text: str, path: str | Path = "<string>") -> YamlDocument:
-    """Parse YAML text (see `load_yaml`)."""
+    """Parse YAML text (see `load_yaml`). A text parsed before (the packaged specs, read for every experiment) is
+    answered from a small cache of parsed documents, each caller getting its own copy of the data."""
     path = Path(path)
+    key = (str(path), text)
+    with _PARSED_LOCK:
+        hit = _PARSED.get(key)
+        if hit is not None:
+            _PARSED.move_to_end(key)
+    if hit is not None:
+        return YamlDocument(path=path, data=copy.deepcopy(hit.data), lines=dict(hit.lines))
+    doc = _parse_yaml(text, path)
+    with _PARSED_LOCK:
+        _PARSED[key] = YamlDocument(path=path, data=copy.deepcopy(doc.data), lines=dict(doc.lines))
+        while len(_PARSED) > _PARSED_MAX:
+            _PARSED.popitem(last=False)
+    return doc
+
+
+# Parsed documents by (path, text): the PyYAML composer is pure Python, and one experiment's validation reads every
+# packaged conversion spec (the known model families) — most of a unit test's or a cached run's parsing.
+_PARSED: OrderedDict[tuple[str, str], YamlDocument] = OrderedDict()
+_PARSED_LOCK = threading.Lock()
+_PARSED_MAX = 128
+
+
+def _parse_yaml(text: str, path: Path) -> YamlDocument:
     try:
         node = yaml.compose(text, Loader=_DepthLimitedLoader)
     except _TooDeep as exc:
