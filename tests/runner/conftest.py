@@ -27,6 +27,34 @@ from tests.runner.hosts import DirHost, FakeJob, VirtualClock, dir_transport
 TEMPLATE: dict[str, Path] = {}
 
 
+# A valid 1x1 PNG: what the pipeline tests' compare steps write instead of drawing their curves (see below).
+ONE_PIXEL_PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
+    "0000000d49444154789c6360f8cfc0f01f0005000201e3a4c3c20000000049454e44ae426082")
+
+
+@pytest.fixture(autouse=True)
+def _undrawn_plots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pipeline tests check what the runner records and decides, never pictures: their compare steps write a
+    1-pixel PNG for each metric and thumbnail instead of drawing it with matplotlib (measured: 40 % of these tests'
+    time, most of it text layout). The report files, their names and every other byte are the real ones; the
+    drawing itself is tested where pictures are the subject (tests/compare, tests/deploy)."""
+    from alignflow.compare import plots
+    from alignflow.compare.names import THUMBNAIL_METRICS
+
+    def metric_pngs(comparisons: Any, *, labels: Any) -> dict[str, bytes]:
+        metrics: list[str] = []
+        for c in comparisons:
+            metrics += [m for m in c.metrics if m not in metrics]
+        return dict.fromkeys(metrics, ONE_PIXEL_PNG)
+
+    def thumbnail_pngs(c: Any, *, labels: Any) -> dict[str, bytes]:
+        return {m: ONE_PIXEL_PNG for m in THUMBNAIL_METRICS if m in c.metrics}
+
+    monkeypatch.setattr(plots, "metric_pngs", metric_pngs)
+    monkeypatch.setattr(plots, "thumbnail_pngs", thumbnail_pngs)
+
+
 def npu_log(steps: int, *, loss: float = 5.0, loaded: bool = False) -> str:
     lines = ["All Network parameters are loaded."] if loaded else []
     lines += [mindformers_pynative_line(s, steps, loss=loss - 0.01 * s, step_time_ms=10, lr=1e-3, grad_norm=1.0,
