@@ -58,11 +58,13 @@ def test_an_error_is_a_failed_state_whose_message_is_the_cause() -> None:
 
 
 def test_a_reused_step_ends_cached_naming_the_run_it_came_from() -> None:
-    cached = StepOutcome("gpu_train", StepStatus.CACHED, step_run_id="5f5f5f5f5f5f", reused_from_run="aaaaaaaaaaaa")
+    cached = StepOutcome("gpu_train", StepStatus.CACHED, step_run_id="5f5f5f5f5f5f", reused_from_run="aaaaaaaaaaaa",
+                         reused_from_step="a0a0a0a0a0a0")
     state = step_state(cached)
     assert not isinstance(state, StepOutcome)
     assert (state.type.value, state.name) == ("COMPLETED", "Cached")
-    assert state.message == "reused from run aaaaaaaaaaaa (step run 5f5f5f5f5f5f)"
+    # the step run it reuses, as the CLI names it: not 5f5f…, this run's own record of the reuse (issue 47)
+    assert state.message == "reused from run aaaaaaaaaaaa (step run a0a0a0a0a0a0)"
     assert state.result() is cached
     ran = StepOutcome("gpu_train", StepStatus.RAN)
     assert step_state(ran) is ran
