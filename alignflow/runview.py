@@ -253,23 +253,28 @@ def timing_conditions(store: Store, view: RunView, sides: Mapping[str, str] | No
         sv = view.step(step)
         if sv is None or sv.status not in ("ran", "cached"):
             continue
-        origin = store.get_step(sv.step_run_id)
-        for _ in range(100):  # a cached step points at the step run that executed (or at another cached one)
-            if origin.reused_from is None:
-                break
-            origin = store.get_step(origin.reused_from)
-        snaps = {snap.host: snap.data for snap in store.snapshots(origin.run_id)}
-        mine = snaps.get(origin.host or "", {})
-        machine = mine.get("hostname") or origin.host
-        others = [o for o in store.steps(origin.run_id)
-                  if o.id != origin.id and o.reused_from is None and o.host is not None
-                  and (snaps.get(o.host, {}).get("hostname") or o.host) == machine and _overlap(origin, o)]
-        load = mine.get("load") or [None]
-        out[label] = TimingConditions(
-            device=host_device(mine) if mine else None, machine=machine, measured_in=origin.run_id,
-            cached=origin.run_id != view.run_id, beside=tuple(sorted({o.step for o in others})),
-            shared=_shared(origin, others), load_1m=load[0], cpus=mine.get("cpus"))
+        out[label] = step_timing(store, store.get_step(sv.step_run_id), view.run_id)
     return out
+
+
+def step_timing(store: Store, record: StepRunRecord, run_id: str) -> TimingConditions:
+    """How the step run `record` of run `run_id` was timed (a cached one: the step run it was reused from)."""
+    origin = record
+    for _ in range(100):  # a cached step points at the step run that executed (or at another cached one)
+        if origin.reused_from is None:
+            break
+        origin = store.get_step(origin.reused_from)
+    snaps = {snap.host: snap.data for snap in store.snapshots(origin.run_id)}
+    mine = snaps.get(origin.host or "", {})
+    machine = mine.get("hostname") or origin.host
+    others = [o for o in store.steps(origin.run_id)
+              if o.id != origin.id and o.reused_from is None and o.host is not None
+              and (snaps.get(o.host, {}).get("hostname") or o.host) == machine and _overlap(origin, o)]
+    load = mine.get("load") or [None]
+    return TimingConditions(
+        device=host_device(mine) if mine else None, machine=machine, measured_in=origin.run_id,
+        cached=origin.run_id != run_id, beside=tuple(sorted({o.step for o in others})),
+        shared=_shared(origin, others), load_1m=load[0], cpus=mine.get("cpus"))
 
 
 def _overlap(a: StepRunRecord, b: StepRunRecord) -> bool:

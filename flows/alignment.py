@@ -33,7 +33,7 @@ from alignflow.runner.session import RunOptions, StepOutcome
 from alignflow.runner.walk import WalkResult, walk
 from flows.artifacts import publish_matrix_artifacts, publish_run_artifacts
 from flows.hooks import kill_remote_jobs, remember_run
-from flows.states import flow_run_name, name_current_flow_run, not_started_state, run_state
+from flows.states import flow_run_name, given_name, name_current_flow_run, not_started_state, run_state
 from tasks.context import open_store, run_context, step_label, transport_factory
 from tasks.matrix import matrix_verdict
 from tasks.progress import announce_flow_run
@@ -43,9 +43,12 @@ log = logging.getLogger(__name__)
 
 
 def _flow_run_name() -> str:
-    """The name from the parameters; a run recorded by the flow itself gets its run id once it exists."""
+    """The name from the parameters; a run recorded by the flow itself gets its run id once it exists. A name a
+    person typed in the run form is kept (`flows.states.given_name`)."""
     from prefect.runtime import flow_run
 
+    if (kept := given_name(flow_run.name)) is not None:
+        return kept
     params = flow_run.parameters
     options = RunOptions(force=tuple(params.get("force") or ()), parent=params.get("parent_run"),
                          reproduce_of=params.get("reproduce_of"))
@@ -106,8 +109,8 @@ def alignment(
             logger.error("not started: %s", exc)
             return not_started_state(exc)
     ctx = run_context(run_id)
-    name = flow_run_name(ctx.experiment.name, run_id, ctx.options)
-    name_current_flow_run(name)
+    name = name_current_flow_run(flow_run_name(ctx.experiment.name, run_id, ctx.options), logger)
+    logger = get_run_logger()  # with the name the run now has
     remember_run(get_run_context(), run_id)
     announce_flow_run(name, flow_run_link())
     result = WalkResult({}, ())

@@ -8,7 +8,8 @@
 - A step alignflow reused (its cache, or the parent run's artifacts) ends in Prefect's own `Cached` state, whose
   message names the run it was reused from (`tasks.steps.step_state`).
 - Flow runs are named `align-<experiment>-<run id>` (`-rerun-<step>`, `-reproduce`); task runs
-  `<step> @ <host>`.
+  `<step> @ <host>`. A name typed in the run form's Run Name is kept (`given_name`), and the run's log says which
+  alignflow run it is.
 
 The states are built here and returned by the flow and the step task (a returned state is the run's final state:
 https://docs.prefect.io/v3/concepts/states). No `from __future__ import annotations`
@@ -16,6 +17,7 @@ https://docs.prefect.io/v3/concepts/states). No `from __future__ import annotati
 """
 
 import logging
+import re
 
 from prefect.client.schemas.objects import State
 from prefect.states import Cancelled, Completed, Failed
@@ -86,13 +88,43 @@ def flow_run_name(experiment: str, run_id: str | None, options: RunOptions) -> s
     return name
 
 
-def name_current_flow_run(name: str) -> None:
-    """Rename the flow run this code runs in (a UI launch learns its alignflow run id only once it is recorded)."""
+# The name Prefect gives a flow run nobody named (coolname's `adjective-animal`, the server's and the UI form's
+# default), and alignflow's own: a flow run named otherwise was named by a person, in the form's Run Name.
+GENERATED_NAME = re.compile(r"[a-z]+-[a-z]+")
+OWN_PREFIX = "align-"
+
+
+def given_name(current: str | None) -> str | None:
+    """The flow run's name when a person gave it (kept, issue 47: the form's Run Name was silently replaced), None
+    when Prefect generated it or alignflow did (then alignflow names the run)."""
+    if not current or current.startswith(OWN_PREFIX) or GENERATED_NAME.fullmatch(current):
+        return None
+    return current
+
+
+def name_current_flow_run(name: str, say: "logging.Logger | logging.LoggerAdapter[logging.Logger] | None" = None
+                          ) -> str:
+    """Name the flow run this code runs in (a UI launch learns its alignflow run id only once it is recorded) and
+    say so on its log (`say`), so that the log Prefect prints (`serve`'s included) names the run as the CLI and the UI
+    do, not by the run-id-less name Prefect started it with (issue 47: `serve`'s log said just `align-demo`). A name
+    a person gave is kept, the log naming the alignflow run. Returns the flow run's name."""
     from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
     from prefect.runtime import flow_run
 
-    if not flow_run.id or flow_run.name == name:
-        return
+    current = flow_run.name
+    if not flow_run.id or current == name:
+        return name
+    if (kept := given_name(current)) is not None:
+        if say is not None:
+            say.info("flow run %r keeps the name it was given; it is alignflow's %s", kept, name)
+        return kept
     with get_client(sync_client=True) as client:
         client.update_flow_run(flow_run.id, name=name)
+    ctx = FlowRunContext.get()
+    if ctx is not None and ctx.flow_run is not None:
+        ctx.flow_run.name = name  # run loggers made from now on (get_run_logger) carry the full name
+    if say is not None:
+        say.info("flow run %r is %s", current, name)
     log.info("flow run %s is %s", flow_run.id, name)
+    return name

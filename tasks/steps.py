@@ -32,12 +32,14 @@ CACHED = "Cached"  # the name Prefect's own cache gives a reused task result (it
 
 
 def step_state(outcome: StepOutcome) -> StepOutcome | State[object]:
-    """A reused step ends in Prefect's `Cached` state (Completed type) whose message names the run it was reused
-    from, so the UI tells reused steps from executed ones; a step that ran returns its outcome (`Completed`)."""
+    """A reused step ends in Prefect's `Cached` state (Completed type) whose message names the run and the step run
+    it was reused from, as the CLI's line does, so the UI tells reused steps from executed ones; a step that ran
+    returns its outcome (`Completed`). Not this run's own record of the reuse (`step_run_id`): issue 47 read 'reused
+    from run X (step run Y)' with Y the new run's record."""
     if outcome.status != StepStatus.CACHED:
         return outcome
     source = f"run {outcome.reused_from_run}" if outcome.reused_from_run else "the cache"
-    detail = f" (step run {outcome.step_run_id})" if outcome.step_run_id else ""
+    detail = f" (step run {outcome.reused_from_step})" if outcome.reused_from_step else ""
     verdict = f"; verdict {outcome.verdict}" if outcome.verdict else ""
     return Completed(name=CACHED, message=f"reused from {source}{detail}{verdict}", data=outcome)
 

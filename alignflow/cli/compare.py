@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,7 +130,8 @@ def compare_cmd(
     ref_rank: int | None = typer.Option(None, "--ref-rank", help="Rank of a multi-rank reference log."),
     first_interval: FirstIntervalOption = typer.Option(FirstIntervalOption.auto, "--first-interval",
                                                        help=_FIRST_INTERVAL_HELP),
-    title: str = typer.Option("alignflow comparison", "--title", help="Report title."),
+    title: str | None = typer.Option(None, "--title", help="Report title (default: the logs it compares, tests "
+                                     "first: `npu.log vs gpu.log`)."),
     labels: str | None = typer.Option(None, "--labels", help="Names of the logs in argument order (reference "
                                       "first), comma-separated; default reference,test (or the file names)."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Draw the curves (HTML) and PNG plots."),
@@ -143,6 +145,7 @@ def compare_cmd(
     exit 0 every test passes, 1 one fails, 2 bad input."""
     from alignflow.compare.comparison import compare
 
+    typed = logs
     logs, run_labels, run_criteria = _logs_of_runs(logs)
     if len(logs) < 2:
         raise _bad_input("compare needs the reference log and at least one test log: compare REF TEST [TEST...] "
@@ -159,6 +162,8 @@ def compare_cmd(
                        require=required, min_overlap=min_overlap, memory=(_memory(path), ref_memory))
                for t, path in zip(tests, logs[1:], strict=True)]
     ordered = (*names[1:], names[0])  # the report's order: tests, then the reference
+    if title is None:
+        title = _title(run_labels or _log_names(typed), names)
     _report(results, ordered, out=out, title=title, plots=plots, as_json=as_json)
     raise typer.Exit(EXIT_PASS if all(r.passed for r in results) else EXIT_FAIL)
 
@@ -349,6 +354,20 @@ def _labels(given: str | None, logs: list[Path]) -> tuple[str, ...]:
         return ("reference", "test")
     stems = tuple(p.stem for p in logs)
     return stems if len(set(stems)) == len(stems) else ("reference", *(f"test {i}" for i in range(1, len(logs))))
+
+
+def _log_names(logs: list[Path]) -> tuple[str, ...]:
+    """Each log by its file's name; by its path as typed where two share a name (`a/train.log`, `b/train.log`)."""
+    names = tuple(p.name for p in logs)
+    return names if len(set(names)) == len(names) else tuple(str(p) for p in logs)
+
+
+def _title(logs: Sequence[str], labels: Sequence[str]) -> str:
+    """The report's title, by its logs, tests first as the report reads: `npu.log vs gpu.log`, with a label that
+    says more than the name: `NPU (npu.log) vs GPU (gpu.log)` (issue 47: every report was 'alignflow comparison')."""
+    named = [name if label in (name, Path(name).stem) else f"{label} ({name})"
+             for name, label in zip(logs, labels, strict=True)]
+    return f"{', '.join(named[1:])} vs {named[0]}"
 
 
 def _abbreviated(cell: str, short: dict[str, str]) -> str:

@@ -95,6 +95,34 @@ class Band:
     own_criteria: bool = True  # False: borrowed (lm_loss's criteria) or no criterion at all
 
 
+# A band narrower than this share of the largest |error| is a few pixels tall on an axis scaled to the error: the
+# figures then add |error| in band widths beneath, on a log axis where the band's edge is the line at 1 whether the
+# error is 2 or 2,000 band widths (a linear pull panel would hide the band again at 500).
+BAND_VISIBLE_SHARE = 0.05
+PULL_FLOOR = 1e-3  # |error| / band below this (an exact match among them) is drawn at it: a log axis has no 0
+
+
+def in_band_widths(b: Band | None, steps: IntArray, error: FloatArray) -> FloatArray | None:
+    """`|error| / band half-width` at `steps` (at least PULL_FLOOR; NaN where no finite band bounds it), or None when
+    the band is visible at the error's own scale (at least BAND_VISIBLE_SHARE of the largest |error|) or there is
+    none: a failing curve whose error dwarfs its band still shows where the band is, as 1 (issue 47)."""
+    if b is None or not len(b.steps):
+        return None
+    width = np.full(len(steps), np.nan)
+    at = np.searchsorted(steps, b.steps)
+    inside = (at < len(steps)) & (steps[np.minimum(at, len(steps) - 1)] == b.steps)
+    width[at[inside]] = np.where(np.isfinite(b.width[inside]) & (b.width[inside] > 0), b.width[inside], np.nan)
+    finite_error = np.abs(error[np.isfinite(error)])
+    if not np.isfinite(width).any() or not finite_error.size:
+        return None
+    if np.nanmax(width) >= BAND_VISIBLE_SHARE * finite_error.max():
+        return None
+    with np.errstate(invalid="ignore"):
+        out: FloatArray = np.where(np.isfinite(error) & np.isfinite(width),
+                                   np.maximum(np.abs(error) / width, PULL_FLOOR), np.nan)
+    return out
+
+
 def per_step_quantum(t: Resolution | None, r: Resolution | None, reference: FloatArray) -> FloatArray:
     """One unit of the coarser side's last printed digit at each step's reference magnitude (0 when unknown)."""
     out: FloatArray = np.zeros(len(reference))

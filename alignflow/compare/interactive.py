@@ -4,7 +4,9 @@ Per compared metric one figure: every log's curve above (the reference wide and 
 log thin on top, so two curves that agree stay distinguishable), the signed error (test - reference) beneath
 with the metric's band (alignflow.compare.divergence) shaded, ME dashed, the steps that drive a failed
 criterion marked, and a vertical marker at the first step that leaves the band. Hover shows every log's value at
-the step; the legend toggles series; the buttons switch the upper axis between linear and log.
+the step; the legend toggles series; the buttons switch the upper axis between linear and log. Where the error
+dwarfs the band (a failing curve: its band a hairline at the error's scale), a third panel draws |error| in band
+widths on a log axis, whose line at 1 is the band's edge (`divergence.in_band_widths`).
 
 Long runs are thinned to the points that matter at screen resolution: per bucket of steps, each series' minimum
 and maximum (the same steps for every series, so hover still shows both sides of one step), plus the first
@@ -21,6 +23,7 @@ import numpy as np
 import plotly.io as pio
 
 from alignflow.compare.comparison import Comparison
+from alignflow.compare.divergence import PULL_FLOOR, in_band_widths
 from alignflow.compare.formatting import fmt_stat
 from alignflow.compare.statistics import FloatArray, IntArray
 
@@ -30,6 +33,7 @@ TEST_COLORS = ("#c0392b", "#2e86c1", "#8e44ad", "#d35400", "#17a589", "#b7950b",
 CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False,
           "modeBarButtonsToRemove": ["select2d", "lasso2d"], "toImageButtonOptions": {"format": "png", "scale": 2}}
 HEIGHT_PX = 520
+PULL_HEIGHT_PX = 640  # with the third panel (error in band widths)
 
 
 def keep_indices(n: int, series: Sequence[FloatArray], must: Sequence[int] = (), buckets: int = BUCKETS) -> IntArray:
@@ -54,6 +58,7 @@ def keep_indices(n: int, series: Sequence[FloatArray], must: Sequence[int] = (),
 Figure = dict[str, Any]  # a plotly figure as plotly.js reads it: {"data": [...], "layout": {...}}
 AXIS = {"gridcolor": "#eceff1", "linecolor": "#b0b7bd", "showline": True, "zerolinecolor": "#90a4ae"}
 TOP, BOTTOM = {"xaxis": "x", "yaxis": "y"}, {"xaxis": "x2", "yaxis": "y2"}
+PULL = {"xaxis": "x3", "yaxis": "y3"}
 
 
 def metric_figure(comparisons: Sequence[Comparison], metric: str, labels: Sequence[str]) -> Figure:
@@ -82,7 +87,20 @@ def metric_figure(comparisons: Sequence[Comparison], metric: str, labels: Sequen
         data.append(_line(x, y[idx], labels[i], color, 1.4, TOP))
         if metric in c.metrics:
             data += _error_traces(c, metric, labels[i], color, steps, errors[i], idx, i)
-    shapes, notes = [], []
+    pulls = [in_band_widths(c.metrics[metric].band, steps, e) if metric in c.metrics else None
+             for c, e in zip(comparisons, errors, strict=True)]
+    for i, pull in enumerate(pulls):
+        if pull is not None:
+            data.append({**_line(x, pull[idx], f"|error {labels[i]}| / band", TEST_COLORS[i % len(TEST_COLORS)],
+                                 1.1, PULL), "hovertemplate": "%{y:.3g} band widths"})
+    shapes: list[dict[str, Any]] = []
+    notes: list[dict[str, Any]] = []
+    pulled = any(p is not None for p in pulls)
+    if pulled:  # inside the band: below 1 in its own widths
+        shapes.append({"type": "rect", "xref": "paper", "x0": 0, "x1": 1, "yref": "y3", "y0": PULL_FLOOR, "y1": 1,
+                       "fillcolor": "rgba(46,134,193,0.15)", "line": {"width": 0}, "layer": "below"})
+        shapes.append({"type": "line", "xref": "paper", "x0": 0, "x1": 1, "yref": "y3", "y0": 1, "y1": 1,
+                       "line": {"color": "#2e86c1", "width": 1}})
     for c in comparisons:
         div = c.metrics[metric].divergence if metric in c.metrics else None
         if div is not None and div.first_step is not None:
@@ -93,15 +111,21 @@ def metric_figure(comparisons: Sequence[Comparison], metric: str, labels: Sequen
                           "font": {"size": 11, "color": "#7d3c98"}, "bgcolor": "rgba(255,255,255,0.7)"})
     layout = {
         "title": {"text": f"<b>{metric}</b>", "x": 0, "xanchor": "left", "y": 0.985, "font": {"size": 14}},
-        "height": HEIGHT_PX, "margin": {"l": 70, "r": 20, "t": 70, "b": 40}, "hovermode": "x unified",
+        "height": PULL_HEIGHT_PX if pulled else HEIGHT_PX, "margin": {"l": 70, "r": 20, "t": 70, "b": 40},
+        "hovermode": "x unified",
         "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0, "font": {"size": 11},
                    "traceorder": "normal"},
         "paper_bgcolor": "white", "plot_bgcolor": "white", "font": {"family": "system-ui, sans-serif", "size": 12},
         "xaxis": {**AXIS, "anchor": "y", "matches": "x2", "showticklabels": False},
-        "xaxis2": {**AXIS, "anchor": "y2", "title": {"text": "step"}},
-        "yaxis": {**AXIS, "domain": [0.41, 1.0], "title": {"text": metric}, "exponentformat": "e"},
-        "yaxis2": {**AXIS, "domain": [0.0, 0.35], "exponentformat": "e", "zeroline": True, "zerolinecolor": "#555",
+        "xaxis2": {**AXIS, "anchor": "y2", **({"showticklabels": False} if pulled else {"title": {"text": "step"}})},
+        "yaxis": {**AXIS, "domain": [0.5, 1.0] if pulled else [0.41, 1.0], "title": {"text": metric},
+                  "exponentformat": "e"},
+        "yaxis2": {**AXIS, "domain": [0.26, 0.45] if pulled else [0.0, 0.35], "exponentformat": "e",
+                   "zeroline": True, "zerolinecolor": "#555",
                    "title": {"text": f"{'/'.join(labels[:-1])} − {labels[-1]}"}},
+        **({"xaxis3": {**AXIS, "anchor": "y3", "matches": "x2", "title": {"text": "step"}},
+            "yaxis3": {**AXIS, "domain": [0.0, 0.2], "type": "log", "title": {"text": "|error| / band"}}}
+           if pulled else {}),
         "shapes": shapes, "annotations": notes,
         "updatemenus": [{"type": "buttons", "direction": "left", "x": 1.0, "xanchor": "right", "y": 1.1,
                          "yanchor": "bottom", "showactive": True, "font": {"size": 11},

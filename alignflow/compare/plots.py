@@ -1,5 +1,7 @@
 """PNG plots of a comparison (for artifacts and papers; the HTML report draws interactive ones): every log's curve
-of a metric above, the signed error (test - reference) beneath with its band and first-divergence marker.
+of a metric above, the signed error (test - reference) beneath with its band and first-divergence marker, and
+where the error dwarfs the band (its band a hairline at the error's scale) |error| in band widths at the bottom, on a
+log axis whose line at 1 is the band's edge (`divergence.in_band_widths`).
 
 matplotlib's object API on the Agg canvas (no pyplot state, no display), so plotting is safe in a worker thread
 and in CI. Long runs are drawn through a min/max envelope per horizontal bucket: a 100,000-step curve becomes
@@ -19,6 +21,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from alignflow.compare.comparison import Comparison
+from alignflow.compare.divergence import PULL_FLOOR, in_band_widths
 from alignflow.compare.formatting import fmt_stat
 from alignflow.compare.names import THUMBNAIL_METRICS
 from alignflow.compare.statistics import FloatArray
@@ -44,10 +47,17 @@ def envelope(x: FloatArray, y: FloatArray, buckets: int = BUCKETS) -> tuple[Floa
 
 def metric_figure(comparisons: Sequence[Comparison], metric: str, *, labels: Sequence[str]) -> Figure:
     """The figure of one metric: every log's curve above (reference wide beneath), each test's error beneath with
-    the band of its first comparison shaded and the first step outside it marked."""
-    fig = Figure(figsize=(11, 6.2), dpi=100)
+    the band of its first comparison shaded and the first step outside it marked; the error in band widths
+    beneath when the band would not show at the error's scale."""
+    pulls = [(i, c.aligned.index.to_numpy(dtype=float), pull) for i, c in enumerate(comparisons)
+             if metric in c.metrics and (pull := in_band_widths(
+                 c.metrics[metric].band, c.aligned.index.to_numpy(dtype=np.int64),
+                 c.aligned[f"{metric}_error"].to_numpy(dtype=float))) is not None]
+    fig = Figure(figsize=(11, 7.6 if pulls else 6.2), dpi=100)
     # Fixed margins: constrained layout would draw every figure twice (a third of the report's time at 100k steps).
-    top, bottom = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [3, 1.6], "hspace": 0.08})
+    axes = fig.subplots(3 if pulls else 2, 1, sharex=True, gridspec_kw={
+        "height_ratios": [3, 1.6, 1.2] if pulls else [3, 1.6], "hspace": 0.08})
+    top, bottom = axes[0], axes[1]
     fig.subplots_adjust(left=0.1, right=0.985, top=0.92, bottom=0.08)
     ref = comparisons[0].reference.frame
     x, y = envelope(ref.index.to_numpy(dtype=float), ref[metric].to_numpy(dtype=float, na_value=np.nan))
@@ -86,8 +96,20 @@ def metric_figure(comparisons: Sequence[Comparison], metric: str, *, labels: Seq
     # Tick labels carry their own exponent: no offset text ("1e-6") above the axis, where it hit the upper panel.
     bottom.yaxis.set_major_formatter(FuncFormatter(lambda v, _: "0" if v == 0 else f"{v:.2g}"))
     bottom.set_ylabel(f"test − {labels[-1]}", fontsize=9)
-    bottom.set_xlabel("step")
     bottom.grid(alpha=0.3)
+    if pulls:
+        pull_ax = axes[2]
+        pull_ax.set_yscale("log")
+        pull_ax.axhspan(PULL_FLOOR, 1.0, color="#2e86c1", alpha=0.15, linewidth=0, label="inside the band")
+        for i, steps, pull in pulls:
+            x, y = envelope(steps, pull)
+            pull_ax.plot(x, y, color=COLORS[i % len(COLORS)], linewidth=0.8, label=f"|error {labels[i]}| / band")
+        pull_ax.axhline(1.0, color="#2e86c1", linewidth=0.8)
+        pull_ax.set_ylim(bottom=PULL_FLOOR)
+        pull_ax.legend(loc="upper right", fontsize=7)
+        pull_ax.set_ylabel("|error| / band", fontsize=9)
+        pull_ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("step")
     return fig
 
 

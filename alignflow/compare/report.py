@@ -41,6 +41,8 @@ META_NAME = "meta.json"  # what an index of reports lists: run, experiment, verd
 MAX_SENTINEL_ROWS_HTML = 500
 MAX_SENTINEL_ROWS_MD = 10
 MAX_TOP_LINES = 6  # reasons shown above the curves; the rest are in the criteria table
+# A word this long (a path, a host:path) widens its table past the page unless it may break: after its slashes.
+LONG_TOKEN = re.compile(r"\S{40,}")
 # A cell that is one number (with sign, exponent, %, unit-less step list) is right-aligned and never wrapped.
 NUMERIC_CELL = re.compile(r"^[+-]?(\d[\d,]*(\.\d+)?|\.\d+)(e[+-]?\d+)?%?( ?(s|ms|min|h|B|KiB|MiB|GiB|TiB|x))?$"
                           r"|^n/a$|^(\d+ (h|min) )?\d+(\.\d+)? ?(s|min)$")
@@ -167,6 +169,16 @@ def _atomic_write(path: Path, data: bytes) -> Path:
 
 # ---- markdown ---------------------------------------------------------------------------------------------
 
+def breakable(text: object) -> object:
+    """A cell's text with a line-break opportunity (`<wbr>`) after each slash of its long words; others as is."""
+    from markupsafe import Markup, escape
+
+    plain = str(text)
+    if not LONG_TOKEN.search(plain):
+        return text
+    return Markup(LONG_TOKEN.sub(lambda m: m.group().replace("/", "/<wbr>"), str(escape(plain))))
+
+
 def numeric_columns(table: tables.Table) -> list[bool]:
     """Per column: every non-empty cell is a number (such columns are right-aligned)."""
     return [any(r[i] for r in table.rows) and all(NUMERIC_CELL.match(r[i]) or not r[i] for r in table.rows)
@@ -259,6 +271,8 @@ def html_report(
                              lstrip_blocks=True)
     env.filters["numeric"] = lambda text: bool(NUMERIC_CELL.match(str(text)))
     env.globals["numeric_columns"] = numeric_columns
+    env.filters["long_token"] = lambda text: bool(LONG_TOKEN.search(str(text)))
+    env.filters["breakable"] = breakable
     template = env.from_string(resources.files("alignflow.compare").joinpath("report.html").read_text("utf-8"))
     reasons = tables.failed_lines(cs, labels)
     return template.render(

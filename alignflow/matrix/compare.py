@@ -8,6 +8,11 @@ their saving. Definitions (docs/seeds.md#performance-statistics): relative error
 samples/s = global batch x 1000 / mean ms/iter; throughput change = samples/s ON / samples/s OFF - 1; memory
 saving = (OFF - ON) / OFF, negative when ON uses more.
 
+A training timed on a loaded host (its 1-minute load at least its CPU count when its run started, `TimingConditions`,
+the single-run report's rule) measured the sharing as much as the switch: its row keeps both sides' conditions and
+its speed change is `timing_unreliable` (issue 47: `+1104 %` on a loaded machine, with no caveat). The memory figures
+are allocator peaks, counted rather than timed: the load does not move them.
+
 A side whose training a variant does not change is the reference's own training (reused by its fingerprint): it
 has no row, the variant lists it as shared. Each variant has one verdict — `pass` (every changed side passes the
 criteria), `fail` (numerics moved, or a training failed or ended with an unknown exit code) or `oom` — and the
@@ -29,6 +34,7 @@ from alignflow.pipeline import SIDE_NAMES, SIDES
 
 if TYPE_CHECKING:
     from alignflow.compare.comparison import Comparison
+    from alignflow.compare.context import TimingConditions
     from alignflow.logs.schema import ParsedLog
 
 Outcome = Literal["pass", "fail", "oom"]
@@ -45,6 +51,7 @@ class SideTraining:
     memory: MemoryReport = field(default_factory=MemoryReport)
     identity: str | None = None  # the step run that trained it (a cached step's origin): equal = the same training
     run_id: str | None = None
+    timing: TimingConditions | None = None  # how its step times were taken (None: not recorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +104,17 @@ class Row:
     failed: tuple[str, ...] = ()  # criteria that failed, with their values
     criteria: tuple[dict[str, Any], ...] = ()  # every criterion's result (CriterionResult.to_json)
     note: str = ""
+    timing_off: TimingConditions | None = None
+    timing_on: TimingConditions | None = None
 
     @property
     def configs(self) -> str:
         return f"{short_name(self.off)}→{short_name(self.on)}"
+
+    @property
+    def timing_unreliable(self) -> bool:
+        """Either side was timed on a loaded host: its ms/iter, samples/s and throughput change measure the load."""
+        return any(t is not None and t.loaded for t in (self.timing_off, self.timing_on))
 
     @property
     def mem_max_saving(self) -> float | None:
@@ -126,6 +140,9 @@ class Row:
             "status_off": self.status_off.to_json() if self.status_off else None,
             "status_on": self.status_on.to_json() if self.status_on else None,
             "failed_criteria": list(self.failed), "criteria": list(self.criteria), "note": self.note,
+            "timing_off": self.timing_off.to_json() if self.timing_off else None,
+            "timing_on": self.timing_on.to_json() if self.timing_on else None,
+            "timing_unreliable": self.timing_unreliable,
         }
 
 
@@ -174,7 +191,8 @@ class ConfigSummary:
     def to_json(self) -> dict[str, Any]:
         return {"group": self.group, "name": self.name, "sides": {
             s: {**t.status.to_json(), "run_id": t.run_id, "steps": len(t.parsed.frame) if t.parsed is not None else 0,
-                "memory": t.memory.to_json(), "perf": p.to_json() if (p := self.perf.get(s)) else None}
+                "memory": t.memory.to_json(), "perf": p.to_json() if (p := self.perf.get(s)) else None,
+                "timing": t.timing.to_json() if t.timing else None}
             for s, t in self.sides.items()}}
 
 
@@ -336,7 +354,8 @@ def _row(group: str, side: str, switch: str, off_name: str, on_name: str, varian
     base: dict[str, Any] = dict(
         group=group, side=side, switch=switch, off=off_name, on=on_name, variant=variant, status_off=off.status,
         status_on=on.status, mem_max_off=off.memory.max_rank_gib, mem_max_on=on.memory.max_rank_gib,
-        mem_avg_off=off.memory.avg_rank_gib, mem_avg_on=on.memory.avg_rank_gib)
+        mem_avg_off=off.memory.avg_rank_gib, mem_avg_on=on.memory.avg_rank_gib, timing_off=off.timing,
+        timing_on=on.timing)
     if off.parsed is None or on.parsed is None:
         which = [n for n, t in ((off_name, off), (on_name, on)) if t.parsed is None]
         ends = [t.status.status for t in (off, on) if not t.status.completed]

@@ -6,7 +6,14 @@ Per group and side (docs/seeds.md#switch-matrix):
    samples/s off→on, throughput change — with the row's verdict;
 2. every config against the reference: loss mean and max relative error, grad-norm mean relative error, P95/P99;
 3. per-rank peak memory (GiB, the allocator's peak): max-rank and avg-rank off→on and their saving;
-4. the run status of every training (completed, OOM, failed, exit code unknown) and each variant's verdict.
+4. the run status of every training (completed, OOM, failed, exit code unknown), the load it was timed under, and
+   each variant's verdict.
+
+A training timed on a loaded host makes its speed figures unreliable (`Row.timing_unreliable`): the report says so
+above the tables, naming each such training's load, and marks each change it enters `unreliable`, as the single-run
+report refuses a ratio between unlike timings. A variant that shows what it was expected to show (a bf16 write-back
+that fails, a capacity probe that runs out of memory) is `FAIL as expected`, in a neutral colour, not a red row under a
+passing matrix (issue 47).
 
 Bar charts (PNG, matplotlib's object API on Agg), one image per group and side: ms/iter per switch, OFF blue and
 ON orange, as the seed's 4.1 figure; memory per config, max-rank blue and avg-rank orange, in config order (not
@@ -21,8 +28,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from alignflow.compare.context import LOADED_PER_CPU, TimingConditions
 from alignflow.compare.formatting import criterion_label
-from alignflow.matrix.compare import SIDE_ORDER, MatrixResult, Row, SidePerf, short_name
+from alignflow.matrix.compare import SIDE_ORDER, MatrixResult, Row, SidePerf, VariantResult, short_name
 from alignflow.matrix.status import clip
 
 OFF_COLOR, ON_COLOR = "#1f77b4", "#ff7f0e"  # the seed's blue OFF / orange ON
@@ -46,6 +54,52 @@ def pct(value: float | None, digits: int = 6) -> str:
 
 def signed_pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value * 100:+.2f}%"
+
+
+UNRELIABLE = " unreliable (loaded host)"
+AS_EXPECTED = " as expected"
+
+
+def speed_change(value: float | None, unreliable: bool) -> str:
+    """`-33.33%`, or `+1104.00% unreliable (loaded host)` when either side was timed on a loaded host."""
+    return signed_pct(value) + (UNRELIABLE if unreliable and value is not None else "")
+
+
+def load_text(timing: TimingConditions | None) -> str:
+    """`2.95 on 2 CPU(s) (loaded)`: the host's 1-minute load when the training's run started; `n/a` unrecorded."""
+    if timing is None or timing.load_1m is None:
+        return "n/a"
+    return f"{timing.load_1m:.2f} on {timing.cpus or '?'} CPU(s)" + (" (loaded)" if timing.loaded else "")
+
+
+def load_caveat(result: MatrixResult) -> str:
+    """One sentence naming every training timed on a loaded host ('' when none was): its speed figures measure the
+    sharing as much as the switch."""
+    seen: set[object] = set()
+    timed, loaded = 0, []
+    for c in result.configs:
+        for side, t in c.sides.items():
+            key = t.identity or (c.group, c.name, side)  # a side shared with the reference is its training
+            if t.timing is None or t.timing.load_1m is None or key in seen:
+                continue
+            seen.add(key)
+            timed += 1
+            if t.timing.loaded:
+                loaded.append(f"{c.name} {result.side_labels.get(side, side)}: load {load_text(t.timing)}")
+    if not loaded:
+        return ""
+    return (f"Timings unreliable: {len(loaded)} of {timed} training(s) ran on a loaded host (a 1-minute load of at "
+            f"least {LOADED_PER_CPU:g} per CPU when its run started: {'; '.join(loaded)}). Their ms/iter, samples/s "
+            "and throughput changes measure the sharing as much as the switch: each change they enter is marked "
+            "'unreliable'. The memory figures are allocator peaks, counted, not timed: the load does not move them.")
+
+
+def _verdict(r: Row, variants: dict[tuple[str, str], VariantResult]) -> str:
+    """`PASS`, `FAIL (why)`, or `FAIL as expected (why)` when the row shows what its variant was expected to."""
+    v = variants.get((r.group, r.variant)) if r.variant is not None else None
+    expected = v is not None and r.verdict not in ("pass", "n/a") and r.verdict == v.expect
+    return r.verdict.upper() + (AS_EXPECTED if expected else "") + (
+        f" ({'; '.join(r.failed)})" if r.failed else f" ({r.note})" if r.note else "")
 
 
 def num(value: float | None, digits: int = 3) -> str:
@@ -75,6 +129,7 @@ def tables(result: MatrixResult) -> list[tuple[str, list[str], list[list[str]]]]
     """Every table of the report as (title, header, rows) — one source for markdown, HTML and the UI artifact."""
     out: list[tuple[str, list[str], list[list[str]]]] = []
     labels = result.side_labels
+    variants = {(v.group, v.name): v for v in result.variants}
     for group, side, rows in _sections(result):
         where = f"{group} — " if len(result.groups) > 1 or group != "default" else ""
         window = result.warmup[group]
@@ -85,8 +140,7 @@ def tables(result: MatrixResult) -> list[tuple[str, list[str], list[list[str]]]]
                     [[r.switch, r.configs, pct(r.loss_mean_rel), num(r.loss_max_abs, 6),
                       arrow(_perf(r.perf_off, "ms_per_iter"), _perf(r.perf_on, "ms_per_iter")),
                       arrow(_perf(r.perf_off, "samples_per_s"), _perf(r.perf_on, "samples_per_s")),
-                      signed_pct(r.throughput_change), r.verdict.upper() + (
-                          f" ({'; '.join(r.failed)})" if r.failed else f" ({r.note})" if r.note else "")]
+                      speed_change(r.throughput_change, r.timing_unreliable), _verdict(r, variants)]
                      for r in rows]))
         mem = [r for r in rows if r.mem_max_off is not None or r.mem_max_on is not None]
         if mem:
@@ -117,14 +171,17 @@ def tables(result: MatrixResult) -> list[tuple[str, list[str], list[list[str]]]]
                               pct(row.loss_mean_rel) if row else ("—" if c.name == result.reference else "shared"),
                               pct(row.loss_max_rel) if row else "—",
                               pct(row.grad_norm_mean_rel, 4) if row else "—",
-                              f"{_perf(p, 'p95', 1)} / {_perf(p, 'p99', 1)}",
+                              f"{_perf(p, 'p95', 1)} / {_perf(p, 'p99', 1)}", load_text(t.timing),
                               t.status.reason])  # whole: classify bounds it between words
-        out.append((f"{where}every training against {result.reference}: status, errors, P95/P99 ms",
+        out.append((f"{where}every training against {result.reference}: status, errors, P95/P99 ms, the load "
+                    "it was timed under",
                     ["config", "side", "status", "exit code", "steps", "loss mean rel.", "loss max rel.",
-                     "grad norm mean rel.", "P95 / P99 ms", "note"], lines))
+                     "grad norm mean rel.", "P95 / P99 ms", "load (1 min)", "note"], lines))
     out.append(("verdicts", ["group", "variant", "switch", "verdict", "expected", "as expected", "changed sides",
                              "shared with the reference", "why"],
-                [[v.group, v.name, v.switch, v.outcome.upper(), v.expect, "yes" if v.as_expected else "NO",
+                [[v.group, v.name, v.switch,
+                  v.outcome.upper() + (AS_EXPECTED if v.as_expected and v.outcome != "pass" else ""), v.expect,
+                  "yes" if v.as_expected else "NO",
                   ", ".join(labels.get(s, s) for s in v.changed_sides) or "—",
                   ", ".join(labels.get(s, s) for s in v.shared_sides) or "—", clip("; ".join(v.reasons))]
                  for v in result.variants]))
@@ -140,6 +197,8 @@ def markdown(result: MatrixResult, *, charts: Iterable[str] = ()) -> str:
     parts += [f"- {r}" for r in result.reasons]
     if result.reasons:
         parts.append("")
+    if caveat := load_caveat(result):
+        parts += [f"**{caveat}**", ""]
     parts += ["Criteria of each OFF→ON comparison: " + "; ".join(criterion_label(c) for c in result.criteria), ""]
     for title, header, rows in tables(result):
         parts += [f"## {title}", "", _md_row(header), _md_row(["---"] * len(header))]
@@ -162,22 +221,34 @@ def html_page(result: MatrixResult, *, charts: Iterable[str] = ()) -> str:
             f"<code>{esc(result.reference)}</code>, {len(result.variants)} variant(s)</p>"]
     if result.reasons:
         body.append("<ul>" + "".join(f"<li>{esc(r)}</li>" for r in result.reasons) + "</ul>")
+    if caveat := load_caveat(result):
+        body.append(f"<p class='caveat'>{esc(caveat)}</p>")
     body.append("<p>Criteria of each OFF→ON comparison: "
                 + esc("; ".join(criterion_label(c) for c in result.criteria)) + "</p>")
     for title, header, rows in tables(result):
         body.append(f"<h2>{esc(title)}</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>")
         for row in rows:
-            cls = " class='fail'" if any(c.startswith(("FAIL", "OOM", "NO")) for c in row) else ""
-            body.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>")
+            body.append(f"<tr{_row_class(row)}>" + "".join(
+                f"<td{' class=unreliable' if c.endswith(UNRELIABLE) else ''}>{esc(c)}</td>" for c in row) + "</tr>")
         body.append("</table>")
     for chart in charts:
         body.append(f"<h2>{esc(Path(chart).stem.replace('_', ' '))}</h2><img src='{esc(chart)}' alt='{esc(chart)}'>")
     style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #bbb;padding:3px 8px;font-size:13px;text-align:left}th{background:#eee}"
-             "tr.fail td{background:#fde2e1}.verdict.fail b{color:#c0392b}.verdict.pass b{color:#1e8449}"
+             "tr.fail td{background:#fde2e1}tr.expected td{background:#eef1f5}td.unreliable{color:#8a6d00}"
+             ".caveat{background:#fff6d5;border-left:4px solid #d4a800;padding:6px 10px}"
+             ".verdict.fail b{color:#c0392b}.verdict.pass b{color:#1e8449}"
              "img{max-width:100%}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>matrix {esc(result.experiment)}</title>"
             f"<style>{style}</style></head><body>{''.join(body)}</body></html>")
+
+
+def _row_class(row: Sequence[str]) -> str:
+    """`fail` (red) for a row that shows a failure nobody expected, `expected` (neutral) for one that shows the
+    failure its variant was declared to show."""
+    if any(c.startswith(("FAIL", "OOM")) and c.split(" (")[0].endswith(AS_EXPECTED) for c in row):
+        return " class='expected'"
+    return " class='fail'" if any(c.startswith(("FAIL", "OOM", "NO")) for c in row) else ""
 
 
 def write_matrix_report(result: MatrixResult, directory: str | Path, *, charts: bool = True) -> MatrixFiles:
@@ -222,7 +293,9 @@ def draw_charts(result: MatrixResult, directory: Path) -> list[Path]:
             left.set_xticks(list(x), [r.configs for r in timed], fontsize=8)  # the tables name each switch
             left.legend(fontsize=8)
         left.set_ylabel("ms/iter (mean after warm-up)")
-        left.set_title(f"{label}: ms/iter OFF → ON", fontsize=10)
+        loaded = any(r.timing_unreliable for r in timed)
+        left.set_title(f"{label}: ms/iter OFF → ON" + (" — unreliable: timed on a loaded host" if loaded else ""),
+                       fontsize=10, color="#8a6d00" if loaded else "black")
         if configs:
             x = range(len(configs))
             right.bar([i - 0.2 for i in x], [c.sides[side].memory.max_rank_gib or 0.0 for c in configs], 0.4,
@@ -264,7 +337,8 @@ def artifact_rows(summary: dict[str, object]) -> list[dict[str, str]]:
             out.append({**base, "side": str(sides.get(r["side"], r["side"])), "configs": str(r["configs"]),
                         "loss mean rel.": pct(r.get("loss_mean_rel")),
                         "ms/iter off→on": arrow(num(perf_off.get("ms_per_iter")), num(perf_on.get("ms_per_iter"))),
-                        "throughput change": signed_pct(r.get("throughput_change")),
+                        "throughput change": speed_change(r.get("throughput_change"),
+                                                          bool(r.get("timing_unreliable"))),
                         "max-rank GiB off→on": arrow(num(mem.get("max_rank_off"), 6), num(mem.get("max_rank_on"), 6)),
                         "why": clip("; ".join(r.get("failed_criteria") or []), 200)})
     return out

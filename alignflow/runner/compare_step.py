@@ -95,7 +95,8 @@ def _reuse(runner: StepRunner, step: str, key: str) -> StepOutcome | None:
     runner.store.add_comparison(runner.run_id, verdict=previous.verdict, criteria=previous.criteria,
                                 summary=previous.summary)
     return StepOutcome(step, StepStatus.CACHED, outcome.artifacts, outcome.step_run_id, key,
-                       verdict=previous.verdict, reused_from_run=outcome.reused_from_run)
+                       verdict=previous.verdict, reused_from_run=outcome.reused_from_run,
+                       reused_from_step=outcome.reused_from_step)
 
 
 def _local_log(runner: StepRunner, ref: ArtifactRef) -> Path:

@@ -289,7 +289,8 @@ class StepRunner:
                                                cache_key=key, reused_from=cached.id)
         where = "parent run" if cached.run_id == self.ctx.options.parent else "run"
         self.emit(f"{step}: cached (step run {cached.id} of {where} {cached.run_id})")
-        return StepOutcome(step, StepStatus.CACHED, refs, record.id, key, reused_from_run=cached.run_id)
+        return StepOutcome(step, StepStatus.CACHED, refs, record.id, key, reused_from_run=cached.run_id,
+                           reused_from_step=cached.id)
 
     def resumable(self, step: str, key: str) -> StepRunRecord | None:
         """This run's open step run of `step` with the same key and one recorded job, if an attempt left one."""

@@ -214,6 +214,7 @@ def collect(children: list[MatrixTraining], *, store: Store, runner: StepRunner,
     """Every training's end, log and memory, by group and config (`errors`: each child walk's error, the reason
     of a training that never started)."""
     from alignflow.logs.parse import parse_log
+    from alignflow.runview import step_timing
 
     out: dict[str, dict[str, ConfigTrainings]] = {}
     logs_dir = state_dir / "runs" / runner.run_id / "matrix"
@@ -235,7 +236,9 @@ def collect(children: list[MatrixTraining], *, store: Store, runner: StepRunner,
                     parsed = None
             sides[side] = SideTraining(status=status, parsed=parsed, memory=parse_memory(found.text.splitlines()),
                                        identity=found.origin_step_run if status.completed else None,
-                                       run_id=child.run_id)
+                                       run_id=child.run_id,
+                                       timing=step_timing(store, record, child.run_id)
+                                       if record is not None and found.completed else None)
         out.setdefault(child.group, {})[child.config] = ConfigTrainings(child.config, sides, child.run_id)
     return out
 

@@ -46,6 +46,7 @@ class StepOutcome:
     cache_key: str | None = None
     verdict: str | None = None
     reused_from_run: str | None = None  # the run whose step run a cached outcome reuses
+    reused_from_step: str | None = None  # that step run (`step_run_id` is this run's record of the reuse)
 
 
 

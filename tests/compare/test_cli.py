@@ -215,3 +215,17 @@ def test_first_interval_option_on_parse_and_compare(tmp_path: Path) -> None:
     assert "reference: first interval (raw)" in failed.stdout
     bad = runner.invoke(app, ["compare", str(gpu), str(npu), "--first-interval", "maybe"])
     assert bad.exit_code == 2
+
+
+def test_a_report_is_titled_by_the_logs_it_compares(logs: dict[str, Path], tmp_path: Path) -> None:
+    """Issue 47: every standalone report was 'alignflow comparison', whatever it compared."""
+    args = ["compare", str(logs["ref"]), str(logs["good"]), "--no-plots", "--out"]
+    result = CliRunner().invoke(app, [*args, str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    assert "<title>test (npu.log) vs reference (gpu.log)</title>" in (tmp_path / "a" / "report.html").read_text()
+    named = CliRunner().invoke(app, [*args, str(tmp_path / "b"), "--labels", "GPU,NPU"])
+    assert named.exit_code == 0, named.output
+    assert (tmp_path / "b" / "summary.md").read_text().startswith("# NPU (npu.log) vs GPU (gpu.log)\n")
+    mine = CliRunner().invoke(app, [*args, str(tmp_path / "c"), "--title", "mine"])
+    assert mine.exit_code == 0, mine.output
+    assert "<title>mine</title>" in (tmp_path / "c" / "report.html").read_text()

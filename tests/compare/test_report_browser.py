@@ -152,3 +152,45 @@ def test_what_the_summary_says_of_each_metric_is_what_its_panel_draws(browser: A
         assert dict(panels)["lm_loss"]  # the fixture's offset run leaves lm_loss's band: the check has teeth
     finally:
         page.close()
+
+
+# Per table: its box's width and the width its content needs (a table wider than its box is cut at the box's edge).
+TABLES_OVER_THEIR_BOX = """() => [...document.querySelectorAll('.scroll')].filter(b => b.offsetParent !== null)
+  .map(b => [b.querySelector('table').id || b.previousElementSibling?.textContent || '?', b.clientWidth,
+             b.scrollWidth]).filter(([, box, content]) => content > box)"""
+
+
+@pytest.fixture(scope="module")
+def report_with_long_paths(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run's report whose fingerprints are where a real state dir keeps them: paths of 100-odd characters with no
+    space in them."""
+    from alignflow.compare.context import FingerprintRow, ReportContext
+
+    run = make_run(30, seed=3)
+    result = compare(parse_log(mindformers_lines(run), source="ascend:/w/npu.log"),
+                     parse_log(megatron_lines(run), source="cuda:/w/gpu.log"), default_criteria())
+    work = "/home/engineer/checkouts/alignflow/.alignflow/work/cpu/artifacts"
+    prints = tuple(FingerprintRow(name, c * 64, 3 * 2**30, f"cpu:{work}/{step}/{c * 12}/{name}/iter_0000001/"
+                                  f"__0_0.distcp", step)
+                   for name, step, c in (("bf16_ckpt", "convert_bf16", "a"), ("megatron_ckpt", "convert_megatron", "b"),
+                                         ("npu_log", "npu_reload_train", "c")))
+    out = tmp_path_factory.mktemp("long-paths")
+    return write_report(result, out, title="t", labels=("NPU", "GPU"),
+                        context=ReportContext(run_id="5f1c0a9e2b7d", experiment="demo", fingerprints=prints)).html
+
+
+@pytest.mark.parametrize("width", [1400, 1920])
+def test_every_table_fits_its_box_long_paths_wrap(browser: Any, report_with_long_paths: Path, width: int) -> None:
+    """Issue 47: the Fingerprints table ran past its box at 1400 and 1920 px, its paths cut at the edge. A path
+    wraps inside its cell (anywhere: it has no space), a sha256 and a number stay on one line."""
+    page, _ = _open(browser, report_with_long_paths, width)
+    try:
+        assert page.evaluate(TABLES_OVER_THEIR_BOX) == []
+        where = page.locator("#fingerprints-table td", has_text="__0_0.distcp").first
+        assert where.evaluate("td => td.scrollWidth <= td.clientWidth")  # wrapped, not cut
+        lines = ("td => { const r = document.createRange(); r.selectNodeContents(td); "
+                 "return r.getClientRects().length; }")
+        assert page.locator("#fingerprints-table td.sha").first.evaluate(lines) == 1
+        assert page.locator("#fingerprints-table td", has_text="convert_megatron").first.evaluate(lines) == 1
+    finally:
+        page.close()

@@ -58,11 +58,13 @@ def test_an_error_is_a_failed_state_whose_message_is_the_cause() -> None:
 
 
 def test_a_reused_step_ends_cached_naming_the_run_it_came_from() -> None:
-    cached = StepOutcome("gpu_train", StepStatus.CACHED, step_run_id="5f5f5f5f5f5f", reused_from_run="aaaaaaaaaaaa")
+    cached = StepOutcome("gpu_train", StepStatus.CACHED, step_run_id="5f5f5f5f5f5f", reused_from_run="aaaaaaaaaaaa",
+                         reused_from_step="a0a0a0a0a0a0")
     state = step_state(cached)
     assert not isinstance(state, StepOutcome)
     assert (state.type.value, state.name) == ("COMPLETED", "Cached")
-    assert state.message == "reused from run aaaaaaaaaaaa (step run 5f5f5f5f5f5f)"
+    # the step run it reuses, as the CLI names it: not 5f5f…, this run's own record of the reuse (issue 47)
+    assert state.message == "reused from run aaaaaaaaaaaa (step run a0a0a0a0a0a0)"
     assert state.result() is cached
     ran = StepOutcome("gpu_train", StepStatus.RAN)
     assert step_state(ran) is ran
@@ -91,3 +93,23 @@ def test_a_flow_run_is_named_by_the_experiments_name_from_its_first_log_line(tmp
     assert _flow_run_name() == "align-ux-ctrlc-0123456789ab"
     monkeypatch.setattr(flow_run, "parameters", {"experiment": str(tmp_path / "gone.yaml")}, raising=False)
     assert _flow_run_name() == "align-gone"
+
+
+def test_a_run_name_typed_in_the_form_is_kept(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # issue 47: a name typed in the run form's Run Name was silently replaced by align-<experiment>-<run id>
+    from prefect.runtime import flow_run
+
+    from flows.alignment import _flow_run_name
+    from flows.states import given_name
+
+    assert given_name("night check of bf16") == "night check of bf16"
+    assert given_name("GLM_try3") == "GLM_try3"
+    for generated in ("crimson-falcon", "align-demo", "align-demo-0123456789ab", "", None):  # Prefect's or ours
+        assert given_name(generated) is None
+    path = tmp_path / "demo.yaml"
+    path.write_text("name: demo\n")
+    monkeypatch.setattr(flow_run, "parameters", {"experiment": str(path)}, raising=False)
+    monkeypatch.setattr(flow_run, "name", "night check of bf16", raising=False)
+    assert _flow_run_name() == "night check of bf16"
+    monkeypatch.setattr(flow_run, "name", "crimson-falcon", raising=False)
+    assert _flow_run_name() == "align-demo"

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
+from alignflow.compare.context import TimingConditions
 from alignflow.config.criteria import Criterion
 from alignflow.config.variants import Matrix
 from alignflow.logs.parse import parse_log
 from alignflow.matrix.compare import ConfigTrainings, SideTraining, compare_matrix, short_name
 from alignflow.matrix.memory import parse_memory
-from alignflow.matrix.report import artifact_rows, markdown, tables, write_matrix_report
+from alignflow.matrix.report import artifact_rows, html_page, markdown, tables, write_matrix_report
 from alignflow.matrix.status import TrainingStatus, classify
 from tests.matrix.synthetic import losses, megatron_log, mindformers_log
 
@@ -153,3 +155,52 @@ def test_the_report_has_the_seeds_tables_charts_and_json(trainings: dict, tmp_pa
 
 def test_config_numbers_are_the_seeds() -> None:
     assert (short_name("01_ring_cp2"), short_name("baseline"), short_name("a_b")) == ("01", "baseline", "a_b")
+
+
+def timed(load: float, cpus: int = 2) -> TimingConditions:
+    return TimingConditions(device="CPU", machine="vm", measured_in="r", load_1m=load, cpus=cpus)
+
+
+def test_speed_changes_timed_on_a_loaded_host_say_so_with_the_load(trainings: dict) -> None:
+    """Issue 47: `+1104 %` measured on a loaded machine, printed as a fact. The single-run report's rule (a 1-minute
+    load of at least one per CPU when the run started) marks each change a loaded training enters, and names the
+    load."""
+    t = trainings["default"]
+    recompute = t["01_recompute"].sides["gpu"]
+    t["01_recompute"] = ConfigTrainings("01_recompute", {
+        **t["01_recompute"].sides, "gpu": dataclasses.replace(recompute, timing=timed(5.9))})
+    for name in ("00_base", "03_ep1"):  # calm hosts: their changes stand
+        t[name] = ConfigTrainings(name, {s: dataclasses.replace(tr, timing=timed(0.4))
+                                         for s, tr in t[name].sides.items()})
+    result = compare_matrix(demo_matrix(), trainings, criteria=CRITERIA, experiment="m")
+    md = markdown(result)
+    assert "| Recompute off→on | 00→01 | 0.000000% | 0.000000 | 100.000 → 150.000 | 40.000 → 26.667 | " \
+           "-33.33% unreliable (loaded host) | PASS |" in md
+    assert "| EP1→8 | 03→00 | 0.000000% | 0.000000 | 200.000 → 100.000 | 20.000 → 40.000 | +100.00% | PASS |" in md
+    assert "Timings unreliable: 1 of 4 training(s) ran on a loaded host" in md
+    assert "01_recompute GPU: load 5.90 on 2 CPU(s) (loaded)" in md
+    assert "| 00_base | NPU | completed | 0 | 12 | — | — | — | 100.0 / 100.0 | 0.40 on 2 CPU(s) |" in md
+    assert "<td class=unreliable>-33.33% unreliable (loaded host)</td>" in html_page(result)
+    doc = result.to_json()
+    assert [r["timing_unreliable"] for r in doc["rows"] if r["variant"] == "01_recompute"] == [False, True]
+    assert next(r for r in artifact_rows(doc) if r["variant"] == "01_recompute" and r["side"] == "GPU")[
+        "throughput change"] == "-33.33% unreliable (loaded host)"
+    calm = compare_matrix(demo_matrix(), {"default": {**t, "01_recompute": ConfigTrainings(
+        "01_recompute", {**t["01_recompute"].sides, "gpu": recompute})}}, criteria=CRITERIA)
+    assert "unreliable" not in markdown(calm)
+
+
+def test_a_failure_the_variant_was_expected_to_show_is_not_red(trainings: dict) -> None:
+    """Issue 47: the bf16 write-back's FAIL and the capacity probe's OOM were red rows under `PASS`; shown as what
+    they are — expected — in a neutral colour. A failure nobody expected stays red."""
+    result = compare_matrix(demo_matrix(), trainings, criteria=CRITERIA, experiment="m")
+    assert result.verdict == "pass"
+    page = html_page(result)
+    assert "class='fail'" not in page
+    assert "<tr class='expected'><td>bf16 write-back off→on</td>" in page
+    assert "<tr class='expected'><td>default</td><td>06_oom</td><td>capacity</td><td>OOM as expected</td>" in page
+    assert "| default | 05_bf16 | bf16 write-back off→on | FAIL as expected | fail | yes |" in markdown(result)
+    strict = compare_matrix(demo_matrix(**{"05_bf16": {"patch": {}}}), trainings, criteria=CRITERIA)
+    page = html_page(strict)
+    assert "<tr class='fail'><td>05_bf16</td><td>00→05</td>" in page  # its switch: its name, without `switch:`
+    assert "<tr class='fail'><td>default</td><td>05_bf16</td><td>05_bf16</td><td>FAIL</td>" in page
