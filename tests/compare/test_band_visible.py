@@ -26,7 +26,7 @@ def test_the_ratio_is_given_only_where_the_band_would_be_a_hairline() -> None:
     steps = np.array([1, 2, 3, 4])
     wide = in_band_widths(b, steps, np.array([0.5, 0.5, 0.0, 0.5]))
     assert wide is not None
-    np.testing.assert_allclose(wide, [500.0, np.nan, PULL_FLOOR, np.nan])  # no band at steps 2 and 4
+    assert np.allclose(wide, [500.0, np.nan, PULL_FLOOR, np.nan], equal_nan=True), wide  # no band at steps 2, 4
     assert in_band_widths(b, steps, np.full(4, 1e-3 / BAND_VISIBLE_SHARE * 0.99)) is None  # the band shows: 5%
     assert in_band_widths(None, steps, np.full(4, 1.0)) is None
 
