@@ -15,7 +15,8 @@ No `from __future__ import annotations` here: Prefect builds the UI form from th
 import logging
 import signal
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -29,15 +30,16 @@ from alignflow.config.experiment import experiment_name
 from alignflow.errors import AlignflowError
 from alignflow.runner.artifacts import ArtifactRef
 from alignflow.runner.control import Canceller, cancel_interrupted, cancel_run_jobs
+from alignflow.runner.engine import Verified
 from alignflow.runner.session import RunOptions, StepOutcome
-from alignflow.runner.walk import WalkResult, walk
+from alignflow.runner.walk import StepFuture, WalkResult, walk
 from flows.artifacts import publish_matrix_artifacts, publish_run_artifacts
 from flows.hooks import kill_remote_jobs, remember_run
 from flows.states import flow_run_name, given_name, name_current_flow_run, not_started_state, run_state
 from tasks.context import open_store, run_context, step_label, transport_factory
 from tasks.matrix import matrix_verdict
 from tasks.progress import announce_flow_run
-from tasks.steps import data_task, finish_task, preflight_task, record_run, step_task
+from tasks.steps import data_task, finish_task, preflight_task, record_run, reusable_steps_of, step_task
 
 log = logging.getLogger(__name__)
 
@@ -56,22 +58,38 @@ def _flow_run_name() -> str:
 
 
 class TaskScheduler:
-    """The walker's scheduler in a flow run: each step is a `step_task` submitted to the flow's task runner, its
-    task run named `<step> @ <host>`."""
+    """The walker's scheduler in a flow run: each step is a `step_task`, its task run named `<step> @ <host>`,
+    submitted to the flow's task runner; a step of `reusable` (the store answers it: `alignflow.runner.cached`) is
+    called in this thread instead, its outputs among `verified`: it only records and reports its reuse, and nothing
+    is gained by a thread of its own and a future to wait on."""
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, reusable: Collection[str] = (), verified: frozenset[Verified] = frozenset()
+                 ) -> None:
         self.run_id = run_id
+        self.reusable = frozenset(reusable)
+        self.verified = verified
 
-    def submit(self, step: str, available: Mapping[str, ArtifactRef]) -> PrefectFuture[StepOutcome]:
+    def submit(self, step: str, available: Mapping[str, ArtifactRef]) -> StepFuture:
         ctx = run_context(self.run_id)
         host = ctx.placement.host(step).name
-        future = step_task.with_options(name=step, task_run_name=f"{step_label(self.run_id, step)} @ {host}").submit(
-            self.run_id, step, dict(available))
+        task = step_task.with_options(name=step, task_run_name=f"{step_label(self.run_id, step)} @ {host}")
+        if step in self.reusable:
+            called: Future[StepOutcome] = Future()
+            try:
+                state = task(self.run_id, step, dict(available), self.verified, return_state=True)
+                called.set_result(cast(StepOutcome, state.result()))  # a Cached state's data, or its error raised
+            except Exception as exc:  # the walk reports it, as it reports a submitted step's
+                called.set_exception(exc)
+            return called
         # The task returns a `Cached` state for a reused step; the future's result is the state's data either way.
-        return cast(PrefectFuture[StepOutcome], future)
+        return cast(PrefectFuture[StepOutcome], task.submit(self.run_id, step, dict(available)))
 
-    def first_done(self, futures: Iterable[PrefectFuture[StepOutcome]]) -> PrefectFuture[StepOutcome]:
-        return next(as_completed(list(futures)))
+    def first_done(self, futures: Iterable[StepFuture]) -> StepFuture:
+        pending = list(futures)
+        called = next((f for f in pending if isinstance(f, Future)), None)
+        if called is not None:
+            return called
+        return next(as_completed(cast(list[PrefectFuture[StepOutcome]], pending)))
 
 
 @flow(
@@ -121,7 +139,8 @@ def alignment(
         with _sigterm_cancels(run_id):
             plan = preflight_task(run_id)  # before step 1: a configuration mismatch fails the run with nothing run
             inputs = data_task(run_id)  # the data, and the shared starting checkpoint when the experiment gives one
-            result = walk(plan, inputs, TaskScheduler(run_id))
+            reusable, verified = reusable_steps_of(run_id, plan, inputs)  # every fingerprint checked, host by host
+            result = walk(plan, inputs, TaskScheduler(run_id, reusable, verified))
             error, failures = result.error, tuple(f.exception for f in result.failures)
             if error is None and ctx.experiment.variants is not None:
                 # the switch matrix: a child run per training, its steps Prefect tasks like the run's own

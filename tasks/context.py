@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import atexit
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from alignflow.runner.engine import PROGRESS_EVERY_S, StepRunner, TransportFactory
+from alignflow.runner.engine import PROGRESS_EVERY_S, StepRunner, TransportFactory, Verified
 from alignflow.runner.progress import ProgressFn
 from alignflow.runner.session import Events, RunContext, default_state_dir, open_run
 from alignflow.state import database_url
@@ -67,12 +67,12 @@ def transport_factory() -> TransportFactory:
 
 @contextmanager
 def runner_for(run_id: str, *, events: Events | None = None, warnings: Events | None = None,
-               progress: ProgressFn | None = None,
-               progress_every_s: float = PROGRESS_EVERY_S) -> Iterator[StepRunner]:
+               progress: ProgressFn | None = None, progress_every_s: float = PROGRESS_EVERY_S,
+               verified: Iterable[Verified] = ()) -> Iterator[StepRunner]:
     """A `StepRunner` of the run for one task (its transports are the task's own: runners are not shared)."""
     runner = StepRunner(run_context(run_id), store=open_store(), state_dir=state_dir(),
                         transport_factory=transport_factory(), events=events, warnings=warnings, progress=progress,
-                        progress_every_s=progress_every_s)
+                        progress_every_s=progress_every_s, verified=verified)
     try:
         yield runner
     finally:

@@ -17,6 +17,8 @@ from prefect.states import Cancelled, Completed, Failed
 from alignflow import pipeline
 from alignflow.errors import AlignflowError, RemoteJobError, RunCancelled
 from alignflow.runner.artifacts import ArtifactRef
+from alignflow.runner.cached import reusable_steps
+from alignflow.runner.engine import Verified
 from alignflow.runner.run import finish, preflight_run, run_inputs, start_run
 from alignflow.runner.session import RunOptions, StepOutcome
 from alignflow.runner.steps import run_step
@@ -85,14 +87,16 @@ def data_task(run_id: str) -> dict[str, ArtifactRef]:
 # No Prefect retries: the core retries a step after a transient transport error, with a notice and a back-off that
 # yields to Ctrl-C (alignflow.runner.retry); Prefect's slept in the task's thread, silently, up to five minutes.
 @task(**_COMMON)
-def step_task(run_id: str, step: str, available: Mapping[str, ArtifactRef]) -> StepOutcome | State[object]:
+def step_task(run_id: str, step: str, available: Mapping[str, ArtifactRef],
+              verified: frozenset[Verified] = frozenset()) -> StepOutcome | State[object]:
     """Run (or reuse) one pipeline step on its host; messages and progress go to the task log, a progress
     artifact and the process's observers (`tasks.progress`). A reused step ends in Prefect's `Cached` state
-    naming the run it came from (`flows.states.step_state`); the task's result is the `StepOutcome` either way."""
+    naming the run it came from (`flows.states.step_state`); the task's result is the `StepOutcome` either way.
+    `verified`: outputs this run already saw hash as recorded on their hosts (`cached_steps`), not hashed again."""
     reporter = TaskReporter(get_run_logger(), step_label(run_id, step))
     try:
         with runner_for(run_id, events=reporter.message, warnings=reporter.warning, progress=reporter.progress,
-                        progress_every_s=PROGRESS_EVERY_S) as runner:
+                        progress_every_s=PROGRESS_EVERY_S, verified=verified) as runner:
             outcome = run_step(runner, step, available)
     except BaseException as exc:
         cancelled = was_cancelled(run_id, exc)
@@ -102,6 +106,15 @@ def step_task(run_id: str, step: str, available: Mapping[str, ArtifactRef]) -> S
         raise
     reporter.ended(outcome)
     return step_state(outcome)
+
+
+def reusable_steps_of(run_id: str, plan: pipeline.Plan,
+                      available: Mapping[str, ArtifactRef]) -> tuple[tuple[str, ...], frozenset[Verified]]:
+    """The steps of the run that the store answers (`alignflow.runner.cached`), and the outputs verified on their
+    hosts to say so; a plain function, not a task: the UI shows the steps themselves, `Cached`."""
+    with runner_for(run_id, events=get_run_logger().debug) as runner:
+        steps = reusable_steps(runner, plan, available)
+        return steps, frozenset(runner.verified)
 
 
 def was_cancelled(run_id: str, exc: BaseException) -> bool:

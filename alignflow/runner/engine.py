@@ -19,7 +19,8 @@ import logging
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,6 +65,24 @@ PROGRESS_EVERY_S = 10.0
 PROGRESS_TAIL_BYTES = 16384  # enough for the last few step lines of any framework
 
 TransportFactory = Callable[[Host], Transport]
+Verified = tuple[str, str, str]
+"""An artifact whose fingerprint was checked on its host: (host, path, sha256)."""
+
+
+def verified_key(ref: ArtifactRef) -> Verified:
+    return (ref.host, ref.path, ref.sha256)
+
+
+class Reusable(Exception):  # not an error: how a probed step answers
+    """A probed step would be reused: `outcome` is what it would take (its artifacts as recorded, not verified)."""
+
+    def __init__(self, outcome: StepOutcome) -> None:
+        super().__init__(outcome.step)
+        self.outcome = outcome
+
+
+class NotReusable(Exception):
+    """A probed step would execute (or fail): it is left to the run's walk."""
 
 _staging_guard = threading.Lock()
 _staging: dict[tuple[str, str], threading.Lock] = {}
@@ -93,12 +112,15 @@ class StepRunner:
         progress_every_s: float = PROGRESS_EVERY_S,
         backoff: Backoff = DEFAULT_BACKOFF,
         warnings: Events | None = None,
+        verified: Iterable[Verified] = (),
     ) -> None:
         """`transport_factory` opens the transport of an inventory host; `controller` the controller's own (by
         default: its real filesystem, unconfined, with the state dir's hash memo); `progress` receives where a
         running job stands every `progress_every_s` (default: a line through `events`); `backoff`: how a step is
         retried after a transient transport error (`alignflow.runner.retry`); `warnings` receives what the user must
-        see at every verbosity, such as a retry's notice (default: a warning through `logging`)."""
+        see at every verbosity, such as a retry's notice (default: a warning through `logging`); `verified`: the
+        artifacts (`verified_key`) this run has already seen hash as recorded on their hosts (`alignflow.runner.
+        cached`: a fully cached run checks every fingerprint once, host by host), not hashed again."""
         self.ctx = ctx
         self.store = store
         self.state_dir = state_dir
@@ -114,6 +136,8 @@ class StepRunner:
         self.backoff = backoff
         self._parent_steps: dict[str, StepRunRecord] | None = None
         self._cancel_looked = -CANCEL_LOOK_S
+        self.verified: set[Verified] = set(verified)
+        self._probing = False
 
     @property
     def run_id(self) -> str:
@@ -133,7 +157,19 @@ class StepRunner:
 
     # ------------------------------------------------------------------ plumbing
     def emit(self, message: str) -> None:
-        self._events(message)
+        if not self._probing:  # a probe says nothing: the step itself says it when it runs
+            self._events(message)
+
+    @contextmanager
+    def probing(self) -> Iterator[None]:
+        """While inside, a step's executor goes only as far as deciding whether it is reused: a reusable step
+        raises `Reusable` with the outcome it would have (nothing verified on its host, nothing recorded), any other
+        raises `NotReusable` before it would stage, launch or record anything (`alignflow.runner.cached`)."""
+        self._probing = True
+        try:
+            yield
+        finally:
+            self._probing = False
 
     def warn(self, message: str) -> None:
         """A message the user sees whatever the verbosity (a retry's notice: a run retrying must not look hung)."""
@@ -205,7 +241,8 @@ class StepRunner:
         """
         by_host: dict[str, list[ArtifactRef]] = defaultdict(list)
         for ref in refs:
-            by_host[ref.host].append(ref)
+            if verified_key(ref) not in self.verified:
+                by_host[ref.host].append(ref)
         problems: list[str] = []
         for host, group in by_host.items():
             try:
@@ -213,8 +250,10 @@ class StepRunner:
             except PathMissing as exc:
                 problems.append(f"{exc.path} vanished from {host} ({', '.join(r.name for r in group)} not verified)")
                 continue
+            changed = [ref for ref in group if now[ref.path].sha256 != ref.sha256]
             problems += [f"{ref.name} at {ref.host}:{ref.path} changed (sha256 {now[ref.path].sha256[:12]} != "
-                         f"{ref.sha256[:12]})" for ref in group if now[ref.path].sha256 != ref.sha256]
+                         f"{ref.sha256[:12]})" for ref in changed]
+            self.verified.update(verified_key(ref) for ref in group if ref not in changed)
         return problems
 
     def cached_step(self, step: str, key: str) -> StepRunRecord | None:
@@ -254,6 +293,8 @@ class StepRunner:
         valid cached (or parent) result otherwise. A reuse-only step (upstream of `--only`) that has none fails
         here, before anything is launched."""
         if step in self.forced:
+            if self._probing:
+                raise NotReusable(step)
             return None
         outcome = self.reuse(step, key)
         if outcome is None:
@@ -261,7 +302,9 @@ class StepRunner:
         return outcome
 
     def require_executable(self, step: str) -> None:
-        """Refuse to execute a reuse-only step (one the run only reads from)."""
+        """Refuse to execute a reuse-only step (one the run only reads from); while probing, any step."""
+        if self._probing:
+            raise NotReusable(step)
         plan = self.ctx.plan
         if step in plan.reuse_only:
             executes = ", ".join(s for s in plan.steps if s not in plan.reuse_only)
@@ -275,6 +318,9 @@ class StepRunner:
         if cached is None:
             return None
         refs = {a.name: ArtifactRef.from_record(a) for a in self.store.artifacts(cached.id)}
+        if self._probing:
+            raise Reusable(StepOutcome(step, StepStatus.CACHED, refs, None, cached.cache_key or key,
+                                       reused_from_run=cached.run_id))
         try:
             problems = self.verify(refs.values())
         except AlignflowError as exc:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,33 @@ def test_second_run_of_the_same_experiment_is_fully_cached(env: FlowEnv, first: 
     # the artifacts are the first run's, fingerprint for fingerprint
     firsts = {a["name"]: a["sha256"] for s in first["steps"] for a in s["artifacts"]}
     assert {a["name"]: a["sha256"] for s in second["steps"] for a in s["artifacts"]} == firsts
+
+
+# What a fully cached run must not import: it reads no log, trains nothing, writes no report (issue 48).
+NOT_IN_A_CACHED_RUN = ("torch", "mindspore", "megatron", "pandas", "matplotlib", "plotly", "scipy", "safetensors")
+
+_IMPORTS_PROBE = """
+import atexit, runpy, sys
+def report():
+    names = {m.split(".")[0] for m in sys.modules}
+    sys.__stdout__.write("\\nLOADED " + " ".join(sorted(names)) + "\\n")
+atexit.register(report)
+sys.argv = ["alignflow", *sys.argv[1:]]
+runpy.run_module("alignflow", run_name="__main__")
+"""
+
+
+def test_a_fully_cached_run_imports_no_framework_pandas_or_matplotlib(
+        env: FlowEnv, first: dict[str, Any], subprocess_env: dict[str, str], prefect_api_url: str) -> None:
+    done = subprocess.run([sys.executable, "-c", _IMPORTS_PROBE, "run", str(env.experiment), "--hosts",
+                           str(env.hosts), "--json"], cwd=env.root, capture_output=True, text=True, timeout=300,
+                          check=False, env={**subprocess_env, "PREFECT_API_URL": prefect_api_url,
+                                                    "ALIGNFLOW_STATE_DIR": str(env.state)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(done.stdout.split("\nLOADED ")[0])
+    assert statuses(record) == dict.fromkeys(EVERY_STEP, "cached")
+    loaded = set(done.stdout.split("\nLOADED ")[1].split())
+    assert [name for name in NOT_IN_A_CACHED_RUN if name in loaded] == []
 
 
 def test_rerun_after_a_spec_change_reexecutes_only_conversion_gpu_training_and_compare(
