@@ -8,7 +8,7 @@ pid         the supervisor's pid; it is also the process group id (setsid), whic
 stdout, stderr
 slot        (a job that takes a slot) "waiting for one of the host's N job slot(s) ..." / "holding job slot i ..."
 exit_code   present only once the command has ended - the truth about "finished"
-cancelled   marker written by `cancel` before it signals the group
+cancelled   marker written by `cancel` before it signals the group, or by a launch that gave up waiting for `pid`
 ```
 
 Why `setsid`: the job gets its own session and process group, so neither a dropped SSH connection nor the
@@ -37,9 +37,9 @@ from alignflow.transport.shell import CONTROL_TIMEOUT_S, Result
 
 log = logging.getLogger(__name__)
 
-# The supervisor. Runs in the job dir, in its own session; `$$` is the process group id. It writes `pid`, runs
-# cmd.sh, and writes the exit code atomically.
-_PID_SH = "echo $$ > pid.tmp && mv -f pid.tmp pid\n"
+# The supervisor. Runs in the job dir, in its own session; `$$` is the process group id. It writes `pid`, then stops
+# if its launch gave up on it (`cancelled` is there: LAUNCH_SH), else runs cmd.sh and writes the exit code atomically.
+_PID_SH = "echo $$ > pid.tmp && mv -f pid.tmp pid\n[ ! -e cancelled ] || exit 0\n"
 _RUN_SH = """\
 bash ./cmd.sh > stdout 2> stderr < /dev/null%s
 code=$?
@@ -90,10 +90,13 @@ def supervisor_script(slots: int | None, slot_dir: str | None = None) -> str:
     take = _TAKE_SLOT_SH % {"slots": slots, "slot_dir": shlex.quote(slot_dir), "no_flock": NO_FLOCK_EXIT}
     return _PID_SH + take + _RUN_SH % " 9>&-"
 
-# $1 job dir, $2 cmd.sh, $3 job.sh, $4 spec.json. Prints the pid. Exit 98 when the job dir exists (job ids
-# are never reused, so a job's files are never overwritten). It waits at most 5 s of wall time for the supervisor's
-# pid ($SECONDS, no process per look: 500 `sleep 0.01` took over 10 s on a loaded 2-core machine, and a launch whose
-# controller was cancelled meanwhile outlived the cancellation's 10 s in tests/faults/test_cancel, seed 13 of CI).
+# $1 job dir, $2 cmd.sh, $3 job.sh, $4 spec.json, $5 seconds to wait for the supervisor's pid. Prints the pid. Exit
+# 98 when the job dir exists (job ids are never reused, so a job's files are never overwritten). It waits for the
+# pid by wall time ($SECONDS, no process per look: 500 `sleep 0.01` took over 10 s on a loaded 2-core machine). A
+# launch that gives up fails, and nothing may run for it: it marks the job `cancelled`, then kills the supervisor's
+# group if its pid appeared meanwhile (it may have looked for the mark before it was made), else the process it
+# started; a supervisor that writes its pid later finds the mark and stops (_PID_SH). Left running, that job was
+# recorded nowhere: no cancellation could find it.
 LAUNCH_SH = """\
 d=$1
 mkdir -p -m 700 -- "${d%/*}" || exit 1
@@ -101,8 +104,12 @@ mkdir -m 700 -- "$d" 2>/dev/null || { echo "job dir exists: $d" >&2; exit 98; }
 cd -- "$d" || exit 1
 printf '%s' "$2" > cmd.sh && printf '%s' "$3" > job.sh && printf '%s' "$4" > spec.json || exit 1
 setsid nohup bash ./job.sh > /dev/null 2>&1 < /dev/null &
-SECONDS=0; while [ ! -s pid ] && [ "$SECONDS" -lt 5 ]; do sleep 0.01; done
-[ -s pid ] || { echo "the job's supervisor did not start in $d" >&2; exit 1; }
+SECONDS=0; while [ ! -s pid ] && [ "$SECONDS" -lt "$5" ]; do sleep 0.01; done
+if [ ! -s pid ]; then
+  : > cancelled
+  if [ -s pid ]; then kill -KILL -- "-$(cat pid)"; else kill -KILL "$!"; fi 2>/dev/null
+  echo "the job's supervisor did not start within $5 s in $d; the job was marked cancelled and killed" >&2; exit 1
+fi
 cat pid
 """
 
@@ -170,6 +177,7 @@ class DirectJobs:
     """launch / status / tail / cancel / attach of one host's detached jobs, run by the host itself (`setsid`)."""
 
     deadline_slack_s = 0.0
+    start_wait_s = 5  # how long a launch waits for the supervisor's pid (LAUNCH_SH)
 
     def __init__(self, files: Files) -> None:
         self.files = files
@@ -195,7 +203,8 @@ class DirectJobs:
             supervisor = supervisor_script(self.host.max_concurrent_jobs, self.slot_dir())
             record["slots"] = self.host.max_concurrent_jobs
         job_script = commands.render_job_script(spec.argv, f.prologue(env=spec.env, cwd=cwd), header=header)
-        raw = self._exec("launch", LAUNCH_SH, path, job_script, supervisor, json.dumps(record, indent=1))
+        raw = self._exec("launch", LAUNCH_SH, path, job_script, supervisor, json.dumps(record, indent=1),
+                         str(self.start_wait_s))
         if raw.exit_code == 98:
             raise RemoteJobError(f"{self.host.name}: job {job_id} already exists in {path}; job ids are never "
                                  "reused (attach to it, or launch with a new id)")

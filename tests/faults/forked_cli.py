@@ -123,6 +123,14 @@ class Running:
     err: Path
     started: float
 
+    def alive(self) -> bool:
+        """Whether the command is still running (the zygote reaps its children at once: an ended one has no pid)."""
+        try:
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state != "Z"
+
     def signal(self, signum: int) -> None:
         with contextlib.suppress(ProcessLookupError):  # it had ended
             if signum == signal.SIGKILL:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -534,3 +535,47 @@ def test_output_written_after_the_command_exited_is_read_to_the_end(transport: T
     done = transport.run(["sh", "-c", script])
     assert done.stdout == "early\nlate\n"
     assert done.stderr.endswith("late-err\n")
+
+
+
+def test_a_launch_that_gave_up_on_its_supervisor_leaves_nothing_running(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch that waited for its supervisor's pid in vain (a loaded host; here it waits 0 s) fails, marks the job
+    cancelled and kills what it started; a supervisor that starts after all finds the mark and runs nothing: no
+    record holds that job for a cancellation to find."""
+    from alignflow.config.hosts import Host
+    from alignflow.errors import AlignflowError
+    from alignflow.transport import open_transport
+    from alignflow.transport.jobs_direct import DirectJobs, supervisor_script
+
+    monkeypatch.setattr(DirectJobs, "start_wait_s", 0)
+    ran = tmp_path / "ran"
+    host = Host(name="slow-start", role="cpu", transport="local", workdir=str(tmp_path / "wd"))
+    with open_transport(host) as t, pytest.raises(AlignflowError, match="did not start within 0 s"):
+        t.launch(JobSpec(["bash", "-c", f"touch {ran}; sleep 30"], name="late", job_id="late"))
+    job = tmp_path / "wd" / "jobs" / "late"
+    assert (job / "cancelled").exists()
+    _eventually(lambda: not _running_in(job), "the launch's processes ended")
+    assert not ran.exists()
+    # the supervisor that starts after the launch gave up (its kill missed it): it writes its pid and stops
+    late = tmp_path / "late"
+    late.mkdir()
+    (late / "cmd.sh").write_text(f"touch {ran}\n")
+    (late / "cancelled").touch()
+    for slots in (None, 1):
+        script = supervisor_script(slots, str(tmp_path / "slots"))
+        assert subprocess.run(["bash", "-c", script], cwd=late, check=False).returncode == 0
+        assert (late / "pid").exists()
+        assert not ran.exists()
+        assert not (late / "exit_code").exists()
+
+
+def _running_in(folder: Path) -> bool:
+    """Whether a live process has `folder` as its working directory."""
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if os.readlink(proc / "cwd") == str(folder.resolve()):
+                return True
+        except OSError:
+            continue
+    return False
