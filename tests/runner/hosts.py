@@ -222,7 +222,8 @@ class DirHost:
         return _ok()
 
     # -- detached jobs (`jobs_direct` scripts; $1 is the job dir) -----------------------------------------------------
-    def _launch(self, data: bytes, job_dir: str, cmd: str, supervisor: str, spec_json: str) -> Result:
+    def _launch(self, data: bytes, job_dir: str, cmd: str, supervisor: str, spec_json: str,
+                start_wait_s: str = "5") -> Result:
         if os.path.exists(job_dir):
             return _fail(98, f"job dir exists: {job_dir}")
         os.makedirs(job_dir)
