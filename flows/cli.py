@@ -18,6 +18,7 @@ import json
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,9 +73,10 @@ def check_steps(*names: str | None, steps: tuple[str, ...] | None = None, owner:
                               f"{', '.join(known)}")
 
 
-def check_run_inputs(experiment: Path, hosts: Path, *steps: str | None) -> None:
-    """The experiment and the inventory load and agree, and the steps named are the experiment's (file:line
-    errors, exit 2) - in well under a second, before Prefect or any framework is imported."""
+def check_run_inputs(experiment: Path, hosts: Path, *steps: str | None, only: Sequence[str] = ()) -> None:
+    """The experiment and the inventory load and agree, the steps named are the experiment's, and the names of the
+    SSH hosts its steps (or the `only` ones) use resolve (file:line errors, exit 2) - in well under a second, before
+    Prefect or any framework is imported."""
     # The loaders that alignflow.runner.session.load_run_inputs calls, without the runner's store (SQLAlchemy, 0.5 s)
     from alignflow.config import check_hosts, load_experiment, load_hosts
 
@@ -82,6 +84,32 @@ def check_run_inputs(experiment: Path, hosts: Path, *steps: str | None) -> None:
     loaded = load_experiment(experiment, inventory)
     check_hosts(loaded, inventory)
     check_pipeline_steps(loaded, *steps)
+    check_host_names(loaded, inventory, only)
+
+
+def check_host_names(experiment: Any, inventory: Any, only: Sequence[str] = ()) -> None:
+    """Every SSH host that `experiment`'s steps (or the `only` ones) are placed on has a name that resolves, or a
+    configuration error (exit 2) naming `hosts.NAME.address` at its line and the `doctor` check, before a Prefect
+    server is started or a run recorded. Issue 45: a run against a `.invalid` address started a Prefect server,
+    recorded a run and failed its first step, 12 to 40 s later. A resolver that does not answer is not a refusal
+    (alignflow.transport.names)."""
+    from alignflow.backends.registry import pipeline_for
+    from alignflow.config.placement import place
+    from alignflow.config.yamlsource import load_yaml
+    from alignflow.state import state_dir
+    from alignflow.transport.names import Unresolved, unresolved
+
+    placement = place(experiment, inventory, state_dir=state_dir(), steps=only or pipeline_for(experiment).names)
+    found = unresolved(placement.hosts.values())
+    if not found:
+        return
+    source = inventory.source or "hosts.yaml"
+    lines = load_yaml(source)
+
+    def said(u: Unresolved) -> str:  # `hosts.npu-a.address: cannot resolve ...`, the doctor command to run as is
+        return f"{'.'.join(u.key)}: {str(u.error).removeprefix(f'{u.error.host}: ')}".replace("<inventory>", source)
+
+    raise ConfigError([(source, lines.line_of(u.key), said(u)) for u in found])
 
 
 def check_pipeline_steps(experiment: Any, *steps: str | None) -> None:
@@ -339,7 +367,7 @@ def run_cmd(
     started = time.monotonic()
     verbosity = verbosity_of(quiet, verbose)
     path = resolve_experiment(experiment)
-    check_run_inputs(path, hosts, from_step, *only, *force)
+    check_run_inputs(path, hosts, from_step, *only, *force, only=only)
     if parent is not None:
         from alignflow.cli.runs import open_store
 

@@ -175,13 +175,14 @@ class StepRunner:
         """A message the user sees whatever the verbosity (a retry's notice: a run retrying must not look hung)."""
         self._warnings(message)
 
-    def cancelled(self) -> bool:
+    def cancelled(self, *, now: bool = False) -> bool:
         """Whether the run was cancelled: recorded cancelled by its canceller (`control.cancel_run_jobs`: Ctrl-C or
-        SIGTERM here, `alignflow cancel`, the UI), which the store tells (asked at most every `CANCEL_LOOK_S`)."""
-        now = time.monotonic()
-        if now - self._cancel_looked < CANCEL_LOOK_S:
+        SIGTERM here, `alignflow cancel`, the UI), which the store tells (asked at most every `CANCEL_LOOK_S`, or
+        `now`: one query, for a look made once, not in a loop)."""
+        looked = time.monotonic()
+        if not now and looked - self._cancel_looked < CANCEL_LOOK_S:
             return False
-        self._cancel_looked = now
+        self._cancel_looked = looked
         try:
             return self.store.get_run(self.run_id).status == RunStatus.CANCELLED
         except AlignflowError:

@@ -33,11 +33,15 @@ EXECUTORS: dict[pipeline.ExecutorKind, Executor] = {
 
 
 def run_step(runner: StepRunner, step: str, available: Mapping[str, ArtifactRef]) -> StepOutcome:
-    """Execute (or reuse) one step given every artifact produced so far; after a transient transport error it is
-    tried again, with a notice, as `runner.backoff` says (`alignflow.runner.retry`: a step left running re-attaches
-    to its job)."""
+    """Execute (or reuse) one step given every artifact produced so far, unless its run was cancelled meanwhile
+    (`RunCancelled`); after a transient transport error it is tried again, with a notice, as `runner.backoff` says
+    (`alignflow.runner.retry`: a step left running re-attaches to its job)."""
     spec = runner.ctx.pipeline.step(step)
     try:
+        # a step submitted after the run's cancellation (the walk had it queued) touches no host; the throttled look
+        # of `cancelled` could answer False for another CANCEL_LOOK_S
+        if runner.cancelled(now=True):
+            raise RunCancelled(f"{step}: not started: run {runner.run_id} was cancelled")
         return retrying(lambda: EXECUTORS[spec.executor](runner, spec, available), what=step,
                         backoff=runner.backoff, notice=lambda message: runner.warn(f"{step}: {message}"),
                         stopped=runner.cancelled)

@@ -27,11 +27,11 @@ from alignflow.errors import (
     AuthenticationFailed,
     CommandTimeout,
     HostKeyRejected,
-    HostNotFound,
     HostUnreachable,
     TransportError,
 )
 from alignflow.transport.hostkeys import key_fingerprint
+from alignflow.transport.names import invalid_name, lookup_error, never_resolves
 from alignflow.transport.openssh import KEEPALIVE_S, OpenSSHClient, identity_path, known_hosts_path
 from alignflow.transport.shell import Result, Shell, Spawned
 
@@ -39,30 +39,22 @@ log = logging.getLogger(__name__)
 
 _CHUNK = 1 << 16
 _KILL_AFTER_S = 5
-# getaddrinfo's answers that a name does not exist (as opposed to EAI_AGAIN: the resolver did not answer)
-_NO_SUCH_NAME = frozenset(getattr(socket, name) for name in ("EAI_NONAME", "EAI_NODATA", "EAI_ADDRFAMILY")
-                          if hasattr(socket, name))
 
 
 def open_socket(host: Host) -> socket.socket:
     """A TCP connection to the host's SSH port within its connect timeout, or `HostUnreachable` saying why."""
     assert host.address is not None
     where, budget = f"{host.address}:{host.port}", host.connect_timeout_s
-    if host.address.rstrip(".").lower().endswith(".invalid"):  # RFC 6761: never resolves, wherever we ask
-        raise HostNotFound(f"cannot resolve {host.address!r}: a `.invalid` name never resolves (RFC 6761); set its "
-                           "`address:` in the inventory", host=host.name)
+    if never_resolves(host.address):
+        raise invalid_name(host.address, host=host.name)
     try:
         sock = socket.create_connection((host.address, host.port), timeout=budget)
     except TimeoutError:
         raise HostUnreachable(f"no answer from {where} within {budget:g} s", host=host.name) from None
     except ConnectionRefusedError:
         raise HostUnreachable(f"connection refused by {where} (is sshd running?)", host=host.name) from None
-    except socket.gaierror as exc:
-        if exc.errno in _NO_SUCH_NAME:  # the resolver answered: no such name (a typo, a `.invalid` address)
-            raise HostNotFound(f"cannot resolve {host.address!r}: {exc.strerror}; check its `address:` in the "
-                               "inventory", host=host.name) from None
-        # EAI_AGAIN and the like: the resolver did not answer (a DNS server down for a moment): retried
-        raise HostUnreachable(f"cannot resolve {host.address!r}: {exc.strerror}", host=host.name) from None
+    except socket.gaierror as exc:  # no such name: permanent; no answer (EAI_AGAIN): retried
+        raise lookup_error(exc, host.address, host=host.name) from None
     except OSError as exc:
         raise HostUnreachable(f"cannot connect to {where}: {exc.strerror or exc}", host=host.name) from None
     # Commands are small request/response exchanges: without TCP_NODELAY, Nagle's algorithm meets the

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,26 @@ def test_an_unknown_host_in_an_experiment_names_the_closest_host(cli, repo_root:
     done = cli("run", str(exp))
     assert done.returncode == 2
     assert "hosts.ascend: unknown host 'ascnd' (did you mean 'ascend'?)" in done.stderr
+
+
+def test_a_run_against_a_host_whose_name_does_not_resolve_is_refused_before_anything_starts(  # type: ignore[no-untyped-def]
+        cli, repo_root: Path, tmp_path: Path) -> None:
+    """Issue 45's acceptance: hosts.ssh.example.yaml with npu-a at `npu-nonexistent.invalid`. The run started a
+    Prefect server, recorded a run and ended `error` at its first step, 12 to 43 s later; the name is looked up
+    first, and the command is refused as a configuration error (the fixture: no store, no Prefect)."""
+    example = (repo_root / "hosts.ssh.example.yaml").read_text()
+    assert "address: 192.0.2.10" in example
+    hosts = tmp_path / "hosts.yaml"
+    hosts.write_text(example.replace("address: 192.0.2.10", "address: npu-nonexistent.invalid"))
+    line = 1 + hosts.read_text().splitlines().index("    address: npu-nonexistent.invalid")
+    started = time.monotonic()
+    done = cli("run", "experiments/demo.yaml", "--hosts", str(hosts))
+    assert time.monotonic() - started < 15
+    assert done.returncode == 2, done.stderr
+    assert (f"{hosts}:{line}: hosts.npu-a.address: cannot resolve 'npu-nonexistent.invalid': a `.invalid` name never "
+            "resolves (RFC 6761)") in done.stderr
+    assert f"`alignflow doctor --hosts {hosts}` shows it (check: npu-a reachable)" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("args", [["show", "ffffffff"], ["history", "ffffffff"], ["rerun", "ffffffff"],

@@ -106,3 +106,22 @@ def test_a_cancellation_during_the_back_off_ends_it_at_once(lab: FakeLab) -> Non
         runner.close()
     assert time.monotonic() - started < 5
     assert "npu_base_train: retrying (1/1) in 600 s: ascend: connection lost" in lab.messages
+
+
+def test_a_step_submitted_after_the_cancellation_starts_nothing_on_its_host(lab: FakeLab) -> None:
+    """The walk had the step queued when the run was cancelled: it looks once, unthrottled (`cancelled` had just
+    answered False within its CANCEL_LOOK_S), and its host is not asked anything."""
+    run_id = lab.start()
+    runner = StepRunner(open_run(lab.store, run_id), store=lab.store, state_dir=lab.state,
+                        transport_factory=lab.transport, controller=lab.controller, events=lab.messages.append)
+    from alignflow.runner.run import data_artifact
+
+    data = data_artifact(runner.ctx, state_dir=lab.state)
+    try:
+        assert not runner.cancelled()  # the throttled look: the next within CANCEL_LOOK_S answers False unasked
+        lab.store.finish_run(run_id, status=RunStatus.CANCELLED, verdict=None, report=None, error="cancelled: Ctrl-C")
+        with pytest.raises(RunCancelled, match=f"npu_base_train: not started: run {run_id} was cancelled"):
+            run_step(runner, "npu_base_train", {"data": data})
+    finally:
+        runner.close()
+    assert "ascend" not in lab.hosts_of or lab.hosts_of["ascend"].commands == []
