@@ -28,7 +28,6 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from alignflow.cli.show import experiment_names, not_run_line, print_view, resolve_experiment
 from alignflow.errors import ConfigError
 from flows.console import Verbosity, terminal, verbosity_of
 
@@ -48,6 +47,14 @@ def register(app: typer.Typer) -> None:
     register_serve(app)
     app.add_typer(server_app(), name="server")
     register_ui(app)
+
+
+# alignflow.cli's names are imported where they are used: importing this module first (a test, a script) loads
+# alignflow.cli, whose registration of the `alignflow.commands` entry points loads this module's `register`.
+def _complete_experiment(incomplete: str) -> list[str]:
+    from alignflow.cli.show import experiment_names
+
+    return experiment_names(incomplete)
 
 
 def _complete_step(incomplete: str) -> list[str]:
@@ -312,6 +319,8 @@ def print_link(launched: Launched, run_id: str) -> None:
 
 def _finish(launched: Launched | Any, as_json: bool, started: float, verbosity: Verbosity = "normal") -> None:
     """Print the run as `show` does (`--json`, `--quiet`), where the UI shows it, then exit with the run's code."""
+    from alignflow.cli.show import not_run_line, print_view
+
     if not isinstance(launched, Launched):  # a bare record (a RunView, or the flow's JSON)
         launched = Launched(launched, link=None, per_run_server=False, ctrl_c=False)
     view = _view(launched)
@@ -346,7 +355,7 @@ _VERBOSE = typer.Option(False, "--verbose", "-v", help="Also Prefect's own logs 
 
 def run_cmd(
     experiment: str = typer.Argument(..., help="Experiment file or name under experiments/.",
-                                     autocompletion=experiment_names),
+                                     autocompletion=_complete_experiment),
     hosts: Path = typer.Option(Path("hosts.yaml"), "--hosts", help="Host inventory."),
     from_step: str | None = typer.Option(None, "--from", metavar="STEP",
                                          help="Re-execute this step and everything after it.",
@@ -364,6 +373,8 @@ def run_cmd(
 ) -> None:
     """Run an alignment experiment end to end; exit 0 when the verdict is pass, 1 when not, 2 on a usage or
     configuration error."""
+    from alignflow.cli.show import resolve_experiment
+
     started = time.monotonic()
     verbosity = verbosity_of(quiet, verbose)
     path = resolve_experiment(experiment)
@@ -433,6 +444,8 @@ def reproduce_cmd(
             typer.echo(json.dumps(doc, indent=2))
         else:
             Console().print(f"[bold red]NOT REPRODUCED[/]: the reproduction {view.run_id} ended {view.status}")
+            from alignflow.cli.show import print_view
+
             print_view(view)
         raise typer.Exit(1)
     store = open_store()
@@ -473,6 +486,8 @@ def _rerunnable(run_id: str, step: str | None = None) -> RunRecord:
 
 def _print_reproduction(judged: Reproduction, view: RunView) -> None:
     """The headline, the differences (those that change nothing apart), then the reproduction run."""
+    from alignflow.cli.show import print_view
+
     console = Console(highlight=False)
     color = "green" if judged.verdict == "reproduced" else "red"
     console.print(f"[bold {color}]{escape(judged.headline)}[/]")

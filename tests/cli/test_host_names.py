@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-import alignflow.cli  # noqa: F401  (first: it registers flows.cli's commands, which import alignflow.cli)
 from alignflow.config import load_experiment, load_hosts
 from alignflow.errors import ConfigError
 from flows.cli import check_host_names
