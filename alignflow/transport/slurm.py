@@ -25,6 +25,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -38,7 +39,8 @@ from alignflow.transport.jobs import JobHandle, JobSpec, JobState, new_job_id
 from alignflow.transport.scheduler import checked_job_dir, job_dir, read_tail, spec_record
 from alignflow.transport.shell import CONTROL_TIMEOUT_S, Result
 from alignflow.transport.slurm_login import SlurmLoginShell
-from alignflow.transport.slurm_state import interpret, parse_answer, unreachable
+from alignflow.transport.slurm_state import SACCT_FIELDS, StatusAnswer, interpret, parse_answers, unreachable
+from alignflow.transport.slurm_watch import NO_ANSWER, Watcher, watcher_for
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +76,25 @@ echo "$id" > slurm_job_id.tmp && mv -f slurm_job_id.tmp slurm_job_id
 echo "$id"
 """
 
-# $1 Slurm job id, $2 job dir. Sections for `slurm_state.parse_answer`.
+# $1 the Slurm job ids, comma-separated; then each job's id and job dir. Sections for `slurm_state.parse_answers`:
+# accounting once for every job, then the controller and the exit_code file for each job accounting does not know.
 STATUS_SH = """\
-id=$1; d=$2
-out=$(scontrol show job -o "$id" 2>&1); printf '@@ SCONTROL %d\\n%s\\n' "$?" "$out"
-case $out in *JobState=*) exit 0;; esac
+ids=$1; shift; acct=
 if command -v sacct > /dev/null 2>&1; then
-  out=$(sacct -n -P -X -j "$id" -o JobIDRaw,State,ExitCode,Reason 2>&1); printf '@@ SACCT %d\\n%s\\n' "$?" "$out"
+  out=$(sacct -n -P -X -j "$ids" -o "$FIELDS" 2>&1); rc=$?; printf '@@ SACCT %d\\n%s\\n' "$rc" "$out"
+  [ "$rc" = 0 ] && acct=$out
 fi
-[ -f "$d/exit_code" ] && printf '@@ EXITFILE 0\\n%s\\n' "$(cat -- "$d/exit_code")"
+while [ $# -ge 2 ]; do
+  id=$1; d=$2; shift 2; printf '@@ JOB %s\\n' "$id"
+  case "
+$acct" in *"
+$id|"*) continue;; esac
+  out=$(scontrol show job -o "$id" 2>&1); printf '@@ SCONTROL %d\\n%s\\n' "$?" "$out"
+  case $out in *JobState=*) continue;; esac
+  [ -f "$d/exit_code" ] && printf '@@ EXITFILE 0\\n%s\\n' "$(cat -- "$d/exit_code")"
+done
 exit 0
-"""
+""".replace("$FIELDS", ",".join(SACCT_FIELDS))
 
 # $1 Slurm job id, $2 job dir
 CANCEL_SH = """\
@@ -134,12 +144,14 @@ class SlurmJobs:
 
     deadline_slack_s = LIMIT_SLACK_S
 
-    def __init__(self, files: Files) -> None:
+    def __init__(self, files: Files, *, watcher: Watcher | None = None) -> None:
+        """`watcher`: who asks Slurm about the jobs waited on (default: this process's one for the host)."""
         self.files = files
         self.host: Host = files.host
         assert self.host.slurm is not None
         self.config: SlurmConfig = self.host.slurm
         self.login = SlurmLoginShell(files.shell)
+        self.watcher = watcher or watcher_for(self.host)
 
     def _slurm(self, name: str, body: str, *args: str) -> Result:
         return self.login.exec(commands.script(name, body, *args), timeout_s=CONTROL_TIMEOUT_S)
@@ -193,12 +205,21 @@ class SlurmJobs:
         return handle.scheduler_id
 
     def status(self, handle: JobHandle) -> JobState:
+        """Slurm's word on the job as the host's watcher last heard it (`slurm_watch`: one command for every job
+        this process waits on there, at most a minute old for a job waited on for ten)."""
         path = checked_job_dir(self.files, handle)
-        slurm_id = self._slurm_id(handle)
-        raw = self._slurm("slurm-status", STATUS_SH, slurm_id, path)
+        return self._state(handle, self.watcher.answer(self._slurm_id(handle), path, self._ask))
+
+    def _ask(self, jobs: Mapping[str, str]) -> dict[str, StatusAnswer]:
+        pairs = [value for job in jobs.items() for value in job]
+        raw = self._slurm("slurm-status", STATUS_SH, ",".join(jobs), *pairs)
         if raw.exit_code != 0:
-            raise self.files.failed("job status (scontrol)", path, raw)
-        answer = parse_answer(raw.text())
+            raise self.files.failed("job status (sacct, scontrol)", ",".join(jobs.values()), raw)
+        answers = parse_answers(raw.text())
+        return {slurm_id: answers.get(slurm_id, NO_ANSWER) for slurm_id in jobs}
+
+    def _state(self, handle: JobHandle, answer: StatusAnswer) -> JobState:
+        slurm_id = self._slurm_id(handle)
         state, why = interpret(answer, slurm_id)
         if state is not None:
             return state
@@ -220,10 +241,10 @@ class SlurmJobs:
                 raise TransportError(f"scancel {slurm_id}: {message}", host=self.host.name)
             raise RemoteJobError(f"{self.host.name}: scancel {slurm_id} failed: {message}", handle=handle)
         deadline = time.monotonic() + grace_s + 60.0
-        state = self.status(handle)
+        state = self._state(handle, self.watcher.fresh(slurm_id, path, self._ask))  # not the watcher's pace
         while not state.finished and time.monotonic() < deadline:
             time.sleep(0.5)
-            state = self.status(handle)
+            state = self._state(handle, self.watcher.fresh(slurm_id, path, self._ask))
         log.info("%s: scancel %s (job %s) -> %s", self.host.name, slurm_id, handle.job_id, state)
         return state
 

@@ -1,11 +1,15 @@
 """Slurm's word on a job, read into a `JobState`: pure functions over what scontrol, sacct and the job's files say.
 
-The status command (`alignflow.transport.slurm.STATUS_SH`) asks, in one round trip:
+The status command (`alignflow.transport.slurm.STATUS_SH`) asks about every job waited on (`slurm_watch`), in one
+round trip:
 
-1. `scontrol show job -o ID` - the controller, while it remembers the job (`MinJobAge`, 300 s by default,
-   after the end): `JobState=`, `Reason=`, `ExitCode=N:S`, `RunTime=`, `TimeLimit=`, `Partition=`;
-2. `sacct -n -P -X -j ID -o JobIDRaw,State,ExitCode,Reason` - accounting, once the controller forgot it;
-3. the job's own `exit_code` file, written by the batch script when the command ended.
+1. `sacct -n -P -X -j ID,ID,... -o JobIDRaw,State,ExitCode,Reason,Partition,Elapsed,Timelimit` - accounting, once
+   for all the jobs (a cluster without it answers "accounting storage is disabled");
+2. for each job accounting does not know (yet, or at all): `scontrol show job -o ID` - the controller, while it
+   remembers the job (`MinJobAge`, 300 s by default, after the end): `JobState=`, `Reason=`, `ExitCode=N:S`,
+   `RunTime=`, `TimeLimit=`, `Partition=`;
+3. then, if the controller forgot it too, the job's own `exit_code` file, written by the batch script when the
+   command ended.
 
 States follow Slurm's table (https://slurm.schedmd.com/squeue.html#SECTION_JOB-STATE-CODES). A job that waits
 (PENDING, a requeue, a hold) is `pending` with Slurm's reason; one that Slurm ended is `timeout` (TIMEOUT,
@@ -84,6 +88,12 @@ def split_sections(text: str) -> dict[str, tuple[int, str]]:
     return out
 
 
+def parse_answers(text: str) -> dict[str, StatusAnswer]:
+    """The status command's output - `@@ SACCT`, then `@@ JOB ID` before each job's sections - by Slurm job id."""
+    head, *jobs = re.split(r"^@@ JOB (\S+)$", text, flags=re.M)
+    return {jobs[i]: parse_answer(head + jobs[i + 1]) for i in range(0, len(jobs), 2)}
+
+
 def parse_answer(text: str) -> StatusAnswer:
     sections = split_sections(text)
     sc_rc, sc = sections.get("SCONTROL", (1, ""))
@@ -134,14 +144,20 @@ def from_scontrol(line: str) -> JobState:
     return JobState(kind, code, note=f"Slurm {word}{detail}")
 
 
+SACCT_FIELDS = ("JobIDRaw", "State", "ExitCode", "Reason", "Partition", "Elapsed", "Timelimit")
+_AS_SCONTROL = ("JobId", "JobState", "ExitCode", "Reason", "Partition", "RunTime", "TimeLimit")
+
+
 def from_sacct(text: str, job_id: str) -> JobState | None:
-    """The allocation line of `job_id` in `sacct -n -P -X -o JobIDRaw,State,ExitCode,Reason` output (None: absent)."""
+    """The allocation line of `job_id` in `sacct -n -P -X -o <SACCT_FIELDS>` output (None: absent); the fields past
+    ExitCode only add to the note."""
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) >= 3 and parts[0] == job_id:
             state = parts[1].split()[0] if parts[1].strip() else ""
-            reason = parts[3] if len(parts) > 3 else ""
-            synthetic = f"JobState={state} ExitCode={parts[2]} Reason={reason or 'None'}"
+            values = dict(zip(_AS_SCONTROL, parts, strict=False)) | {"JobState": state}
+            values["Reason"] = values.get("Reason") or "None"
+            synthetic = " ".join(f"{k}={v.replace(' ', '_')}" for k, v in values.items() if v)
             got = from_scontrol(synthetic)
             if got.kind == "cancelled" and parts[1].strip() != state:  # "CANCELLED by 1234"
                 return JobState("cancelled", got.exit_code, note=f"Slurm {parts[1].strip()}")

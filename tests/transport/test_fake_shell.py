@@ -16,6 +16,8 @@ from alignflow.testing import Command, FakeShell
 from alignflow.transport import JobHandle, JobSpec, JobState, Result, Shell, Transport
 from alignflow.transport.commands import script, script_name, with_prologue
 from alignflow.transport.shell import Spawned
+from alignflow.transport.slurm import SlurmJobs
+from alignflow.transport.slurm_watch import Watcher
 from tests.runner.hosts import DirHost, FakeJob, VirtualClock, controller_in_process
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
@@ -117,15 +119,16 @@ def test_the_slurm_login_shell_runs_the_hosts_setup_lines_before_slurms_tools_in
 
     def login(command: Command) -> Result:
         asked.append(command)
-        return Result(0, f"@@ SCONTROL 0\n{scontrol}\n".encode())
+        disabled = "@@ SACCT 1\nSlurm accounting storage is disabled\n"
+        return Result(0, f"{disabled}@@ JOB 42\n@@ SCONTROL 0\n{scontrol}\n".encode())
 
-    t = Transport(FakeShell(login, host))
+    t = Transport(FakeShell(login, host), jobs=lambda files: SlurmJobs(files, watcher=Watcher()))
     handle = JobHandle(host="cluster", job_id="j1", job_dir="/w/jobs/j1", pid=0, pgid=0, started_at=datetime.now(UTC),
                        name="train", argv=("x",), scheduler_id="42")
     assert t.status(handle) == JobState("running")
     (status,) = asked
     assert status.name == "slurm-status"
-    assert status.args == ("42", "/w/jobs/j1")  # values stay positional arguments
+    assert status.args == ("42", "42", "/w/jobs/j1")  # values stay positional arguments
     lines = status.argv[2].splitlines()
     at = {what: next(i for i, line in enumerate(lines) if what in line)
           for what in ("# alignflow:slurm-status", "export SLURM_CONF=", "module load slurm", "scontrol show job")}

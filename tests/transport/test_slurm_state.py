@@ -8,8 +8,16 @@ from pathlib import Path
 import pytest
 
 from alignflow.config.slurm import SlurmConfig, format_minutes, slurm_minutes
+from alignflow.transport.jobs import JobState
 from alignflow.transport.slurm import render_batch_script, sbatch_lines
-from alignflow.transport.slurm_state import StatusAnswer, exit_status, from_sacct, from_scontrol, interpret
+from alignflow.transport.slurm_state import (
+    StatusAnswer,
+    exit_status,
+    from_sacct,
+    from_scontrol,
+    interpret,
+    parse_answers,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 
@@ -140,3 +148,18 @@ def test_the_batch_script_carries_every_hosts_yaml_setting_in_order() -> None:
         'exit "$code"\n')
     assert sbatch_lines(SlurmConfig(), name="n", time_minutes=None) == [
         "--job-name=n", "--output=stdout", "--error=stderr", "--open-mode=append", "--nodes=1", "--ntasks-per-node=1"]
+
+
+def test_the_status_command_answers_each_job_with_the_one_accounting_answer() -> None:
+    disabled = (DATA / "sacct_disabled.txt").read_text().strip()
+    answers = parse_answers(f"@@ SACCT 1\n{disabled}\n@@ JOB 5\n@@ SCONTROL 0\n{_line('running')}\n"
+                            f"@@ JOB 6\n@@ SCONTROL 1\n{_forgotten(sacct_rc=1, sacct='', exit_file=None).scontrol}\n"
+                            "@@ EXITFILE 0\n3\n")
+    assert interpret(answers["5"], "5") == (JobState("running"), "")
+    assert interpret(answers["6"], "6")[0] == JobState("exited", 3, note="from the job's exit_code file")
+    assert answers["6"].sacct == disabled
+    known = parse_answers("@@ SACCT 0\n5|PENDING|0:0|Priority|debug|00:00:00|01:00:00\n"
+                          "6|TIMEOUT|0:15|TimeLimit|debug|01:00:31|01:00:00\n@@ JOB 5\n@@ JOB 6\n")
+    assert interpret(known["5"], "5")[0] == JobState("pending", note="Slurm PENDING in partition debug: Priority")
+    assert interpret(known["6"], "6")[0] == JobState("timeout", 143,
+                                                     note="Slurm TIMEOUT: ran 01:00:31 of its 01:00:00 time limit")
