@@ -4,6 +4,7 @@ the only product modules that list their names (no `Literal`, enum, CLI choice o
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,6 +64,13 @@ def _listed(tree: ast.Module) -> Iterator[tuple[int, set[str]]]:
             yield stmt.lineno, {e.value for e in value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
 
 
+@functools.cache
+def _product_trees() -> tuple[tuple[str, ast.Module], ...]:
+    """Every product module's path and syntax tree, parsed once for the tests of this page."""
+    return tuple((path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(encoding="utf-8")))
+                 for package in PRODUCT for path in sorted((ROOT / package).rglob("*.py")))
+
+
 REGISTRIES = {
     # a registry's names, where they may be listed, and how many of them make a list of its choices
     "log formats": (set(FORMATS), "alignflow/logs/formats.py", len(FORMATS)),
@@ -74,24 +82,22 @@ REGISTRIES = {
 def test_only_the_registry_lists_its_names(what: str) -> None:
     names, home, enough = REGISTRIES[what]
     found = []
-    for package in PRODUCT:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            rel = path.relative_to(ROOT).as_posix()
-            if rel == home or "migrations" in rel:
-                continue
-            for line, listed in _listed(ast.parse(path.read_text(encoding="utf-8"))):
-                if len(listed & names) >= enough:
-                    found.append(f"{rel}:{line}: {sorted(listed & names)}")
+    for rel, tree in _product_trees():
+        if rel == home or "migrations" in rel:
+            continue
+        for line, listed in _listed(tree):
+            if len(listed & names) >= enough:
+                found.append(f"{rel}:{line}: {sorted(listed & names)}")
     assert found == [], f"{what} listed outside their registry ({home}); read them from it instead: {found}"
 
 
 def test_no_product_module_branches_on_a_statistics_name() -> None:
     """`if c.statistic == "step_rel"` / `elif stat == "me"`: what a statistic does is in its registry entry."""
     found = []
-    for package in PRODUCT:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                if isinstance(node, ast.Compare) and "stat" in ast.unparse(node.left) and any(
-                        isinstance(n, ast.Constant) and n.value in STATISTICS for n in node.comparators):
-                    found.append(f"{path.relative_to(ROOT).as_posix()}:{node.lineno}: {ast.unparse(node)}")
+    for rel, tree in _product_trees():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and any(
+                    isinstance(n, ast.Constant) and n.value in STATISTICS for n in node.comparators) and \
+                    "stat" in ast.unparse(node.left):
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
     assert found == [], f"branches on a statistic's name (give the Statistic a field instead): {found}"
