@@ -141,6 +141,7 @@ def device(out: Path, runs: int, recipes: list[str], outdir: Path) -> int:
         if tree.is_dir():
             link = Path(case["entry"]).parent
             subprocess.run(["ln", "-sfnT", str(tree), str(link)], check=True)
+            sys.path.insert(0, str(tree))  # the dataset builder below is the release's own (H100 run: not on the path)
         log = (outdir / f"{name}.txt").open("a")
         t0 = time.time()
         model = ModelConfig.model_validate(case["model"])
