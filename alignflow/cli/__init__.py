@@ -115,6 +115,20 @@ def _caches_in_state_dir() -> None:
         os.environ["MPLCONFIGDIR"] = str(state_dir() / "cache" / "matplotlib")
 
 
+def _interrupt_beneath(exc: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt an exception was raised from, if any: Python 3.11 turns one that lands while a class is
+    created (a pydantic model, imported as a command starts) into `RuntimeError: Error calling __set_name__`
+    (tests/faults/test_interrupted_writers.py: a Ctrl-C 0.04 s into `convert megatron` printed that traceback)."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, KeyboardInterrupt):
+            return cause
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return None
+
+
 def main() -> None:
     """Console-script entry point: run the app and map alignflow errors to their exit codes."""
     err = Console(stderr=True)
@@ -136,6 +150,9 @@ def main() -> None:
 
         if isinstance(exc, click.exceptions.Abort | typer.Abort):  # click's wrapping of a KeyboardInterrupt
             _interrupted(err, exc.__cause__ if isinstance(exc.__cause__, KeyboardInterrupt) else None)
+        interrupt = _interrupt_beneath(exc)
+        if interrupt is not None:  # a Ctrl-C wrapped by Python itself: inside a class body's __set_name__ (3.11)
+            _interrupted(err, interrupt)
         # typer >= 0.29 vendors click (typer._click): its exceptions are not `click.ClickException`s, so
         # recognise a click error by its interface (show + exit_code; usage errors carry exit code 2).
         show, code = getattr(exc, "show", None), getattr(exc, "exit_code", None)
