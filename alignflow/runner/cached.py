@@ -5,6 +5,8 @@ A step is reused when a completed step run with its cache key exists and its out
 their hosts (`StepRunner.reuse`). Step by step, that is one hash of each step's outputs on its host, and one Prefect
 task with its own runner, transports and thread per step. Here the whole plan is looked at once, in DAG order:
 
+0. the snapshots of the hosts of the plan's job steps are taken, the hosts side by side (a job step's code
+   version, part of its key, comes from its host's snapshot);
 1. each step's executor runs under `StepRunner.probing` as far as its cache lookup (the same code, so the same
    key): it answers `Reusable` with the outputs it would take, or `NotReusable` (forced, no cache entry, an upstream
    step not reusable) before anything is staged, launched or recorded;
@@ -54,6 +56,7 @@ def probe(runner: StepRunner, step: str, available: Mapping[str, ArtifactRef]) -
 def reusable_steps(runner: StepRunner, plan: pipeline.Plan, available: Mapping[str, ArtifactRef]) -> tuple[str, ...]:
     """The steps of `plan`, in an order the walk could run them, that reuse a cached result whose outputs still hash
     as recorded; their outputs are in `runner.verified` once this returns."""
+    _snapshot_hosts(runner, plan)
     artifacts = dict(available)
     found: dict[str, StepOutcome] = {}
     refused: set[str] = set()
@@ -76,6 +79,17 @@ def reusable_steps(runner: StepRunner, plan: pipeline.Plan, available: Mapping[s
                                                          for r in outcome.artifacts.values()):
             kept.append(step)
     return tuple(kept)
+
+
+def _snapshot_hosts(runner: StepRunner, plan: pipeline.Plan) -> None:
+    """Take the snapshots of the hosts of the plan's job steps side by side: each job step takes its host's (its
+    code version is part of its cache key), and one after another, probing, they cost a process start-up per host.
+    A host that cannot be reached is left to its steps, which say so."""
+    hosts = {runner.host(s).name: runner.host(s) for s in plan.steps if plan.pipeline.step(s).executor == "job"}
+    try:
+        runner.snapshots(hosts.values())
+    except AlignflowError as exc:
+        log.debug("snapshots not taken ahead of the steps (%s)", exc)
 
 
 def _verify_by_host(runner: StepRunner, refs: list[ArtifactRef]) -> set[tuple[str, str, str]]:
