@@ -96,9 +96,9 @@ class TaskScheduler:
 
 class JSONParametersFlow(Flow[P, R]):
     """A flow whose parameters are sent to Prefect as they are when they are JSON already (strings, lists of
-    strings, booleans, None: every parameter of the alignment flow as the CLI, the nightly flow and the run form pass
-    them). Prefect encodes each with FastAPI's `jsonable_encoder`, which leaves such values as they are and costs a
-    run FastAPI's import, a tenth of a second (issue 48); anything else still goes through it."""
+    strings, booleans, None: the alignment flow's, as `alignflow run` and the nightly flow pass them). Prefect encodes
+    each with FastAPI's `jsonable_encoder`, which leaves such values as they are and costs a run FastAPI's import, a
+    tenth of a second (issue 48); anything else still goes through it."""
 
     def serialize_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         if all(_is_json(value) for value in parameters.values()):
