@@ -172,6 +172,10 @@ class StepRunner:
         finally:
             self._probing = False
 
+    @property
+    def is_probing(self) -> bool:
+        return self._probing
+
     def warn(self, message: str) -> None:
         """A message the user sees whatever the verbosity (a retry's notice: a run retrying must not look hung)."""
         self._warnings(message)

@@ -34,3 +34,21 @@ def test_the_snapshots_of_several_hosts_are_taken_side_by_side_and_recorded_once
     assert {name: data["hostname"] for name, data in taken.items()} == {name: f"fake-{name}" for name in names}
     assert runner.snapshot(hosts[0]) == taken[hosts[0].name]  # recorded: not taken again (nothing would meet it)
     assert sorted(s.host for s in lab.store.snapshots(ctx.run_id)) == names
+
+
+def test_a_fully_cached_run_finds_every_step_reusable_and_records_each_job_hosts_snapshot_once(lab: FakeLab) -> None:
+    from alignflow.runner.cached import reusable_steps
+    from alignflow.runner.run import data_artifact
+
+    first = lab.run()
+    assert first.status == "completed"
+    ctx = open_run(lab.store, lab.start())
+    runner = StepRunner(ctx, store=lab.store, state_dir=lab.state, transport_factory=lab.transport,
+                        controller=lab.controller)
+    try:
+        steps = reusable_steps(runner, ctx.plan, {"data": data_artifact(ctx, state_dir=lab.state)})
+    finally:
+        runner.close()
+    assert set(steps) == set(ctx.plan.steps)
+    job_hosts = {runner.host(s).name for s in ctx.plan.steps if ctx.pipeline.step(s).executor == "job"}
+    assert sorted(s.host for s in lab.store.snapshots(ctx.run_id)) == sorted(job_hosts)
