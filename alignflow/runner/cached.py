@@ -112,8 +112,8 @@ def _open_transports(runner: StepRunner, hosts: list[Host | str]) -> set[str]:
 def _snapshot(runner: StepRunner, hosts: list[Host]) -> None:
     try:
         runner.snapshots(hosts)
-    except AlignflowError as exc:  # a snapshot that cannot be taken is its step's to report
-        log.debug("snapshots not taken ahead of the steps (%s)", exc)
+    except Exception as exc:  # whatever stops a snapshot is its step's to report, as a probe's (`probe`)
+        log.debug("snapshots not taken ahead of the steps (%s: %s)", type(exc).__name__, exc)
 
 
 def _check(runner: StepRunner, group: list[ArtifactRef]) -> bool:
