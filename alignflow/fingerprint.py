@@ -59,7 +59,7 @@ BUFFER_BYTES = 4 * 1024 * 1024
 MEMO_ENV = "ALIGNFLOW_HASH_MEMO"
 # A memo entry is trusted only if the file's mtime was at least this much older than the moment it was hashed.
 RACY_WINDOW_NS = 2_000_000_000
-_MEMO_SCHEMA_VERSION = 2
+_MEMO_SCHEMA_VERSION = 3  # 3: the `checked` table
 
 
 # How a confinement failure is reported to the transports (alignflow.transport.paths reads these).
@@ -173,10 +173,12 @@ class HashMemo:
                 conn.execute("BEGIN IMMEDIATE")
                 if conn.execute("PRAGMA user_version").fetchone()[0] != _MEMO_SCHEMA_VERSION:
                     conn.execute("DROP TABLE IF EXISTS memo")
+                    conn.execute("DROP TABLE IF EXISTS checked")
                     conn.execute(
                         "CREATE TABLE memo (path TEXT PRIMARY KEY, dev INTEGER, ino INTEGER, size INTEGER,"
                         " mtime_ns INTEGER, ctime_ns INTEGER, hashed_at_ns INTEGER, sha256 TEXT NOT NULL)"
                     )
+                    conn.execute("CREATE TABLE checked (what TEXT PRIMARY KEY, checked_at_ns INTEGER)")
                     conn.execute(f"PRAGMA user_version={_MEMO_SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             self._conn = conn
@@ -224,6 +226,17 @@ class HashMemo:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+
+    def checked(self, what: str) -> bool:
+        """Whether `mark_checked(what)` was called: a check of content named by its sha256 (`what` holds it) passed
+        once, so it passes again (the data directory's structure, `alignflow.runner.session.prepare_data`)."""
+        with self._lock:
+            row = self._connect().execute("SELECT 1 FROM checked WHERE what = ?", (what,)).fetchone()
+        return row is not None
+
+    def mark_checked(self, what: str) -> None:
+        with self._lock:
+            self._connect().execute("INSERT OR REPLACE INTO checked VALUES (?, ?)", (what, time.time_ns()))
 
     def close(self) -> None:
         with self._lock:

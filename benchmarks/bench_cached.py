@@ -12,6 +12,11 @@ interleaved so that a loaded machine weighs on each alike:
 
 Printed: min, median and p90 (nearest rank) of each, wall and CPU (user + sys of the child), and what alignflow
 adds to the no-op floor. Goal (issue 48): cached p90 <= 3 s and within 1.5 s of the no-op flow run's p90.
+
+Wall times cluster about whole seconds: Prefect (3.9) runs a flow run's heartbeat in a thread that sleeps in 1 s
+steps (`flows.heartbeat_frequency`, 180 s by default), and the engine joins it as the flow run ends, so a flow run
+lasts until the next whole second after its body began, the no-op's included (0 to 1 s more). A flow body that
+crosses a second on a loaded machine costs a whole second of wall; CPU figures do not jump so.
 """
 
 from __future__ import annotations

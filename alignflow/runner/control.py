@@ -132,8 +132,7 @@ class Canceller:
         self.why: str | None = None
         self.killed: list[str] = []
         self.failure: str | None = None
-        self._asked = threading.Event()
-        self._closed = threading.Event()
+        self._woken = threading.Event()  # asked to cancel, or closed
         self._thread = threading.Thread(target=self._wait, name=f"alignflow-cancel-{run_id}", daemon=True)
         self._thread.start()
 
@@ -141,13 +140,12 @@ class Canceller:
         """Cancel the run (once; safe in a signal handler)."""
         if self.why is None:
             self.why = why
-            self._asked.set()
+            self._woken.set()
 
     def _wait(self) -> None:
-        while not self._asked.wait(0.2):
-            if self._closed.is_set():
-                return
-        assert self.why is not None
+        self._woken.wait()  # one event, not a poll: closing (every run) returns at once, not within a poll's 0.2 s
+        if self.why is None:  # closed
+            return
         log.warning("run %s %s: cancelling it, killing its jobs (the signal again stops at once)", self.run_id,
                     self.why)
         try:
@@ -157,5 +155,5 @@ class Canceller:
             log.error("run %s: %s", self.run_id, exc)
 
     def close(self) -> None:
-        self._closed.set()
+        self._woken.set()
         self._thread.join()

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -49,7 +50,7 @@ from alignflow.runner.retry import Backoff
 from alignflow.runner.session import Events, RunContext, StepOutcome
 from alignflow.store import Store
 from alignflow.store.records import RunStatus, StepRunRecord, StepStatus
-from alignflow.transport import JobHandle, JobSpec, JobState, Transport, controller_transport
+from alignflow.transport import HostSnapshot, JobHandle, JobSpec, JobState, Transport, controller_transport
 
 if TYPE_CHECKING:
     from alignflow.logs.formats import LogFormatSpec
@@ -171,6 +172,10 @@ class StepRunner:
         finally:
             self._probing = False
 
+    @property
+    def is_probing(self) -> bool:
+        return self._probing
+
     def warn(self, message: str) -> None:
         """A message the user sees whatever the verbosity (a retry's notice: a run retrying must not look hung)."""
         self._warnings(message)
@@ -216,12 +221,36 @@ class StepRunner:
 
     def snapshot(self, host: Host) -> dict[str, object]:
         """The host's snapshot, taken once per run and recorded."""
+        return self.snapshots([host])[host.name]
+
+    def snapshots(self, hosts: Iterable[Host]) -> dict[str, dict[str, object]]:
+        """The snapshots of `hosts` by name, each taken once per run and recorded; those not taken yet are taken
+        side by side (each is a process of its own on its host: in a row, three hosts cost three start-ups). A host
+        whose snapshot raises is not recorded; the first such error is raised once the others are."""
+        wanted = {h.name: h for h in hosts}
         existing = {s.host: s.data for s in self.store.snapshots(self.run_id)}
-        if host.name in existing:
-            return dict(existing[host.name])
-        data = self.transport(host).snapshot().model_dump(mode="json")
-        self.store.add_snapshot(self.run_id, host.name, data)
-        return dict(data)
+        missing = [h for name, h in wanted.items() if name not in existing]
+        transports = [self.transport(h) for h in missing]  # opened here, in this thread
+
+        def take(transport: Transport) -> HostSnapshot | AlignflowError:
+            try:
+                return transport.snapshot()
+            except AlignflowError as exc:
+                return exc
+
+        if len(transports) > 1:
+            with ThreadPoolExecutor(max_workers=len(transports), thread_name_prefix="alignflow-snapshot") as pool:
+                taken = list(pool.map(take, transports))
+        else:
+            taken = [take(t) for t in transports]
+        for host, snap in zip(missing, taken, strict=True):
+            if not isinstance(snap, AlignflowError):
+                existing[host.name] = snap.model_dump(mode="json")
+                self.store.add_snapshot(self.run_id, host.name, existing[host.name])
+        error = next((snap for snap in taken if isinstance(snap, AlignflowError)), None)
+        if error is not None:
+            raise error
+        return {name: dict(existing[name]) for name in wanted}
 
     def code_version(self, template: CommandTemplate, host: Host) -> str:
         """A command's code version: the framework checkout's commit on `host` when the template names one."""

@@ -44,7 +44,8 @@ def run_job_step(runner: StepRunner, spec: pipeline.StepSpec, available: Mapping
     inputs = declared_inputs(spec, available)
     host = runner.host(spec.name)
     transport = runner.transport(host)
-    runner.snapshot(host)
+    if not runner.is_probing:  # a probe records nothing (the step takes it when it runs; its key may need it below)
+        runner.snapshot(host)
     command = step_command(runner.experiment, spec.name, data_sha256=inputs["data"].sha256 if "data" in inputs
                            else "", host=host)
     template = command.template

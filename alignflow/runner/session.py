@@ -105,7 +105,6 @@ def prepare_data(experiment: Experiment, *, memo: HashMemo | None, run_id: str |
     the experiment says how and it is absent, by one run while the others wait (`alignflow.once`, issue 49); its
     sha256 checked against the declared one (a different dataset must never be trained on silently)."""
     from alignflow.once import create_once
-    from alignflow.twin.data import check_data_dir, make_data  # numpy: imported by the runs that read data
 
     path = experiment.resolve_path(experiment.data.path)
     prefix = experiment.data.prefix or ""
@@ -113,8 +112,23 @@ def prepare_data(experiment: Experiment, *, memo: HashMemo | None, run_id: str |
     where = f"{experiment.source}: data"
 
     def verify(found: Path) -> str:
+        # The directory's structure is checked once per content: its sha256 covers every file's name and bytes, so
+        # data whose check passed (the memo says so) passes it again; the check reads the index with numpy, which a
+        # run would otherwise import for it alone (issue 48). A directory holding more than the dataset is refused
+        # by the check before anything is hashed.
+        fingerprint = Fingerprinter(memo).fingerprint
+        alone = found.is_dir() and {p.name for p in found.iterdir()} == {f"{prefix}.bin", f"{prefix}.idx"}
+        if memo is not None and alone:
+            sha256 = fingerprint(found).sha256
+            if memo.checked(f"indexed dataset {prefix!r}: {sha256}"):
+                return sha256
+        from alignflow.twin.data import check_data_dir  # numpy
+
         check_data_dir(found, prefix, where=where)
-        return Fingerprinter(memo).fingerprint(found).sha256
+        sha256 = fingerprint(found).sha256
+        if memo is not None:
+            memo.mark_checked(f"indexed dataset {prefix!r}: {sha256}")
+        return sha256
 
     if path.exists() or gen is None:
         if gen is None and not path.exists():
@@ -122,6 +136,8 @@ def prepare_data(experiment: Experiment, *, memo: HashMemo | None, run_id: str |
         sha256 = verify(path)
     else:
         def build(tmp: Path) -> None:
+            from alignflow.twin.data import make_data  # numpy
+
             log.info("generating %d tokens of synthetic data into %s/%s.bin/.idx", gen.tokens, path, prefix)
             make_data(tmp / prefix, gen.tokens, gen.seed, experiment.model.vocab_size,
                       one_document=gen.documents == "one")

@@ -60,6 +60,40 @@ def test_a_data_directory_without_its_index_is_refused_naming_the_file(repo_root
         load_experiment(path)  # gone before: the file is refused where it is read (issue 40)
 
 
+def test_data_checked_once_is_not_checked_again_while_its_content_is_the_same(
+        repo_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 48: the check reads the index with numpy; data whose sha256 passed it once passes it again."""
+    from alignflow.fingerprint import HashMemo
+    from alignflow.twin import data as twin_data
+
+    twin_data.make_data(tmp_path / "data" / "demo", 2000, seed=1)
+    exp = load_experiment(_experiment(repo_root, tmp_path, {"path": "data", "prefix": "demo"}))
+    checked: list[Path] = []
+    real = twin_data.check_data_dir
+
+    def counted(directory: Path, prefix: str, *, where: str) -> None:
+        checked.append(directory)
+        real(directory, prefix, where=where)
+
+    monkeypatch.setattr(twin_data, "check_data_dir", counted)
+    memo = HashMemo(tmp_path / "memo.sqlite")
+    try:
+        first = prepare_data(exp, memo=memo)
+        assert prepare_data(exp, memo=memo) == first
+        assert len(checked) == 1  # the second found its sha256 checked
+        (tmp_path / "data" / "notes.txt").write_text("not data")
+        with pytest.raises(ConfigError, match=r"holds notes\.txt besides demo\.bin and demo\.idx"):
+            prepare_data(exp, memo=memo)  # anything besides the dataset: checked (and refused) again
+        (tmp_path / "data" / "notes.txt").unlink()
+        idx = tmp_path / "data" / "demo.idx"
+        idx.write_bytes(idx.read_bytes()[:-8])  # other content: checked again, and refused
+        with pytest.raises(ConfigError, match=r"demo\.idx holds \d+ bytes"):
+            prepare_data(exp, memo=memo)
+        assert len(checked) == 3
+    finally:
+        memo.close()
+
+
 @pytest.mark.parametrize(("data", "message"), [
     ({"path": "data/demo.npy", "prefix": "demo"}, r"data\.path 'data/demo\.npy' names a file: it is the directory"),
     ({"path": "data/demo.tokens"}, r"data: prefix missing: the data must be a Megatron indexed dataset"),
