@@ -169,7 +169,7 @@ def report_with_long_paths(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run = make_run(30, seed=3)
     result = compare(parse_log(mindformers_lines(run), source="ascend:/w/npu.log"),
                      parse_log(megatron_lines(run), source="cuda:/w/gpu.log"), default_criteria())
-    work = "/home/engineer/checkouts/alignflow/.alignflow/work/cpu/artifacts"
+    work = "/home/engineer/checkouts/alignflow/.alignflow/hosts/cpu/artifacts"
     prints = tuple(FingerprintRow(name, c * 64, 3 * 2**30, f"cpu:{work}/{step}/{c * 12}/{name}/iter_0000001/"
                                   f"__0_0.distcp", step)
                    for name, step, c in (("bf16_ckpt", "convert_bf16", "a"), ("megatron_ckpt", "convert_megatron", "b"),
