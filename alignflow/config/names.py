@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from alignflow.config.sides import experiment_checks
-from alignflow.config.yamlsource import KeyPath, YamlDocument, load_yaml
+from alignflow.config.yamlsource import KeyPath, load_yaml
 from alignflow.errors import ConfigError, did_you_mean
 from alignflow.pipeline import SIDE_NAMES
 
@@ -104,27 +104,9 @@ def _check_spec(experiment: Any, problem: Any) -> None:
                     f"converted checkpoint, and conversion.spec {name!r} writes only: {', '.join(flavours)}")
 
 
-_spec_docs: dict[tuple[Path, int, int], YamlDocument] = {}
-
-
-def _spec_doc(path: Path) -> YamlDocument:
-    """A conversion spec file as parsed, kept per process while the file is unchanged (size and mtime): a run reads
-    the experiment's names twice, in the command line's check and when it is recorded, and a spec's YAML is the
-    slow part of both (tens of milliseconds a file)."""
-    try:
-        stat = path.stat()
-    except OSError:
-        return load_yaml(path)  # the error it names
-    key = (path.resolve(), stat.st_mtime_ns, stat.st_size)
-    doc = _spec_docs.get(key)
-    if doc is None:
-        doc = _spec_docs[key] = load_yaml(path)
-    return doc
-
-
 def _spec_flavours(path: Path, chain: tuple[Path, ...] = ()) -> list[str] | None:
     """The `flavors:` a spec file declares, following `extends: <packaged name>` (None when none says)."""
-    doc = _spec_doc(path)
+    doc = load_yaml(path)
     data = doc.data if isinstance(doc.data, dict) else {}
     flavours = data.get("flavors")
     if isinstance(flavours, list):
@@ -144,7 +126,7 @@ def _spec_flavours(path: Path, chain: tuple[Path, ...] = ()) -> list[str] | None
 
 def spec_family(path: Path, chain: tuple[Path, ...] = ()) -> str | None:
     """The `model.family` a spec file declares, following `extends: <packaged name>` (None when none says)."""
-    doc = _spec_doc(path)
+    doc = load_yaml(path)
     data = doc.data if isinstance(doc.data, dict) else {}
     model = data.get("model")
     if isinstance(model, dict) and isinstance(model.get("family"), str):
